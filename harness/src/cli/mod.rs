@@ -1,0 +1,90 @@
+//! Subcommands, one file each. Raw flags are parsed by clap, turned into
+//! library calls, and every outcome maps to an exit code:
+//! 0 stable / nothing found, 1 unstable / findings, 2 usage or I/O error.
+
+mod example;
+mod gradcheck;
+mod run;
+
+use clap::{Parser, Subcommand};
+use nanhunt::{Case, Limits};
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Stable, or nothing found.
+    Clean = 0,
+    /// Unstable, or something found.
+    Found = 1,
+    /// Bad input or an I/O failure.
+    Error = 2,
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(e: Exit) -> Self {
+        std::process::ExitCode::from(e as u8)
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "nanhunt",
+    version,
+    about = "Find, localize and reproduce NaN/Inf and divergence in neural-network training"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the built-in default case of a model family.
+    Example(example::Args),
+    /// Run a case and report whether training stayed stable.
+    Run(run::Args),
+    /// Check the case's gradients against finite differences (in f64).
+    Gradcheck(gradcheck::Args),
+}
+
+pub fn main() -> anyhow::Result<Exit> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Example(a) => example::main(a),
+        Command::Run(a) => run::main(a),
+        Command::Gradcheck(a) => gradcheck::main(a),
+    }
+}
+
+/// Size limits shared by the commands that run cases.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LimitArgs {
+    /// Reject cases with more trainable parameters than this.
+    #[arg(long, default_value_t = Limits::default().max_params)]
+    max_params: usize,
+    /// Reject cases with more steps than this.
+    #[arg(long, default_value_t = Limits::default().max_steps)]
+    max_steps: usize,
+    /// Reject cases with a larger batch than this.
+    #[arg(long, default_value_t = Limits::default().max_batch)]
+    max_batch: usize,
+    /// Reject cases whose estimated memory exceeds this many MiB.
+    #[arg(long, default_value_t = Limits::default().max_memory_bytes >> 20)]
+    max_memory_mib: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_params: self.max_params,
+            max_steps: self.max_steps,
+            max_batch: self.max_batch,
+            max_memory_bytes: self.max_memory_mib << 20,
+        }
+    }
+}
+
+/// Loads and validates a case file; errors name the file.
+pub fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
+    Case::load_with_limits(path, limits).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

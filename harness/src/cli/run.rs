@@ -1,0 +1,115 @@
+//! `nanhunt run CASE.json`: run one case and print the verdict.
+
+use super::{load_case, Exit, LimitArgs};
+use nanhunt::spec::DeviceSpec;
+use nanhunt::{Outcome, RunOptions, Trace};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The case file (JSON; `nanhunt example` prints one).
+    case: PathBuf,
+    /// Print one machine-readable JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Run on this device instead of the case's (`cpu`, `cuda`, `cuda:N`).
+    #[arg(long)]
+    device: Option<DeviceSpec>,
+    /// Watch only the loss (no per-step scans of gradients and parameters).
+    #[arg(long)]
+    no_probe: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    let limits = args.limits.limits();
+    let case = load_case(&args.case, &limits)?;
+    let opts = RunOptions {
+        probe: !args.no_probe,
+        device: args.device,
+        limits,
+    };
+    let outcome = nanhunt::run_with_options(&case, &opts)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    } else {
+        let device = args.device.unwrap_or(case.device);
+        println!(
+            "case: {} / {} / {} / {} on {device}, {} steps, batch {}",
+            case.family(),
+            case.loss.name(),
+            case.optimizer.name(),
+            case.precision.name(),
+            case.steps,
+            case.batch_size
+        );
+        print_outcome(&outcome);
+    }
+    Ok(match outcome {
+        Outcome::Stable { .. } => Exit::Clean,
+        Outcome::Unstable { .. } => Exit::Found,
+        Outcome::Rejected { reason } => {
+            eprintln!("error: {}: {reason}", args.case.display());
+            Exit::Error
+        }
+    })
+}
+
+fn print_outcome(outcome: &Outcome) {
+    match outcome {
+        Outcome::Stable { trace } => {
+            println!("verdict: STABLE");
+            print_summary(trace);
+        }
+        Outcome::Unstable { finding } => {
+            println!(
+                "verdict: UNSTABLE at step {}: {} in {} at `{}`",
+                finding.step,
+                finding.kind.as_str(),
+                finding.phase.as_str(),
+                finding.stage
+            );
+            println!("  {}", finding.detail);
+            if let Some(s) = &finding.stats {
+                println!(
+                    "  tensor {:?}: {} NaN, {} Inf of {}; finite mean {:.4e}, min {:.4e}, max {:.4e}",
+                    s.shape, s.nan, s.inf, s.count, s.mean, s.min, s.max
+                );
+            }
+            println!("  signature: {}", finding.signature.slug());
+            print_summary(&finding.trace);
+        }
+        Outcome::Rejected { reason } => println!("verdict: REJECTED: {reason}"),
+    }
+}
+
+fn print_summary(trace: &Trace) {
+    let losses = &trace.losses;
+    if let (Some(first), Some(last)) = (losses.first(), losses.last()) {
+        let min = losses
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "  loss: {first:.4} -> {last:.4} (min {min:.4}) over {} steps",
+            losses.len()
+        );
+    }
+    if let (Some(first), Some(last)) = (trace.grad_norms.first(), trace.grad_norms.last()) {
+        println!("  grad norm: {first:.4} -> {last:.4}");
+    }
+    if trace.skipped_steps > 0 {
+        println!("  steps skipped by loss scaling: {}", trace.skipped_steps);
+    }
+    let tail: Vec<String> = losses
+        .iter()
+        .rev()
+        .take(5)
+        .rev()
+        .map(|v| format!("{v:.4e}"))
+        .collect();
+    println!("  last losses: [{}]", tail.join(", "));
+}

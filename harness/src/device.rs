@@ -1,0 +1,31 @@
+//! The only module that knows about CUDA. Without the `cuda` feature,
+//! `cuda:N` still parses and fails here with a sentence, so call sites carry
+//! no `cfg`.
+
+use crate::error::{Error, Result};
+use crate::spec::DeviceSpec;
+use candle_core::Device;
+
+/// Opens a device.
+pub fn open(spec: DeviceSpec) -> Result<Device> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(i) => {
+            if !candle_core::utils::cuda_is_available() {
+                return Err(Error::Device {
+                    device: spec.to_string(),
+                    reason: "this nanhunt was built without CUDA support; rebuild with `--features cuda`".into(),
+                });
+            }
+            Device::new_cuda(i).map_err(|e| Error::Device {
+                device: spec.to_string(),
+                reason: e.to_string(),
+            })
+        }
+    }
+}
+
+/// Whether this build can run on CUDA at all.
+pub fn cuda_compiled() -> bool {
+    candle_core::utils::cuda_is_available()
+}

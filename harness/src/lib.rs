@@ -1,0 +1,27 @@
+//! nanhunt: a test harness and fuzzer for the numerical stability of
+//! neural-network training, on candle.
+//!
+//! The building blocks (`spec`, `models`, `data`, `augment`, `losses`,
+//! `optim`, `device`) are used by the `probe` and the `runner`, which turns a
+//! [`spec::Case`] into an [`outcome::Outcome`]. See `docs/ARCHITECTURE.md`.
+
+pub mod augment;
+pub mod data;
+pub mod device;
+pub mod error;
+pub mod floats;
+pub mod gradcheck;
+pub mod losses;
+pub mod models;
+pub mod optim;
+pub mod outcome;
+pub mod probe;
+pub mod rng;
+pub mod runner;
+pub mod scaler;
+pub mod spec;
+
+pub use error::{Error, Result};
+pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
+pub use runner::{run, run_model, run_with_options, RunOptions};
+pub use spec::{Case, Limits};

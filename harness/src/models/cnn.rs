@@ -1,0 +1,84 @@
+//! CNN family: conv blocks (conv → batch-norm → activation → residual →
+//! pool), global average pooling and a linear head.
+
+use super::layers::{self, BatchNorm2d, Conv2d, Linear};
+use super::{Model, Tracer};
+use crate::spec::{Activation, CnnSpec, Pool};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+
+struct Block {
+    name: String,
+    conv: Conv2d,
+    bn: Option<BatchNorm2d>,
+    activation: Activation,
+    residual: bool,
+    pool: Pool,
+}
+
+pub struct Cnn {
+    blocks: Vec<Block>,
+    head: Linear,
+}
+
+impl Cnn {
+    pub fn new(spec: &CnnSpec, vb: VarBuilder) -> Result<Self> {
+        let mut in_ch = spec.channels;
+        let mut blocks = Vec::with_capacity(spec.blocks.len());
+        for (i, b) in spec.blocks.iter().enumerate() {
+            let name = format!("block{i}");
+            let vb = vb.pp(&name);
+            let conv = Conv2d::new(vb.pp("conv"), &spec.init, in_ch, b.channels, b.kernel)?;
+            let bn = match b.batch_norm_eps {
+                Some(eps) => Some(BatchNorm2d::new(vb.pp("bn"), b.channels, eps)?),
+                None => None,
+            };
+            blocks.push(Block {
+                name,
+                conv,
+                bn,
+                activation: b.activation,
+                residual: b.residual,
+                pool: b.pool,
+            });
+            in_ch = b.channels;
+        }
+        let head = Linear::new(vb.pp("head"), &spec.init, in_ch, spec.classes)?;
+        Ok(Cnn { blocks, head })
+    }
+}
+
+impl Model for Cnn {
+    fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
+        let mut x = input.clone();
+        for b in &self.blocks {
+            let skip = x.clone();
+            let mut y = b.conv.forward(&x)?;
+            tr.record_with(|| format!("{}.conv", b.name), &y);
+            if let Some(bn) = &b.bn {
+                y = bn.forward(&y)?;
+                tr.record_with(|| format!("{}.bn", b.name), &y);
+            }
+            y = layers::activate(&y, b.activation)?;
+            tr.record_with(|| format!("{}.act", b.name), &y);
+            if b.residual {
+                y = (y + skip)?;
+                tr.record_with(|| format!("{}.residual", b.name), &y);
+            }
+            y = match b.pool {
+                Pool::Max => layers::max_pool2x2(&y)?,
+                Pool::Avg => layers::avg_pool2x2(&y)?,
+                Pool::None => y,
+            };
+            if b.pool != Pool::None {
+                tr.record_with(|| format!("{}.pool", b.name), &y);
+            }
+            x = y;
+        }
+        let pooled = layers::global_avg_pool(&x)?;
+        tr.record("head.pool", &pooled);
+        let out = self.head.forward(&pooled)?;
+        tr.record("head.linear", &out);
+        Ok(out)
+    }
+}

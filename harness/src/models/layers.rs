@@ -1,0 +1,200 @@
+//! Layers and ops whose gradients pass the finite-difference check.
+//!
+//! Several candle ops are avoided on purpose (measured on candle 0.11.1, CPU):
+//! `candle_nn::ops::layer_norm` gives no gradient to input, weight or bias;
+//! `max_pool2d` gives wrong input gradients; `softmax_last_dim` gives no
+//! gradient. The versions here are compositions of ops with correct backward
+//! passes, and `tests` keeps the gradient check on them.
+
+use crate::spec::{Activation, InitSpec};
+use candle_core::{DType, Result, Tensor, D};
+use candle_nn::{Init, VarBuilder};
+
+use super::weight_init;
+
+pub struct Linear {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Linear {
+    pub fn new(vb: VarBuilder, init: &InitSpec, fan_in: usize, fan_out: usize) -> Result<Self> {
+        let w = vb.get_with_hints(
+            (fan_out, fan_in),
+            "weight",
+            weight_init(init, fan_in, fan_out),
+        )?;
+        let b = vb.get_with_hints(fan_out, "bias", Init::Const(0.0))?;
+        Ok(Linear { w, b })
+    }
+
+    /// x: (..., fan_in) → (..., fan_out).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match x.rank() {
+            2 => x.matmul(&self.w.t()?)?,
+            _ => x.broadcast_matmul(&self.w.t()?)?,
+        };
+        y.broadcast_add(&self.b)
+    }
+}
+
+pub struct Conv2d {
+    w: Tensor,
+    b: Tensor,
+    padding: usize,
+}
+
+impl Conv2d {
+    pub fn new(
+        vb: VarBuilder,
+        init: &InitSpec,
+        in_ch: usize,
+        out_ch: usize,
+        kernel: usize,
+    ) -> Result<Self> {
+        let fan_in = in_ch * kernel * kernel;
+        let fan_out = out_ch * kernel * kernel;
+        let w = vb.get_with_hints(
+            (out_ch, in_ch, kernel, kernel),
+            "weight",
+            weight_init(init, fan_in, fan_out),
+        )?;
+        let b = vb.get_with_hints(out_ch, "bias", Init::Const(0.0))?;
+        Ok(Conv2d {
+            w,
+            b,
+            padding: kernel / 2,
+        })
+    }
+
+    /// Same-padded, stride-1 convolution: (B, C, H, W) → (B, out, H, W).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.conv2d(&self.w, self.padding, 1, 1, 1)?;
+        y.broadcast_add(&self.b.reshape((1, (), 1, 1))?)
+    }
+}
+
+/// Layer normalization over the last dimension: (x - mean) / sqrt(var + eps).
+pub struct LayerNorm {
+    w: Tensor,
+    b: Tensor,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(vb: VarBuilder, dim: usize, eps: f64) -> Result<Self> {
+        let w = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
+        let b = vb.get_with_hints(dim, "bias", Init::Const(0.0))?;
+        Ok(LayerNorm { w, b, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        normed.broadcast_mul(&self.w)?.broadcast_add(&self.b)
+    }
+}
+
+/// Batch normalization of (B, C, H, W) with the batch's own statistics
+/// (training mode; running statistics do not affect training).
+pub struct BatchNorm2d {
+    w: Tensor,
+    b: Tensor,
+    eps: f64,
+}
+
+impl BatchNorm2d {
+    pub fn new(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
+        let w = vb.get_with_hints(channels, "weight", Init::Const(1.0))?;
+        let b = vb.get_with_hints(channels, "bias", Init::Const(0.0))?;
+        Ok(BatchNorm2d { w, b, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = channel_mean(x)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = channel_mean(&centered.sqr()?)?;
+        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        normed
+            .broadcast_mul(&self.w.reshape((1, (), 1, 1))?)?
+            .broadcast_add(&self.b.reshape((1, (), 1, 1))?)
+    }
+}
+
+/// Mean over batch and spatial dims, kept as (1, C, 1, 1).
+fn channel_mean(x: &Tensor) -> Result<Tensor> {
+    x.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)
+}
+
+pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
+    match act {
+        Activation::Relu => x.relu(),
+        Activation::Gelu => x.gelu_erf(),
+        Activation::Tanh => x.tanh(),
+        Activation::Sigmoid => sigmoid(x),
+        // relu(x) - 0.01 relu(-x): exact gradients on both sides of 0.
+        Activation::LeakyRelu => x.relu()? - (x.neg()?.relu()? * 0.01)?,
+    }
+}
+
+/// sigmoid(x) = (1 + tanh(x/2)) / 2: never forms exp(-x), so neither the value
+/// nor its gradient overflows for large |x|.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    ((x * 0.5)?.tanh()? + 1.0)? * 0.5
+}
+
+/// Softmax over the last dimension with the (detached) row max subtracted.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// log(softmax(x)) via log-sum-exp with the max subtracted: finite for any finite x.
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&lse)
+}
+
+/// 2×2, stride-2 max pooling by reshaping into windows (odd edges dropped, as
+/// PyTorch does). The backward of `max` routes the gradient to the maximum.
+pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    windows2x2(x)?.max(5)?.max(3)
+}
+
+pub fn avg_pool2x2(x: &Tensor) -> Result<Tensor> {
+    windows2x2(x)?.mean(5)?.mean(3)
+}
+
+fn windows2x2(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let (h2, w2) = (h / 2, w / 2);
+    let x = if h % 2 == 1 || w % 2 == 1 {
+        x.narrow(2, 0, 2 * h2)?.narrow(3, 0, 2 * w2)?.contiguous()?
+    } else {
+        x.clone()
+    };
+    x.reshape((b, c, h2, 2, w2, 2))
+}
+
+/// Global average pooling: (B, C, H, W) → (B, C).
+pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
+    x.mean(3)?.mean(2)
+}
+
+/// A (seq, seq) mask of allowed positions (1 where key ≤ query).
+pub fn causal_mask(seq: usize, device: &candle_core::Device) -> Result<Tensor> {
+    let mask: Vec<u8> = (0..seq)
+        .flat_map(|i| (0..seq).map(move |j| u8::from(j <= i)))
+        .collect();
+    Tensor::from_vec(mask, (seq, seq), device)
+}
+
+/// A scalar tensor of `value` in `dtype`, broadcastable against anything.
+pub fn scalar(value: f64, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
+    Tensor::new(value, device)?.to_dtype(dtype)
+}

@@ -1,0 +1,137 @@
+//! The model zoo and the trait that users' own candle models implement.
+//!
+//! A model is built from a candle-nn `VarBuilder` (see [`params`]) and runs
+//! forward with a [`Tracer`] that records named intermediate tensors when
+//! localization asks for them; with tracing off, recording is one branch.
+
+mod cnn;
+pub mod layers;
+pub mod params;
+mod rnn;
+mod transformer;
+
+pub use params::{init_std, is_buffer, ParamStore};
+
+use crate::spec::{InitSpec, ModelSpec};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+
+/// Records named intermediate tensors ("block1.conv", "layer0.attn.softmax").
+#[derive(Default)]
+pub struct Tracer {
+    enabled: bool,
+    records: Vec<(String, Tensor)>,
+}
+
+impl Tracer {
+    /// A tracer that records nothing (the per-step default).
+    pub fn off() -> Self {
+        Tracer::default()
+    }
+
+    pub fn on() -> Self {
+        Tracer {
+            enabled: true,
+            records: Vec::new(),
+        }
+    }
+
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records `t` under `name` (in execution order) when tracing is on.
+    #[inline]
+    pub fn record(&mut self, name: &str, t: &Tensor) {
+        if self.enabled {
+            self.records.push((name.to_string(), t.clone()));
+        }
+    }
+
+    /// Like [`Tracer::record`], but the name is only built when tracing is on.
+    #[inline]
+    pub fn record_with(&mut self, name: impl FnOnce() -> String, t: &Tensor) {
+        if self.enabled {
+            self.records.push((name(), t.clone()));
+        }
+    }
+
+    pub fn records(&self) -> &[(String, Tensor)] {
+        &self.records
+    }
+
+    pub fn into_records(self) -> Vec<(String, Tensor)> {
+        self.records
+    }
+}
+
+/// A model under test: maps a batch of inputs to outputs (logits).
+///
+/// Inputs are (batch, ...) in the compute dtype, or u32 token ids of shape
+/// (batch, seq_len). Outputs are (batch, outputs), or (batch, seq_len,
+/// outputs) for per-token heads.
+pub trait Model {
+    fn forward(&self, input: &Tensor, tracer: &mut Tracer) -> Result<Tensor>;
+}
+
+/// Builds a model from a `VarBuilder`. The runner calls it once to create the
+/// parameters and then once per step; building must only fetch parameters.
+pub trait ModelFactory: Sync {
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>>;
+}
+
+/// Any `Fn(VarBuilder) -> Result<Box<dyn Model>>` is a factory.
+impl<F> ModelFactory for F
+where
+    F: Fn(VarBuilder) -> Result<Box<dyn Model>> + Sync,
+{
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>> {
+        self(vb)
+    }
+}
+
+/// Adapts any candle-nn `Module` (which records nothing) to [`Model`].
+pub struct ModuleModel<M>(pub M);
+
+impl<M: candle_nn::Module> Model for ModuleModel<M> {
+    fn forward(&self, input: &Tensor, _tracer: &mut Tracer) -> Result<Tensor> {
+        self.0.forward(input)
+    }
+}
+
+/// The factory of a built-in family, from its spec.
+pub struct BuiltinFactory {
+    spec: ModelSpec,
+}
+
+impl BuiltinFactory {
+    /// `None` for a `custom` model spec, whose factory the caller provides.
+    pub fn new(spec: &ModelSpec) -> Option<Self> {
+        match spec {
+            ModelSpec::Custom(_) => None,
+            other => Some(BuiltinFactory {
+                spec: other.clone(),
+            }),
+        }
+    }
+}
+
+impl ModelFactory for BuiltinFactory {
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>> {
+        Ok(match &self.spec {
+            ModelSpec::Cnn(c) => Box::new(cnn::Cnn::new(c, vb)?),
+            ModelSpec::Transformer(t) => Box::new(transformer::Transformer::new(t, vb)?),
+            ModelSpec::Rnn(r) => Box::new(rnn::Rnn::new(r, vb)?),
+            ModelSpec::Custom(_) => candle_core::bail!("a custom model needs its own factory"),
+        })
+    }
+}
+
+/// The init hint for a weight with these fans under the case's scheme.
+pub(crate) fn weight_init(spec: &InitSpec, fan_in: usize, fan_out: usize) -> candle_nn::Init {
+    candle_nn::Init::Randn {
+        mean: 0.0,
+        stdev: init_std(spec, fan_in, fan_out),
+    }
+}

@@ -1,0 +1,218 @@
+//! The parameter store: trainable variables in creation order, created with
+//! the harness's seeded RNG, handed to models through a candle-nn `VarBuilder`.
+//!
+//! Models (built-in and users') are written against `VarBuilder` as usual.
+//! The runner builds a model once to create the variables (in the master
+//! dtype), then rebuilds it every step through a *compute view* that casts each
+//! variable to the compute dtype. For f32/f64/f16/bf16 the cast is the
+//! identity; for mixed precision it inserts the f32→half cast into the graph
+//! so gradients flow back to the f32 master weights.
+
+use crate::rng::Rng;
+use crate::spec::InitSpec;
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_nn::{Init, VarBuilder};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+struct Store {
+    vars: Vec<(String, Var)>,
+    index: HashMap<String, usize>,
+}
+
+/// Trainable variables in creation order (the order every loop over them uses,
+/// so sums over parameters are bit-reproducible).
+#[derive(Clone)]
+pub struct ParamStore {
+    store: Arc<Mutex<Store>>,
+    seed: u64,
+    init: InitSpec,
+    master: DType,
+    device: Device,
+}
+
+/// Suffixes of non-trainable buffers (candle-nn's BatchNorm running statistics).
+const BUFFER_SUFFIXES: [&str; 2] = ["running_mean", "running_var"];
+
+pub fn is_buffer(name: &str) -> bool {
+    BUFFER_SUFFIXES.iter().any(|s| name.ends_with(s))
+}
+
+impl ParamStore {
+    pub fn new(seed: u64, init: InitSpec, master: DType, device: Device) -> Self {
+        ParamStore {
+            store: Arc::default(),
+            seed,
+            init,
+            master,
+            device,
+        }
+    }
+
+    /// A builder that creates missing variables (in the master dtype).
+    pub fn creating_builder(&self) -> VarBuilder<'static> {
+        VarBuilder::from_backend(
+            Box::new(Backend {
+                params: self.clone(),
+                create: true,
+            }),
+            self.master,
+            self.device.clone(),
+        )
+    }
+
+    /// A builder that hands out the existing variables cast to `compute`.
+    pub fn compute_builder(&self, compute: DType) -> VarBuilder<'static> {
+        VarBuilder::from_backend(
+            Box::new(Backend {
+                params: self.clone(),
+                create: false,
+            }),
+            compute,
+            self.device.clone(),
+        )
+    }
+
+    /// All variables (trainable and buffers) in creation order.
+    pub fn vars(&self) -> Vec<(String, Var)> {
+        self.store
+            .lock()
+            .expect("param store poisoned")
+            .vars
+            .clone()
+    }
+
+    /// Trainable variables in creation order.
+    pub fn trainable(&self) -> Vec<(String, Var)> {
+        self.vars()
+            .into_iter()
+            .filter(|(n, _)| !is_buffer(n))
+            .collect()
+    }
+
+    pub fn count(&self) -> usize {
+        self.trainable().iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn master_dtype(&self) -> DType {
+        self.master
+    }
+
+    fn create(&self, name: &str, shape: &Shape, hint: Init) -> candle_core::Result<Var> {
+        let n = shape.elem_count();
+        let mut rng = Rng::keyed(self.seed, &format!("init.{name}"), 0);
+        let gain = self.init.gain;
+        let values: Vec<f64> = match hint {
+            Init::Const(c) => vec![c; n],
+            Init::Randn { mean, stdev } => {
+                (0..n).map(|_| mean + gain * stdev * rng.normal()).collect()
+            }
+            Init::Uniform { lo, up } => {
+                let (mid, half) = ((lo + up) / 2.0, (up - lo) / 2.0);
+                (0..n)
+                    .map(|_| mid + gain * half * rng.uniform_in(-1.0, 1.0))
+                    .collect()
+            }
+            Init::Kaiming {
+                dist,
+                fan,
+                non_linearity,
+            } => {
+                let std = non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt();
+                match dist {
+                    candle_nn::init::NormalOrUniform::Normal => {
+                        (0..n).map(|_| gain * std * rng.normal()).collect()
+                    }
+                    candle_nn::init::NormalOrUniform::Uniform => {
+                        let bound = 3f64.sqrt() * std;
+                        (0..n)
+                            .map(|_| gain * rng.uniform_in(-bound, bound))
+                            .collect()
+                    }
+                }
+            }
+        };
+        let t = Tensor::from_vec(values, shape.clone(), &self.device)?.to_dtype(self.master)?;
+        Var::from_tensor(&t)
+    }
+}
+
+/// Standard deviation of a weight of shape (fan_out, fan_in, k...) under the
+/// case's init scheme (the store multiplies it by the gain).
+pub fn init_std(spec: &InitSpec, fan_in: usize, fan_out: usize) -> f64 {
+    match spec.scheme {
+        // He et al. 2015 for ReLU nets: sqrt(2 / fan_in).
+        crate::spec::InitScheme::Kaiming => (2.0 / fan_in as f64).sqrt(),
+        // Glorot & Bengio 2010: sqrt(2 / (fan_in + fan_out)).
+        crate::spec::InitScheme::Xavier => (2.0 / (fan_in + fan_out) as f64).sqrt(),
+    }
+}
+
+struct Backend {
+    params: ParamStore,
+    create: bool,
+}
+
+impl candle_nn::var_builder::SimpleBackend for Backend {
+    fn get(
+        &self,
+        shape: Shape,
+        name: &str,
+        hint: Init,
+        dtype: DType,
+        _dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let existing = {
+            let store = self.params.store.lock().expect("param store poisoned");
+            store.index.get(name).map(|&i| store.vars[i].1.clone())
+        };
+        let var = match existing {
+            Some(v) => v,
+            None if self.create => {
+                let v = self.params.create(name, &shape, hint)?;
+                let mut store = self.params.store.lock().expect("param store poisoned");
+                let i = store.vars.len();
+                store.vars.push((name.to_string(), v.clone()));
+                store.index.insert(name.to_string(), i);
+                v
+            }
+            None => candle_core::bail!(
+                "parameter `{name}` was not created when the model was first built"
+            ),
+        };
+        if var.shape() != &shape {
+            candle_core::bail!(
+                "parameter `{name}` requested with shape {shape:?} but has {:?}",
+                var.shape()
+            );
+        }
+        var.as_tensor().to_dtype(dtype)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        dtype: DType,
+        _dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let store = self.params.store.lock().expect("param store poisoned");
+        match store.index.get(name) {
+            Some(&i) => store.vars[i].1.as_tensor().to_dtype(dtype),
+            None => candle_core::bail!("unknown parameter `{name}`"),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.params
+            .store
+            .lock()
+            .expect("param store poisoned")
+            .index
+            .contains_key(name)
+    }
+}

@@ -1,0 +1,177 @@
+//! Optimizers (PyTorch's update rules), learning-rate schedules and clipping.
+//!
+//! The state is exposed (`state()`) for the probe and for crash dumps.
+
+mod clip;
+mod schedule;
+
+pub use clip::{clip, global_norm};
+pub use schedule::lr_at;
+
+use crate::spec::OptimizerSpec;
+use candle_core::{Result, Tensor, Var};
+
+/// Per-parameter optimizer state.
+#[derive(Clone, Default)]
+struct Slot {
+    /// SGD/RMSprop momentum buffer.
+    momentum: Option<Tensor>,
+    /// Adam first moment.
+    m: Option<Tensor>,
+    /// Adam second moment / RMSprop square average.
+    v: Option<Tensor>,
+}
+
+pub struct Optimizer {
+    spec: OptimizerSpec,
+    slots: Vec<Slot>,
+    /// Completed update steps (Adam's bias correction uses it).
+    steps: usize,
+}
+
+impl Optimizer {
+    pub fn new(spec: &OptimizerSpec, params: usize) -> Self {
+        Optimizer {
+            spec: spec.clone(),
+            slots: vec![Slot::default(); params],
+            steps: 0,
+        }
+    }
+
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Named state tensors in parameter order (`m.<param>`, `v.<param>`, `momentum.<param>`).
+    pub fn state(&self, names: &[String]) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (slot, name) in self.slots.iter().zip(names) {
+            for (kind, t) in [("momentum", &slot.momentum), ("m", &slot.m), ("v", &slot.v)] {
+                if let Some(t) = t {
+                    out.push((format!("{kind}.{name}"), t.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies one update with learning rate `lr` to each (param, grad) pair.
+    pub fn step(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<()> {
+        self.steps += 1;
+        let t = self.steps as i32;
+        for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
+            let new = match self.spec {
+                OptimizerSpec::Sgd {
+                    momentum,
+                    nesterov,
+                    weight_decay,
+                    ..
+                } => {
+                    let g = with_weight_decay(g, p, weight_decay)?;
+                    let direction = if momentum > 0.0 {
+                        let buf = match &slot.momentum {
+                            // PyTorch: the first step's buffer is the gradient itself.
+                            None => g.clone(),
+                            Some(b) => ((b * momentum)? + &g)?,
+                        };
+                        slot.momentum = Some(buf.clone());
+                        if nesterov {
+                            (&g + (buf * momentum)?)?
+                        } else {
+                            buf
+                        }
+                    } else {
+                        g
+                    };
+                    (p.as_tensor() - (direction * lr)?)?
+                }
+                OptimizerSpec::Adam {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    ..
+                } => {
+                    let g = with_weight_decay(g, p, weight_decay)?;
+                    adam_update(p.as_tensor(), &g, slot, [beta1, beta2, eps], lr, t)?
+                }
+                OptimizerSpec::Adamw {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    ..
+                } => {
+                    let decayed = (p.as_tensor() * (1.0 - lr * weight_decay))?;
+                    adam_update(&decayed, g, slot, [beta1, beta2, eps], lr, t)?
+                }
+                OptimizerSpec::Rmsprop {
+                    alpha,
+                    eps,
+                    momentum,
+                    weight_decay,
+                    ..
+                } => {
+                    let g = with_weight_decay(g, p, weight_decay)?;
+                    let v = ema(slot.v.as_ref(), &g.sqr()?, alpha)?;
+                    let avg = (v.sqrt()? + eps)?;
+                    slot.v = Some(v);
+                    let direction = if momentum > 0.0 {
+                        let step = (&g / &avg)?;
+                        let buf = match &slot.momentum {
+                            None => step,
+                            Some(b) => ((b * momentum)? + step)?,
+                        };
+                        slot.momentum = Some(buf.clone());
+                        buf
+                    } else {
+                        (&g / &avg)?
+                    };
+                    (p.as_tensor() - (direction * lr)?)?
+                }
+            };
+            p.set(&new)?;
+        }
+        Ok(())
+    }
+}
+
+/// g + wd · p (L2 regularization folded into the gradient).
+fn with_weight_decay(g: &Tensor, p: &Var, wd: f64) -> Result<Tensor> {
+    if wd == 0.0 {
+        Ok(g.clone())
+    } else {
+        g + (p.as_tensor() * wd)?
+    }
+}
+
+/// decay · state + (1 - decay) · x, starting from zero state.
+fn ema(state: Option<&Tensor>, x: &Tensor, decay: f64) -> Result<Tensor> {
+    match state {
+        None => x * (1.0 - decay),
+        Some(s) => (s * decay)? + (x * (1.0 - decay))?,
+    }
+}
+
+/// PyTorch's Adam step: p - (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps).
+fn adam_update(
+    p: &Tensor,
+    g: &Tensor,
+    slot: &mut Slot,
+    [beta1, beta2, eps]: [f64; 3],
+    lr: f64,
+    t: i32,
+) -> Result<Tensor> {
+    let m = ema(slot.m.as_ref(), g, beta1)?;
+    let v = ema(slot.v.as_ref(), &g.sqr()?, beta2)?;
+    let bc1 = 1.0 - beta1.powi(t);
+    let bc2 = 1.0 - beta2.powi(t);
+    let denom = ((v.sqrt()? / bc2.sqrt())? + eps)?;
+    let new = (p - ((&m / denom)? * (lr / bc1))?)?;
+    slot.m = Some(m);
+    slot.v = Some(v);
+    Ok(new)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,199 @@
+//! What a run ends in. Instability is a result, not an error:
+//! `Stable(trace) | Unstable(finding) | Rejected(reason)`.
+
+use crate::probe::TensorStats;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Outcome {
+    Stable {
+        trace: Trace,
+    },
+    Unstable {
+        finding: Box<Finding>,
+    },
+    /// The case cannot run as written (the reason names the field).
+    Rejected {
+        reason: String,
+    },
+}
+
+impl Outcome {
+    pub fn verdict(&self) -> &'static str {
+        match self {
+            Outcome::Stable { .. } => "stable",
+            Outcome::Unstable { .. } => "unstable",
+            Outcome::Rejected { .. } => "rejected",
+        }
+    }
+
+    pub fn finding(&self) -> Option<&Finding> {
+        match self {
+            Outcome::Unstable { finding } => Some(finding),
+            _ => None,
+        }
+    }
+
+    pub fn trace(&self) -> Option<&Trace> {
+        match self {
+            Outcome::Stable { trace } => Some(trace),
+            Outcome::Unstable { finding } => Some(&finding.trace),
+            Outcome::Rejected { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    Nan,
+    Inf,
+    /// A value beyond the range of a half-precision dtype.
+    Overflow,
+    /// The smoothed loss rose above `divergence_factor` × its best value.
+    Divergence,
+    /// A class label outside [0, classes): silently wrong targets.
+    InvalidLabel,
+    /// Dynamic loss scaling halved the scale below its floor.
+    ScaleCollapse,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Data,
+    Augment,
+    Forward,
+    Loss,
+    Backward,
+    Update,
+}
+
+impl FindingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Nan => "nan",
+            FindingKind::Inf => "inf",
+            FindingKind::Overflow => "overflow",
+            FindingKind::Divergence => "divergence",
+            FindingKind::InvalidLabel => "invalid_label",
+            FindingKind::ScaleCollapse => "scale_collapse",
+        }
+    }
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Data => "data",
+            Phase::Augment => "augment",
+            Phase::Forward => "forward",
+            Phase::Loss => "loss",
+            Phase::Backward => "backward",
+            Phase::Update => "update",
+        }
+    }
+}
+
+/// The dedup key of a finding: what failed, where, under which configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Signature {
+    pub kind: FindingKind,
+    pub phase: Phase,
+    pub stage: String,
+    pub family: String,
+    pub optimizer: String,
+    pub precision: String,
+    pub device: String,
+}
+
+impl Signature {
+    /// A file-system-safe name: lowercase ASCII letters, digits, '-' and '_'.
+    pub fn slug(&self) -> String {
+        let raw = format!(
+            "{}-{}-{}-{}-{}-{}-{}",
+            self.kind.as_str(),
+            self.phase.as_str(),
+            self.stage,
+            self.family,
+            self.optimizer,
+            self.precision,
+            self.device
+        );
+        let mut out = String::with_capacity(raw.len());
+        for ch in raw.chars() {
+            let c = ch.to_ascii_lowercase();
+            out.push(if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            });
+        }
+        out.truncate(120);
+        out
+    }
+}
+
+impl std::fmt::Display for Signature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} in {} at `{}` ({} / {} / {} / {})",
+            self.kind.as_str(),
+            self.phase.as_str(),
+            self.stage,
+            self.family,
+            self.optimizer,
+            self.precision,
+            self.device
+        )
+    }
+}
+
+/// Per-step history of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    /// Loss of each executed step (the failing step's value included).
+    #[serde(with = "crate::floats::vec")]
+    pub losses: Vec<f64>,
+    /// Global gradient norm (unscaled, before clipping) of each step where
+    /// it was computed.
+    #[serde(with = "crate::floats::vec")]
+    pub grad_norms: Vec<f64>,
+    /// Learning rate of each executed step.
+    pub lrs: Vec<f64>,
+    /// Steps skipped by dynamic loss scaling.
+    pub skipped_steps: usize,
+    /// The loss scale at the end (mixed precision only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+}
+
+impl Trace {
+    pub fn first_loss(&self) -> Option<f64> {
+        self.losses.first().copied()
+    }
+
+    pub fn last_loss(&self) -> Option<f64> {
+        self.losses.last().copied()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// 0-based step at which the failure was first seen.
+    pub step: usize,
+    pub kind: FindingKind,
+    pub phase: Phase,
+    /// The producing stage, as far as it is known (`input`, `augment[1].normalize`,
+    /// `output`, `loss.naive_cross_entropy`, `grad.<param>`, `param.<param>`, ...).
+    pub stage: String,
+    /// One sentence on what was seen.
+    pub detail: String,
+    /// Statistics of the offending tensor, where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<TensorStats>,
+    pub signature: Signature,
+    pub trace: Trace,
+}

@@ -1,0 +1,287 @@
+//! The per-step stability probe: finiteness scans of tensors and a divergence
+//! tracker on the loss.
+//!
+//! On CPU a scan reads the storage slice directly (one pass, no allocation).
+//! On other devices all tensors of a step are reduced on the device into one
+//! small (n × 4) tensor, copied back with a single synchronization.
+
+use crate::error::Result;
+use candle_core::{DType, Storage, Tensor};
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// What the probe needs from one tensor, in one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TensorScan {
+    /// Σx² over finite entries, accumulated in f64.
+    pub sum_sq: f64,
+    pub nan: usize,
+    pub inf: usize,
+    /// max |x| over finite entries.
+    pub max_abs: f64,
+}
+
+impl TensorScan {
+    pub fn is_finite(&self) -> bool {
+        self.nan == 0 && self.inf == 0
+    }
+
+    fn add(&mut self, x: f64) {
+        if x.is_finite() {
+            self.sum_sq += x * x;
+            self.max_abs = self.max_abs.max(x.abs());
+        } else if x.is_nan() {
+            self.nan += 1;
+        } else {
+            self.inf += 1;
+        }
+    }
+}
+
+/// Scans host values.
+pub fn scan_host(values: &[f32]) -> TensorScan {
+    let mut s = TensorScan::default();
+    for &v in values {
+        s.add(v as f64);
+    }
+    s
+}
+
+fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64) -> TensorScan {
+    let mut s = TensorScan::default();
+    for &v in values {
+        s.add(to_f64(v));
+    }
+    s
+}
+
+/// Scans a CPU tensor in place; `None` when it is not a contiguous float CPU tensor.
+fn scan_cpu(t: &Tensor) -> Option<TensorScan> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return None;
+    };
+    let (start, end) = layout.contiguous_offsets()?;
+    Some(match t.dtype() {
+        DType::F32 => scan_slice(&cpu.as_slice::<f32>().ok()?[start..end], |v| v as f64),
+        DType::F64 => scan_slice(&cpu.as_slice::<f64>().ok()?[start..end], |v| v),
+        DType::F16 => scan_slice(&cpu.as_slice::<f16>().ok()?[start..end], f16::to_f64),
+        DType::BF16 => scan_slice(&cpu.as_slice::<bf16>().ok()?[start..end], bf16::to_f64),
+        _ => return None,
+    })
+}
+
+/// Scans tensors: CPU ones in place, the others reduced on their device and
+/// copied back together.
+pub fn scan_all(tensors: &[&Tensor]) -> Result<Vec<TensorScan>> {
+    let mut out = vec![TensorScan::default(); tensors.len()];
+    let mut on_device = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        match scan_cpu(t) {
+            Some(s) => out[i] = s,
+            None => on_device.push(i),
+        }
+    }
+    if on_device.is_empty() {
+        return Ok(out);
+    }
+    let mut rows = Vec::with_capacity(on_device.len());
+    for &i in &on_device {
+        rows.push(device_row(tensors[i])?);
+    }
+    let table = Tensor::stack(&rows, 0)?
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()?;
+    for (&i, r) in on_device.iter().zip(table) {
+        out[i] = TensorScan {
+            sum_sq: r[0],
+            nan: r[1] as usize,
+            inf: r[2] as usize,
+            max_abs: r[3],
+        };
+    }
+    Ok(out)
+}
+
+/// [Σx² over finite, #NaN, #Inf, max |x| over finite] computed on the device.
+fn device_row(t: &Tensor) -> Result<Tensor> {
+    let x = t.flatten_all()?.to_dtype(DType::F32)?;
+    let zeros = x.zeros_like()?;
+    let nan = x.ne(&x)?;
+    let inf = x.abs()?.eq(f32::INFINITY)?;
+    let finite = (nan.add(&inf)?).eq(0u8)?;
+    let xf = finite.where_cond(&x, &zeros)?;
+    let row = [
+        xf.sqr()?.sum_all()?,
+        nan.to_dtype(DType::F32)?.sum_all()?,
+        inf.to_dtype(DType::F32)?.sum_all()?,
+        xf.abs()?.max_all()?,
+    ];
+    Ok(Tensor::stack(&row, 0)?)
+}
+
+/// Summary statistics of an offending tensor (finite entries only for the moments).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorStats {
+    pub shape: Vec<usize>,
+    pub count: usize,
+    pub nan: usize,
+    pub inf: usize,
+    #[serde(with = "crate::floats::one")]
+    pub mean: f64,
+    #[serde(with = "crate::floats::one")]
+    pub var: f64,
+    #[serde(with = "crate::floats::one")]
+    pub min: f64,
+    #[serde(with = "crate::floats::one")]
+    pub max: f64,
+}
+
+impl TensorStats {
+    pub fn of_values(shape: &[usize], values: impl Iterator<Item = f64>) -> Self {
+        let (mut n, mut sum, mut sum_sq) = (0usize, 0.0, 0.0);
+        let (mut nan, mut inf, mut count) = (0, 0, 0);
+        let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+        for v in values {
+            count += 1;
+            if v.is_nan() {
+                nan += 1;
+                continue;
+            }
+            if v.is_infinite() {
+                inf += 1;
+                continue;
+            }
+            n += 1;
+            sum += v;
+            sum_sq += v * v;
+            min = min.min(v);
+            max = max.max(v);
+        }
+        let mean = if n > 0 { sum / n as f64 } else { f64::NAN };
+        let var = if n > 0 {
+            (sum_sq / n as f64 - mean * mean).max(0.0)
+        } else {
+            f64::NAN
+        };
+        TensorStats {
+            shape: shape.to_vec(),
+            count,
+            nan,
+            inf,
+            mean,
+            var,
+            min: if n > 0 { min } else { f64::NAN },
+            max: if n > 0 { max } else { f64::NAN },
+        }
+    }
+
+    pub fn of_tensor(t: &Tensor) -> Result<Self> {
+        let values = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        Ok(TensorStats::of_values(t.dims(), values.into_iter()))
+    }
+
+    pub fn of_host(shape: &[usize], values: &[f32]) -> Self {
+        TensorStats::of_values(shape, values.iter().map(|&v| v as f64))
+    }
+}
+
+/// Divergence as fastai and Lightning's LR finders define it: the debiased
+/// exponential moving average of the loss (β = 0.98) exceeds `factor` × the
+/// best smoothed value seen. For losses that can be negative the rule reads
+/// `smoothed - best > (factor - 1) · |best|`, which is the same for best > 0.
+#[derive(Clone, Debug)]
+pub struct DivergenceTracker {
+    factor: f64,
+    avg: f64,
+    steps: i32,
+    best: f64,
+}
+
+const SMOOTHING: f64 = 0.98;
+/// Below this magnitude a best loss counts as zero (a perfectly fitted run
+/// must not "diverge" from 1e-12 to 1e-11).
+const LOSS_FLOOR: f64 = 1e-6;
+
+impl DivergenceTracker {
+    pub fn new(factor: f64) -> Self {
+        DivergenceTracker {
+            factor,
+            avg: 0.0,
+            steps: 0,
+            best: f64::INFINITY,
+        }
+    }
+
+    /// Adds a finite loss; returns the smoothed loss when it has diverged.
+    pub fn push(&mut self, loss: f64) -> Option<f64> {
+        self.steps += 1;
+        self.avg = SMOOTHING * self.avg + (1.0 - SMOOTHING) * loss;
+        let smoothed = self.avg / (1.0 - SMOOTHING.powi(self.steps));
+        let diverged = self.steps > 1
+            && smoothed - self.best > (self.factor - 1.0) * self.best.abs().max(LOSS_FLOOR);
+        self.best = self.best.min(smoothed);
+        diverged.then_some(smoothed)
+    }
+
+    pub fn best(&self) -> f64 {
+        self.best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn cpu_scan_counts_non_finite_and_sums_squares() {
+        let t = Tensor::new(&[1f32, -2.0, f32::NAN, f32::INFINITY, 3.0], &Device::Cpu).unwrap();
+        let s = scan_all(&[&t]).unwrap()[0];
+        assert_eq!((s.nan, s.inf), (1, 1));
+        assert_eq!(s.sum_sq, 14.0);
+        assert_eq!(s.max_abs, 3.0);
+    }
+
+    #[test]
+    fn device_reduction_agrees_with_the_cpu_scan() {
+        let t = Tensor::new(
+            &[1f32, -2.0, f32::NAN, f32::NEG_INFINITY, 3.0],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let row = device_row(&t).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(row, vec![14.0, 1.0, 1.0, 3.0]);
+    }
+
+    #[test]
+    fn scans_half_precision_and_strided_views() {
+        let t = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert_eq!(scan_all(&[&t]).unwrap()[0].sum_sq, 30.0);
+        let tt = t.t().unwrap(); // not contiguous: falls back to the device path
+        assert_eq!(scan_all(&[&tt]).unwrap()[0].sum_sq, 30.0);
+    }
+
+    #[test]
+    fn divergence_tracker_flags_a_blow_up_not_noise() {
+        let mut d = DivergenceTracker::new(4.0);
+        for l in [2.0, 1.9, 2.1, 1.8, 1.7, 1.9] {
+            assert!(d.push(l).is_none());
+        }
+        let mut flagged = false;
+        for l in [10.0, 100.0, 1000.0, 1e4] {
+            flagged |= d.push(l).is_some();
+        }
+        assert!(flagged);
+    }
+
+    #[test]
+    fn stats_ignore_non_finite_in_moments() {
+        let s = TensorStats::of_host(&[4], &[1.0, 3.0, f32::NAN, f32::INFINITY]);
+        assert_eq!((s.nan, s.inf, s.count), (1, 1, 4));
+        assert_eq!((s.mean, s.var, s.min, s.max), (2.0, 1.0, 1.0, 3.0));
+    }
+}

@@ -1,0 +1,538 @@
+//! One training run of a `Case`, step by step:
+//! batch → pathologies → augment → forward → loss → backward → clip → update,
+//! with the probe after every stage that can produce a non-finite value.
+
+use crate::augment;
+use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
+use crate::device;
+use crate::error::{Error, Result};
+use crate::losses;
+use crate::models::{BuiltinFactory, ModelFactory, ParamStore, Tracer};
+use crate::optim::{self, Optimizer};
+use crate::outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
+use crate::probe::{scan_all, scan_host, DivergenceTracker, TensorScan, TensorStats};
+use crate::scaler::{LossScaler, ScaleVerdict};
+use crate::spec::{dtype_max, Case, ClipSpec, DeviceSpec, Limits};
+use candle_core::{DType, Device, Tensor, Var};
+
+/// How to run a case.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Scan gradients, parameters, optimizer state and batches every step.
+    /// Off, only the loss is watched (for measuring the probe's cost).
+    pub probe: bool,
+    /// Run on this device instead of the case's.
+    pub device: Option<DeviceSpec>,
+    pub limits: Limits,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            probe: true,
+            device: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Runs a case of a built-in family with the default options.
+pub fn run(case: &Case) -> Result<Outcome> {
+    run_with_options(case, &RunOptions::default())
+}
+
+pub fn run_with_options(case: &Case, opts: &RunOptions) -> Result<Outcome> {
+    match BuiltinFactory::new(&case.model) {
+        Some(factory) => run_model(case, &factory, opts),
+        None => Ok(Outcome::Rejected {
+            reason: "invalid case: field `model.family`: a `custom` model needs its factory (use `run_model`)".into(),
+        }),
+    }
+}
+
+/// Runs a case with a caller-provided model (a user's own candle model).
+pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
+    let mut session = match Session::new(case, factory, opts) {
+        Ok(s) => s,
+        Err(e @ Error::InvalidCase { .. }) => {
+            return Ok(Outcome::Rejected {
+                reason: e.to_string(),
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    for step in 0..case.steps {
+        if let Some(finding) = session.step(step)? {
+            return Ok(Outcome::Unstable {
+                finding: Box::new(finding),
+            });
+        }
+    }
+    Ok(Outcome::Stable {
+        trace: session.into_trace(),
+    })
+}
+
+/// A failure seen at a stage, before it becomes a `Finding`.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub kind: FindingKind,
+    pub phase: Phase,
+    pub stage: String,
+    pub detail: String,
+    pub stats: Option<TensorStats>,
+}
+
+/// A training run in progress.
+pub struct Session<'a> {
+    case: Case,
+    device: Device,
+    factory: &'a dyn ModelFactory,
+    params: ParamStore,
+    vars: Vec<Var>,
+    names: Vec<String>,
+    optimizer: Optimizer,
+    scaler: LossScaler,
+    generator: Generator,
+    tracker: DivergenceTracker,
+    trace: Trace,
+    probe: bool,
+    compute: DType,
+    loss_dtype: DType,
+    half: bool,
+}
+
+impl<'a> Session<'a> {
+    /// Validates the case, opens the device and creates the parameters.
+    pub fn new(case: &Case, factory: &'a dyn ModelFactory, opts: &RunOptions) -> Result<Self> {
+        let mut case = case.clone();
+        if let Some(d) = opts.device {
+            case.device = d;
+        }
+        case.validate(&opts.limits)?;
+        let device = device::open(case.device)?;
+        let precision = &case.precision;
+        let params = ParamStore::new(
+            case.seed,
+            case.model.init(),
+            precision.master_dtype(),
+            device.clone(),
+        );
+        factory.build(params.creating_builder())?;
+        let trainable = params.trainable();
+        if trainable.is_empty() {
+            return Err(Error::invalid(
+                "model",
+                "the model has no trainable parameters",
+            ));
+        }
+        let count = params.count();
+        if count > opts.limits.max_params {
+            return Err(Error::invalid(
+                "model",
+                format!(
+                    "{count} parameters exceed the limit of {}",
+                    opts.limits.max_params
+                ),
+            ));
+        }
+        let (names, vars): (Vec<String>, Vec<Var>) = trainable.into_iter().unzip();
+        let compute = precision.compute_dtype();
+        Ok(Session {
+            optimizer: Optimizer::new(&case.optimizer, vars.len()),
+            scaler: LossScaler::new(precision.loss_scaling()),
+            generator: Generator::new(&case),
+            tracker: DivergenceTracker::new(case.divergence_factor),
+            trace: Trace::default(),
+            probe: opts.probe,
+            loss_dtype: precision.loss_dtype(),
+            half: matches!(compute, DType::F16 | DType::BF16),
+            compute,
+            case,
+            device,
+            factory,
+            params,
+            vars,
+            names,
+        })
+    }
+
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    pub fn into_trace(mut self) -> Trace {
+        if self.scaler.is_dynamic() || self.case.precision.loss_scaling().is_some() {
+            self.trace.loss_scale = Some(self.scaler.scale);
+        }
+        self.trace
+    }
+
+    /// The batch of `step` after pathologies and augmentation, or the
+    /// failure the probe saw while making it.
+    pub fn batch(&self, step: usize) -> std::result::Result<HostBatch, Box<Failure>> {
+        let case = &self.case;
+        let mut batch = self.generator.batch(step, case.batch_size);
+        apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
+        if self.probe {
+            self.check_batch(&batch, Phase::Data, "input")?;
+        }
+        for (i, aug) in case.augment.iter().enumerate() {
+            augment::apply(&mut batch, aug, case.seed, i, step);
+            if self.probe {
+                self.check_batch(
+                    &batch,
+                    Phase::Augment,
+                    &format!("augment[{i}].{}", aug.name()),
+                )?;
+            }
+        }
+        Ok(batch)
+    }
+
+    fn check_batch(
+        &self,
+        batch: &HostBatch,
+        phase: Phase,
+        stage: &str,
+    ) -> std::result::Result<(), Box<Failure>> {
+        if phase == Phase::Data {
+            if let Some((row, &label)) = batch
+                .labels
+                .iter()
+                .enumerate()
+                .find(|(_, &l)| l < 0 || l >= batch.classes as i64)
+            {
+                return Err(Box::new(Failure {
+                    kind: FindingKind::InvalidLabel,
+                    phase,
+                    stage: "labels".into(),
+                    detail: format!(
+                        "label {label} in row {row} is outside the {} classes",
+                        batch.classes
+                    ),
+                    stats: None,
+                }));
+            }
+        }
+        let HostInput::Real { values, dims } = &batch.input else {
+            return Ok(());
+        };
+        let s = scan_host(values);
+        let limit = dtype_max(self.compute);
+        if s.is_finite() && s.max_abs <= limit {
+            return Ok(());
+        }
+        let (kind, detail) = if !s.is_finite() {
+            (
+                if s.nan > 0 {
+                    FindingKind::Nan
+                } else {
+                    FindingKind::Inf
+                },
+                format!("{} NaN and {} Inf values in the batch inputs", s.nan, s.inf),
+            )
+        } else {
+            (
+                FindingKind::Overflow,
+                format!(
+                    "input magnitude {:.3e} exceeds the largest {:?} value {limit:.3e}",
+                    s.max_abs, self.compute
+                ),
+            )
+        };
+        Err(Box::new(Failure {
+            kind,
+            phase,
+            stage: stage.to_string(),
+            detail,
+            stats: Some(TensorStats::of_host(dims, values)),
+        }))
+    }
+
+    fn upload(&self, batch: &HostBatch) -> Result<(Tensor, Tensor, Option<(f64, Tensor)>)> {
+        let input = match &batch.input {
+            HostInput::Real { values, dims } => {
+                Tensor::from_slice(values, dims.as_slice(), &self.device)?.to_dtype(self.compute)?
+            }
+            HostInput::Tokens { ids, dims } => {
+                Tensor::from_slice(ids, dims.as_slice(), &self.device)?
+            }
+        };
+        let shape = (batch.rows(), batch.classes);
+        let targets =
+            Tensor::from_slice(&batch.targets, shape, &self.device)?.to_dtype(self.loss_dtype)?;
+        let mix = match &batch.mix {
+            Some((lam, t2)) => Some((
+                *lam,
+                Tensor::from_slice(t2, shape, &self.device)?.to_dtype(self.loss_dtype)?,
+            )),
+            None => None,
+        };
+        Ok((input, targets, mix))
+    }
+
+    /// Builds the model from the current parameters and computes the loss of
+    /// a batch: (model output, logits as rows × classes, loss).
+    pub fn forward_loss(
+        &self,
+        batch: &HostBatch,
+        tracer: &mut Tracer,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (input, targets, mix) = self.upload(batch)?;
+        let model = self
+            .factory
+            .build(self.params.compute_builder(self.compute))?;
+        let output = model.forward(&input, tracer)?;
+        let logits = match output.rank() {
+            3 => output.flatten(0, 1)?,
+            _ => output.clone(),
+        }
+        .to_dtype(self.loss_dtype)?;
+        let mix = mix.as_ref().map(|(l, t)| (*l, t));
+        let loss = losses::batch_loss(&self.case.loss, &logits, &targets, mix)?;
+        Ok((output, logits, loss))
+    }
+
+    /// The trainable variables and their names, in creation order.
+    pub fn vars(&self) -> (&[String], &[Var]) {
+        (&self.names, &self.vars)
+    }
+
+    /// Runs one step; returns the finding when the probe saw a failure.
+    pub fn step(&mut self, step: usize) -> Result<Option<Finding>> {
+        let lr = optim::lr_at(
+            &self.case.schedule,
+            self.case.optimizer.lr(),
+            step,
+            self.case.steps,
+        );
+        self.trace.lrs.push(lr);
+        match self.step_inner(step, lr)? {
+            None => Ok(None),
+            Some(f) => Ok(Some(self.finding(step, *f))),
+        }
+    }
+
+    fn step_inner(&mut self, step: usize, lr: f64) -> Result<Option<Box<Failure>>> {
+        let batch = match self.batch(step) {
+            Ok(b) => b,
+            Err(f) => return Ok(Some(f)),
+        };
+        let (output, logits, loss) = self.forward_loss(&batch, &mut Tracer::off())?;
+        let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        self.trace.losses.push(loss_value);
+        if !loss_value.is_finite() {
+            let out_scan = scan_all(&[&output])?[0];
+            return Ok(Some(if !out_scan.is_finite() {
+                Box::new(self.tensor_failure(
+                    &out_scan,
+                    Phase::Forward,
+                    "output".into(),
+                    "the model output is not finite".into(),
+                    &output,
+                )?)
+            } else {
+                Box::new(Failure {
+                    kind: self.kind_of_value(loss_value),
+                    phase: Phase::Loss,
+                    stage: format!("loss.{}", self.case.loss.name()),
+                    detail: format!("the loss is {loss_value} although the model output is finite"),
+                    stats: Some(TensorStats::of_tensor(&logits)?),
+                })
+            }));
+        }
+
+        // Backward.
+        let scale = self.scaler.scale;
+        let scaled = if scale != 1.0 { (&loss * scale)? } else { loss };
+        let grad_store = scaled.backward()?;
+        let mut grads = Vec::with_capacity(self.vars.len());
+        for (var, name) in self.vars.iter().zip(&self.names) {
+            match grad_store.get(var.as_tensor()) {
+                Some(g) => grads.push(g.clone()),
+                None => {
+                    return Err(Error::MissingGradient {
+                        param: name.clone(),
+                    })
+                }
+            }
+        }
+
+        let needs_scan = self.probe
+            || scale != 1.0
+            || matches!(self.case.clip, ClipSpec::Norm { .. })
+            || self.case.precision.loss_scaling().is_some();
+        let mut norm = None;
+        if needs_scan {
+            let refs: Vec<&Tensor> = grads.iter().collect();
+            let scans = scan_all(&refs)?;
+            let bad = scans.iter().position(|s| !s.is_finite());
+            let verdict = if self.case.precision.loss_scaling().is_some() {
+                self.scaler.update(bad.is_none())
+            } else if bad.is_none() {
+                ScaleVerdict::Apply
+            } else {
+                ScaleVerdict::Fail
+            };
+            match (verdict, bad) {
+                (ScaleVerdict::Skip, _) => {
+                    self.trace.skipped_steps += 1;
+                    return Ok(None);
+                }
+                (ScaleVerdict::Fail, Some(i)) if self.scaler.is_dynamic() => {
+                    return Ok(Some(Box::new(Failure {
+                        kind: FindingKind::ScaleCollapse,
+                        phase: Phase::Backward,
+                        stage: format!("grad.{}", self.names[i]),
+                        detail: format!(
+                            "gradients kept overflowing: the loss scale fell to {} after {} skipped steps",
+                            self.scaler.scale, self.scaler.skipped
+                        ),
+                        stats: Some(TensorStats::of_tensor(&grads[i])?),
+                    })));
+                }
+                (ScaleVerdict::Fail, Some(i)) => {
+                    return Ok(Some(Box::new(self.tensor_failure(
+                        &scans[i],
+                        Phase::Backward,
+                        format!("grad.{}", self.names[i]),
+                        format!("the gradient of `{}` is not finite", self.names[i]),
+                        &grads[i],
+                    )?)));
+                }
+                _ => {}
+            }
+            let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
+            norm = Some(optim::global_norm(&sum_sq) / scale);
+        }
+        if scale != 1.0 {
+            for g in grads.iter_mut() {
+                *g = (&*g * (1.0 / scale))?;
+            }
+        }
+        if let Some(n) = norm {
+            self.trace.grad_norms.push(n);
+        }
+        optim::clip(&self.case.clip, &mut grads, norm.unwrap_or(0.0))?;
+
+        // Update.
+        self.optimizer.step(&self.vars, &grads, lr)?;
+        if self.probe {
+            if let Some(f) = self.check_update()? {
+                return Ok(Some(Box::new(f)));
+            }
+        }
+        if let Some(smoothed) = self.tracker.push(loss_value) {
+            return Ok(Some(Box::new(Failure {
+                kind: FindingKind::Divergence,
+                phase: Phase::Update,
+                stage: "loss_trend".into(),
+                detail: format!(
+                    "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
+                    self.case.divergence_factor,
+                    self.tracker.best()
+                ),
+                stats: None,
+            })));
+        }
+        Ok(None)
+    }
+
+    /// Scans parameters and optimizer state after an update.
+    fn check_update(&self) -> Result<Option<Failure>> {
+        let state = self.optimizer.state(&self.names);
+        let mut tensors: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
+        tensors.extend(state.iter().map(|(_, t)| t));
+        let scans = scan_all(&tensors)?;
+        let Some(i) = scans.iter().position(|s| !s.is_finite()) else {
+            return Ok(None);
+        };
+        let (stage, what) = if i < self.vars.len() {
+            (
+                format!("param.{}", self.names[i]),
+                format!("parameter `{}`", self.names[i]),
+            )
+        } else {
+            let name = &state[i - self.vars.len()].0;
+            (
+                format!("optimizer.{name}"),
+                format!("optimizer state `{name}`"),
+            )
+        };
+        Ok(Some(self.tensor_failure(
+            &scans[i],
+            Phase::Update,
+            stage,
+            format!("{what} is not finite after the update"),
+            tensors[i],
+        )?))
+    }
+
+    fn kind_of_value(&self, v: f64) -> FindingKind {
+        if v.is_nan() {
+            FindingKind::Nan
+        } else if self.half {
+            // In half precision an infinity is an overflow of the format.
+            FindingKind::Overflow
+        } else {
+            FindingKind::Inf
+        }
+    }
+
+    fn tensor_failure(
+        &self,
+        scan: &TensorScan,
+        phase: Phase,
+        stage: String,
+        detail: String,
+        t: &Tensor,
+    ) -> Result<Failure> {
+        let kind = if scan.nan > 0 {
+            FindingKind::Nan
+        } else {
+            self.kind_of_value(f64::INFINITY)
+        };
+        Ok(Failure {
+            kind,
+            phase,
+            stage,
+            detail: format!("{detail} ({} NaN, {} Inf)", scan.nan, scan.inf),
+            stats: Some(TensorStats::of_tensor(t)?),
+        })
+    }
+
+    fn finding(&self, step: usize, f: Failure) -> Finding {
+        let signature = Signature {
+            kind: f.kind,
+            phase: f.phase,
+            stage: f.stage.clone(),
+            family: self.case.family().to_string(),
+            optimizer: self.case.optimizer.name().to_string(),
+            precision: self.case.precision.name().to_string(),
+            device: self.case.device.to_string(),
+        };
+        let mut trace = self.trace.clone();
+        if self.case.precision.loss_scaling().is_some() {
+            trace.loss_scale = Some(self.scaler.scale);
+        }
+        Finding {
+            step,
+            kind: f.kind,
+            phase: f.phase,
+            stage: f.stage,
+            detail: f.detail,
+            stats: f.stats,
+            signature,
+            trace,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Loss functions, each with the eps/clamp knob that makes or breaks it.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LossSpec {
+    /// Softmax cross-entropy via a stable log-sum-exp.
+    CrossEntropy {
+        #[serde(default)]
+        label_smoothing: f64,
+    },
+    /// -log(softmax(z)[y] + eps): the log of a softmax, as written naively.
+    NaiveCrossEntropy {
+        #[serde(default)]
+        eps: f64,
+    },
+    /// Negative log-likelihood of a log-softmax output (PyTorch's
+    /// LogSoftmax + NLLLoss); the log-softmax is computed stably.
+    Nll,
+    /// Mean squared error; with `root`, sqrt(mse + eps) (RMSE), whose
+    /// gradient at zero error is 0/0 when eps is 0.
+    Mse {
+        #[serde(default)]
+        root: bool,
+        #[serde(default)]
+        eps: f64,
+    },
+    Huber {
+        #[serde(default = "one")]
+        delta: f64,
+    },
+    /// Binary cross-entropy on probabilities p = sigmoid(z), clamped to [eps, 1-eps].
+    Bce {
+        #[serde(default)]
+        eps: f64,
+    },
+    /// Binary cross-entropy on logits: max(z,0) - z t + log(1 + exp(-|z|)).
+    BceWithLogits,
+    /// KL(t ‖ softmax(z)) with the prediction clamped to [eps, 1-eps].
+    KlDiv {
+        #[serde(default)]
+        eps: f64,
+    },
+    /// Poisson NLL: exp(z) - t z when `log_input`, else z - t log(z + eps).
+    PoissonNll {
+        #[serde(default = "yes")]
+        log_input: bool,
+        #[serde(default)]
+        eps: f64,
+    },
+    /// The source article's custom loss, verbatim: mean(log(1 - p) * t) with
+    /// p = sigmoid(z) clamped to [eps, 1-eps]; eps 0 leaves it unguarded.
+    LogOneMinus {
+        #[serde(default)]
+        eps: f64,
+    },
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+
+/// What the targets of a loss look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    /// Class indices.
+    Labels,
+    /// Real vectors (regression).
+    Values,
+    /// Non-negative integer counts, as reals.
+    Counts,
+    /// Probability vectors (rows sum to 1, entries > 0).
+    Distributions,
+    /// Multi-label 0/1 vectors.
+    Binary,
+}
+
+impl LossSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            LossSpec::CrossEntropy { .. } => "cross_entropy",
+            LossSpec::NaiveCrossEntropy { .. } => "naive_cross_entropy",
+            LossSpec::Nll => "nll",
+            LossSpec::Mse { .. } => "mse",
+            LossSpec::Huber { .. } => "huber",
+            LossSpec::Bce { .. } => "bce",
+            LossSpec::BceWithLogits => "bce_with_logits",
+            LossSpec::KlDiv { .. } => "kl_div",
+            LossSpec::PoissonNll { .. } => "poisson_nll",
+            LossSpec::LogOneMinus { .. } => "log_one_minus",
+        }
+    }
+
+    pub fn target_kind(&self) -> TargetKind {
+        match self {
+            LossSpec::CrossEntropy { .. } | LossSpec::NaiveCrossEntropy { .. } | LossSpec::Nll => {
+                TargetKind::Labels
+            }
+            LossSpec::Mse { .. } | LossSpec::Huber { .. } => TargetKind::Values,
+            LossSpec::PoissonNll { .. } => TargetKind::Counts,
+            LossSpec::KlDiv { .. } => TargetKind::Distributions,
+            LossSpec::Bce { .. } | LossSpec::BceWithLogits | LossSpec::LogOneMinus { .. } => {
+                TargetKind::Binary
+            }
+        }
+    }
+}

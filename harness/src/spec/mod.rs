@@ -1,0 +1,144 @@
+//! `Case`: the complete, serializable description of one training run.
+//!
+//! The same `Case` drives every command. It is JSON with a format version;
+//! unknown fields are errors and [`Case::validate`] names the field at fault.
+
+mod augment;
+mod data;
+mod examples;
+pub use examples::FAMILIES;
+mod loss;
+mod model;
+mod optim;
+mod precision;
+mod validate;
+
+pub use augment::{Augment, NormalizeSpec};
+pub use data::{DataSpec, Distribution, Pathology};
+pub use loss::{LossSpec, TargetKind};
+pub use model::*;
+pub use optim::{ClipSpec, OptimizerSpec, ScheduleSpec};
+pub use precision::{dtype_max, HalfType, LossScaling, Precision};
+pub use validate::Limits;
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The case format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    /// Format version; must be [`FORMAT_VERSION`].
+    pub format: u32,
+    pub seed: u64,
+    #[serde(default)]
+    pub device: DeviceSpec,
+    #[serde(default)]
+    pub precision: Precision,
+    pub steps: usize,
+    pub batch_size: usize,
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub data: DataSpec,
+    #[serde(default)]
+    pub augment: Vec<Augment>,
+    pub loss: LossSpec,
+    pub optimizer: OptimizerSpec,
+    #[serde(default)]
+    pub schedule: ScheduleSpec,
+    #[serde(default)]
+    pub clip: ClipSpec,
+    /// Divergence: the smoothed loss exceeds this many times its best value.
+    #[serde(default = "default_divergence_factor")]
+    pub divergence_factor: f64,
+}
+
+fn default_divergence_factor() -> f64 {
+    4.0
+}
+
+impl Case {
+    /// Parses a case from JSON text (no validation beyond the format).
+    pub fn from_json(text: &str) -> Result<Case> {
+        let case: Case = serde_json::from_str(text).map_err(|e| Error::Parse(e.to_string()))?;
+        if case.format != FORMAT_VERSION {
+            return Err(Error::invalid(
+                "format",
+                format!(
+                    "format version {} is not supported (this build reads {FORMAT_VERSION})",
+                    case.format
+                ),
+            ));
+        }
+        Ok(case)
+    }
+
+    /// Reads, parses and validates a case file against the default limits.
+    pub fn load(path: &Path) -> Result<Case> {
+        Case::load_with_limits(path, &Limits::default())
+    }
+
+    pub fn load_with_limits(path: &Path, limits: &Limits) -> Result<Case> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let case = Case::from_json(&text)?;
+        case.validate(limits)?;
+        Ok(case)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a Case always serializes")
+    }
+
+    pub fn family(&self) -> &str {
+        self.model.family()
+    }
+}
+
+/// Where a case runs: `cpu` or `cuda:N` (`cuda` means `cuda:0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
+                _ => Err(format!(
+                    "unknown device `{s}`: expected `cpu`, `cuda` or `cuda:N`"
+                )),
+            },
+        }
+    }
+}
+
+impl Serialize for DeviceSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}

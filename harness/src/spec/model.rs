@@ -1,0 +1,328 @@
+//! Model configurations of the built-in families (and the shape of a user's model).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "family", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelSpec {
+    Cnn(CnnSpec),
+    Transformer(TransformerSpec),
+    Rnn(RnnSpec),
+    /// A user's own model, built by code the caller passes to the runner; the
+    /// case only says what data it eats and how many outputs it has.
+    Custom(CustomSpec),
+}
+
+impl ModelSpec {
+    pub fn family(&self) -> &str {
+        match self {
+            ModelSpec::Cnn(_) => "cnn",
+            ModelSpec::Transformer(_) => "transformer",
+            ModelSpec::Rnn(_) => "rnn",
+            ModelSpec::Custom(c) => &c.name,
+        }
+    }
+
+    /// What the data generator must produce for this model.
+    pub fn input(&self) -> InputSpec {
+        match self {
+            ModelSpec::Cnn(c) => InputSpec::Image {
+                channels: c.channels,
+                height: c.height,
+                width: c.width,
+            },
+            ModelSpec::Transformer(t) => match t.input {
+                TokenOrContinuous::Tokens { vocab } => InputSpec::Tokens {
+                    seq_len: t.seq_len,
+                    vocab,
+                },
+                TokenOrContinuous::Continuous { features } => InputSpec::Sequence {
+                    seq_len: t.seq_len,
+                    features,
+                },
+            },
+            ModelSpec::Rnn(r) => InputSpec::Sequence {
+                seq_len: r.seq_len,
+                features: r.features,
+            },
+            ModelSpec::Custom(c) => c.input.clone(),
+        }
+    }
+
+    pub fn classes(&self) -> usize {
+        match self {
+            ModelSpec::Cnn(c) => c.classes,
+            ModelSpec::Transformer(t) => t.classes,
+            ModelSpec::Rnn(r) => r.classes,
+            ModelSpec::Custom(c) => c.outputs,
+        }
+    }
+
+    /// Whether the model predicts one output per sequence position.
+    pub fn per_token(&self) -> bool {
+        matches!(self, ModelSpec::Transformer(t) if t.head == HeadKind::PerToken)
+    }
+
+    pub fn init(&self) -> InitSpec {
+        match self {
+            ModelSpec::Cnn(c) => c.init,
+            ModelSpec::Transformer(t) => t.init,
+            ModelSpec::Rnn(r) => r.init,
+            ModelSpec::Custom(c) => c.init,
+        }
+    }
+}
+
+/// The input a model consumes, per sample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum InputSpec {
+    /// C×H×W images.
+    Image {
+        channels: usize,
+        height: usize,
+        width: usize,
+    },
+    /// Integer token ids in [0, vocab).
+    Tokens { seq_len: usize, vocab: usize },
+    /// seq_len × features real-valued sequences.
+    Sequence { seq_len: usize, features: usize },
+    /// A flat feature vector.
+    Vector { features: usize },
+}
+
+impl InputSpec {
+    /// Per-sample element count.
+    pub fn numel(&self) -> usize {
+        match *self {
+            InputSpec::Image {
+                channels,
+                height,
+                width,
+            } => channels * height * width,
+            InputSpec::Tokens { seq_len, .. } => seq_len,
+            InputSpec::Sequence { seq_len, features } => seq_len * features,
+            InputSpec::Vector { features } => features,
+        }
+    }
+
+    pub fn dims(&self) -> Vec<usize> {
+        match *self {
+            InputSpec::Image {
+                channels,
+                height,
+                width,
+            } => vec![channels, height, width],
+            InputSpec::Tokens { seq_len, .. } => vec![seq_len],
+            InputSpec::Sequence { seq_len, features } => vec![seq_len, features],
+            InputSpec::Vector { features } => vec![features],
+        }
+    }
+
+    pub fn is_tokens(&self) -> bool {
+        matches!(self, InputSpec::Tokens { .. })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitScheme {
+    /// He et al.: std = gain / sqrt(fan_in).
+    Kaiming,
+    /// Glorot: std = gain * sqrt(2 / (fan_in + fan_out)).
+    Xavier,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InitSpec {
+    pub scheme: InitScheme,
+    /// Multiplies the scheme's standard deviation (1.0 = the textbook init).
+    pub gain: f64,
+}
+
+impl Default for InitSpec {
+    fn default() -> Self {
+        InitSpec {
+            scheme: InitScheme::Kaiming,
+            gain: 1.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    LeakyRelu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    Max,
+    Avg,
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvBlockSpec {
+    pub channels: usize,
+    #[serde(default = "default_kernel")]
+    pub kernel: usize,
+    /// Batch normalization with this eps; absent means no batch-norm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_norm_eps: Option<f64>,
+    #[serde(default = "default_activation")]
+    pub activation: Activation,
+    /// Add the block's input to its output (needs equal channel counts).
+    #[serde(default)]
+    pub residual: bool,
+    /// 2×2, stride-2 pooling after the block.
+    #[serde(default = "default_pool")]
+    pub pool: Pool,
+}
+
+fn default_kernel() -> usize {
+    3
+}
+fn default_activation() -> Activation {
+    Activation::Relu
+}
+fn default_pool() -> Pool {
+    Pool::None
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CnnSpec {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub classes: usize,
+    pub blocks: Vec<ConvBlockSpec>,
+    #[serde(default)]
+    pub init: InitSpec,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TokenOrContinuous {
+    Tokens { vocab: usize },
+    Continuous { features: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormPlacement {
+    Pre,
+    Post,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionScale {
+    /// Scores divided by sqrt(head_dim), as in the paper.
+    InvSqrtD,
+    /// Unscaled scores: large logits, saturated softmax.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadKind {
+    /// Mean-pool the sequence, one prediction per sample.
+    Classify,
+    /// One prediction per position.
+    PerToken,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformerSpec {
+    pub input: TokenOrContinuous,
+    pub seq_len: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub layers: usize,
+    #[serde(default = "default_mlp_ratio")]
+    pub mlp_ratio: usize,
+    #[serde(default = "default_norm")]
+    pub norm: NormPlacement,
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+    #[serde(default = "default_attention_scale")]
+    pub attention_scale: AttentionScale,
+    #[serde(default)]
+    pub causal: bool,
+    #[serde(default = "default_head")]
+    pub head: HeadKind,
+    pub classes: usize,
+    #[serde(default = "default_xavier")]
+    pub init: InitSpec,
+}
+
+fn default_mlp_ratio() -> usize {
+    2
+}
+fn default_norm() -> NormPlacement {
+    NormPlacement::Pre
+}
+fn default_norm_eps() -> f64 {
+    1e-5
+}
+fn default_attention_scale() -> AttentionScale {
+    AttentionScale::InvSqrtD
+}
+fn default_head() -> HeadKind {
+    HeadKind::Classify
+}
+fn default_xavier() -> InitSpec {
+    InitSpec {
+        scheme: InitScheme::Xavier,
+        gain: 1.0,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellKind {
+    /// Vanilla Elman RNN with tanh.
+    Rnn,
+    Lstm,
+    Gru,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RnnSpec {
+    pub cell: CellKind,
+    pub features: usize,
+    pub seq_len: usize,
+    pub hidden: usize,
+    #[serde(default = "default_layers")]
+    pub layers: usize,
+    pub classes: usize,
+    #[serde(default = "default_xavier")]
+    pub init: InitSpec,
+}
+
+fn default_layers() -> usize {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomSpec {
+    /// The family name the user's model reports in signatures.
+    pub name: String,
+    pub input: InputSpec,
+    pub outputs: usize,
+    #[serde(default)]
+    pub init: InitSpec,
+}

@@ -1,0 +1,138 @@
+//! Floating-point precision, including mixed precision with loss scaling.
+
+use candle_core::DType;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HalfType {
+    F16,
+    Bf16,
+}
+
+impl HalfType {
+    pub fn dtype(self) -> DType {
+        match self {
+            HalfType::F16 => DType::F16,
+            HalfType::Bf16 => DType::BF16,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Precision {
+    #[default]
+    F32,
+    F64,
+    F16,
+    Bf16,
+    /// f32 master weights and optimizer state, half-precision forward/backward.
+    Mixed {
+        compute: HalfType,
+        #[serde(default)]
+        loss_scaling: LossScaling,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LossScaling {
+    /// No scaling (scale 1): f16 gradients may underflow or overflow.
+    None,
+    /// A fixed scale; an overflow is a finding.
+    Static { scale: f64 },
+    /// PyTorch's GradScaler: skip the step and halve the scale on overflow,
+    /// double it after `growth_interval` clean steps. A scale below `floor`
+    /// means overflow is not transient: that is a finding.
+    Dynamic {
+        #[serde(default = "init_scale")]
+        init: f64,
+        #[serde(default = "growth_interval")]
+        growth_interval: usize,
+        #[serde(default = "one")]
+        floor: f64,
+    },
+}
+
+fn init_scale() -> f64 {
+    65536.0
+}
+fn growth_interval() -> usize {
+    2000
+}
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for LossScaling {
+    fn default() -> Self {
+        LossScaling::Dynamic {
+            init: init_scale(),
+            growth_interval: growth_interval(),
+            floor: one(),
+        }
+    }
+}
+
+impl Precision {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F64 => "f64",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
+            Precision::Mixed {
+                compute: HalfType::F16,
+                ..
+            } => "mixed_f16",
+            Precision::Mixed {
+                compute: HalfType::Bf16,
+                ..
+            } => "mixed_bf16",
+        }
+    }
+
+    /// The dtype of parameters and optimizer state.
+    pub fn master_dtype(&self) -> DType {
+        match self {
+            Precision::F32 | Precision::Mixed { .. } => DType::F32,
+            Precision::F64 => DType::F64,
+            Precision::F16 => DType::F16,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+
+    /// The dtype of forward and backward computation.
+    pub fn compute_dtype(&self) -> DType {
+        match self {
+            Precision::Mixed { compute, .. } => compute.dtype(),
+            other => other.master_dtype(),
+        }
+    }
+
+    /// The dtype losses are computed in: autocast keeps losses in f32.
+    pub fn loss_dtype(&self) -> DType {
+        match self {
+            Precision::Mixed { .. } => DType::F32,
+            other => other.master_dtype(),
+        }
+    }
+
+    pub fn loss_scaling(&self) -> Option<&LossScaling> {
+        match self {
+            Precision::Mixed { loss_scaling, .. } => Some(loss_scaling),
+            _ => None,
+        }
+    }
+}
+
+/// Largest finite value of a floating dtype.
+pub fn dtype_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 65504.0,
+        DType::BF16 => 3.389_531_389_251_535e38,
+        DType::F32 => f32::MAX as f64,
+        _ => f64::MAX,
+    }
+}

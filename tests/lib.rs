@@ -1,0 +1,1 @@
+//! Regression and integration tests for nanhunt live in `integration/`.
