@@ -22,8 +22,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "gradcheck: {} / {} (relative tolerance {:e})",
-            report.family, report.loss, report.tolerance
+            "gradcheck: {} / {} (|analytic - numeric| <= {:e} + {:e} * |gradient|)",
+            report.family, report.loss, report.atol, report.rtol
         );
         for t in &report.tensors {
             let verdict = if t.passed { "ok" } else { "FAIL" };
