@@ -22,8 +22,10 @@ pub const STEP: f64 = 1e-6;
 /// backward formula is off by O(|gradient|), far above RTOL.
 pub const RTOL: f64 = 1e-5;
 pub const ATOL: f64 = 1e-7;
-/// Coordinates sampled per tensor.
+/// Coordinates sampled per parameter tensor in whole-model checks.
 pub const SAMPLES: usize = 6;
+/// Op-level checks cover every coordinate of tensors up to this size.
+pub const EXHAUSTIVE_LIMIT: usize = 512;
 
 /// The comparison of one tensor's analytic and numeric gradients.
 #[derive(Clone, Debug, Serialize)]
@@ -61,6 +63,7 @@ fn compare(
     name: &str,
     x: &Tensor,
     grad: Option<&Tensor>,
+    samples: usize,
     rng: &mut Rng,
     mut eval_at: impl FnMut(&Tensor) -> Result<f64>,
 ) -> Result<TensorCheck> {
@@ -79,7 +82,7 @@ fn compare(
     let coords: Vec<usize> = rng
         .permutation(values.len())
         .into_iter()
-        .take(SAMPLES)
+        .take(samples)
         .collect();
     let (mut max_abs, mut max_rel, mut passed) = (0f64, 0f64, true);
     for &j in &coords {
@@ -103,7 +106,8 @@ fn compare(
     })
 }
 
-/// Checks d(f)/d(inputs) of a scalar-valued `f` at `inputs` (converted to f64).
+/// Checks d(f)/d(inputs) of `f` at `inputs` (converted to f64), at every
+/// coordinate of inputs up to [`EXHAUSTIVE_LIMIT`] elements.
 /// Non-scalar outputs are reduced as Σ wᵢ·yᵢ with fixed random weights, so
 /// every output element's gradient is exercised.
 pub fn check_function(
@@ -127,11 +131,23 @@ pub fn check_function(
     let mut rng = Rng::keyed(seed, "gradcheck.coords", 0);
     let mut out = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
-        let check = compare(&format!("input{i}"), t, grads.get(t), &mut rng, |x| {
-            let mut xs: Vec<Tensor> = tensors.iter().map(|t| t.detach()).collect();
-            xs[i] = x.clone();
-            Ok(scalar(&xs)?.to_scalar::<f64>()?)
-        })?;
+        let samples = if t.elem_count() <= EXHAUSTIVE_LIMIT {
+            t.elem_count()
+        } else {
+            SAMPLES
+        };
+        let check = compare(
+            &format!("input{i}"),
+            t,
+            grads.get(t),
+            samples,
+            &mut rng,
+            |x| {
+                let mut xs: Vec<Tensor> = tensors.iter().map(|t| t.detach()).collect();
+                xs[i] = x.clone();
+                Ok(scalar(&xs)?.to_scalar::<f64>()?)
+            },
+        )?;
         out.push(check);
     }
     Ok(out)
@@ -170,11 +186,18 @@ pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckR
     let mut tensors = Vec::new();
     for (name, var) in names.iter().zip(vars) {
         let original = var.as_tensor().copy()?;
-        let check = compare(name, &original, grads.get(var.as_tensor()), &mut rng, |x| {
-            var.set(x)?;
-            let (_, _, l) = session.forward_loss(&batch, &mut Tracer::off())?;
-            Ok(l.to_scalar::<f64>()?)
-        });
+        let check = compare(
+            name,
+            &original,
+            grads.get(var.as_tensor()),
+            SAMPLES,
+            &mut rng,
+            |x| {
+                var.set(x)?;
+                let (_, _, l) = session.forward_loss(&batch, &mut Tracer::off())?;
+                Ok(l.to_scalar::<f64>()?)
+            },
+        );
         var.set(&original)?;
         tensors.push(check?);
     }
@@ -187,3 +210,6 @@ pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckR
         tensors,
     })
 }
+
+#[cfg(test)]
+mod tests;
