@@ -536,3 +536,6 @@ impl<'a> Session<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
