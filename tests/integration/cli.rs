@@ -1,0 +1,160 @@
+//! `nanhunt` end to end: what a user at a terminal or in CI sees.
+
+use crate::support::*;
+
+/// Each invalid case file and a fragment its error must contain (the field or
+/// the reason), so that the message tells the user what to fix.
+const INVALID: [(&str, &str); 23] = [
+    ("not_json", "cannot parse case"),
+    ("truncated", "EOF while parsing"),
+    ("empty", "EOF while parsing"),
+    ("unknown_field", "unknown field `learning_rate`"),
+    ("unknown_nested_field", "unknown field `betas`"),
+    ("unsupported_format", "field `format`"),
+    ("batch_zero", "field `batch_size`"),
+    (
+        "heads_do_not_divide_d_model",
+        "d_model 30 is not divisible by heads 4",
+    ),
+    ("negative_lr", "field `optimizer.lr`"),
+    ("nan_lr", "expected f64"),
+    ("too_many_parameters", "parameters exceed the limit"),
+    ("unknown_family", "unknown variant `mlp`"),
+    ("steps_not_a_number", "invalid type: string \"fifty\""),
+    (
+        "residual_channel_mismatch",
+        "field `model.blocks[1].residual`",
+    ),
+    ("missing_loss", "missing field `loss`"),
+    ("unknown_device", "unknown device `tpu:0`"),
+    ("nan_pathology_on_tokens", "field `data.pathologies[0]`"),
+    (
+        "label_pathology_without_labels",
+        "needs a loss on class labels",
+    ),
+    ("no_conv_blocks", "field `model.blocks`"),
+    ("erasing_probability_above_one", "field `augment[0].p`"),
+    ("too_many_steps", "field `steps`"),
+    ("even_kernel", "must be odd"),
+    ("pooling_below_2x2", "field `model.blocks[1].pool`"),
+];
+
+#[test]
+fn every_invalid_case_file_gives_a_clear_error_and_exit_2() {
+    let dir = cases("invalid");
+    let on_disk = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(
+        on_disk,
+        INVALID.len(),
+        "every file in {} needs an entry here",
+        dir.display()
+    );
+    for (name, fragment) in INVALID {
+        let path = dir.join(format!("{name}.json"));
+        for command in ["run", "gradcheck"] {
+            let out = nanhunt(&[command, path.to_str().unwrap()]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command} {name}: {err}");
+            assert!(
+                err.contains(fragment),
+                "{command} {name}: `{fragment}` not in: {err}"
+            );
+            assert!(
+                err.contains(&format!("{name}.json")),
+                "{name}: the error must name the file: {err}"
+            );
+            assert!(!err.contains("panicked"), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn missing_files_and_directories_are_io_errors() {
+    let out = nanhunt(&["run", "no/such/case.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no/such/case.json"),
+        "{}",
+        stderr(&out)
+    );
+    let out = nanhunt(&["run", cases("valid").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn limits_are_configurable_from_the_command_line() {
+    let case = cases("valid/cnn.json");
+    let out = nanhunt(&["run", case.to_str().unwrap(), "--max-params", "100"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("exceed the limit of 100"),
+        "{}",
+        stderr(&out)
+    );
+    let out = nanhunt(&["run", case.to_str().unwrap(), "--max-steps", "10"]);
+    assert!(stderr(&out).contains("field `steps`"), "{}", stderr(&out));
+}
+
+#[test]
+fn examples_are_valid_cases_that_run_stable() {
+    let dir = scratch("examples");
+    for family in ["cnn", "transformer", "rnn"] {
+        let out = nanhunt(&["example", "--family", family]);
+        assert_eq!(out.status.code(), Some(0));
+        let path = dir.join(format!("{family}.json"));
+        std::fs::write(&path, stdout(&out)).unwrap();
+        // The checked-in copies are what `nanhunt example` prints today.
+        let checked_in = std::fs::read_to_string(cases(&format!("valid/{family}.json"))).unwrap();
+        assert_eq!(
+            stdout(&out),
+            checked_in,
+            "tests/cases/valid/{family}.json is stale"
+        );
+        let run = nanhunt(&["run", path.to_str().unwrap()]);
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{}{}",
+            stdout(&run),
+            stderr(&run)
+        );
+        assert!(stdout(&run).contains("verdict: STABLE"));
+    }
+}
+
+#[test]
+fn unstable_runs_exit_1_and_json_output_is_one_object() {
+    let mut case: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cases("valid/rnn.json")).unwrap()).unwrap();
+    case["data"]["pathologies"] = serde_json::json!([{ "kind": "nan", "fraction": 0.01 }]);
+    let dir = scratch("unstable");
+    let path = dir.join("nan.json");
+    std::fs::write(&path, case.to_string()).unwrap();
+    let out = nanhunt(&["run", path.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["verdict"], "unstable");
+    assert_eq!(v["finding"]["phase"], "data");
+    assert_eq!(v["finding"]["signature"]["kind"], "nan");
+    // Human output names the verdict, the stage and the signature.
+    let out = nanhunt(&["run", path.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("verdict: UNSTABLE at step 0: nan in data at `input`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("signature: nan-data-input-rnn-adam-f32-cpu"),
+        "{text}"
+    );
+}
+
+#[test]
+fn gradcheck_passes_on_every_example() {
+    for family in ["cnn", "transformer", "rnn"] {
+        let case = cases(&format!("valid/{family}.json"));
+        let out = nanhunt(&["gradcheck", case.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+        assert!(stdout(&out).contains("all gradients match"));
+    }
+}

@@ -1,0 +1,50 @@
+//! Shared helpers: the built `nanhunt` binary and the checked-in case files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn cases(sub: &str) -> PathBuf {
+    root().join("tests/cases").join(sub)
+}
+
+/// The `nanhunt` binary of this build profile (cargo builds it for the
+/// harness crate's integration tests: `target/<profile>/nanhunt`).
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let bin = profile_dir.join(format!("nanhunt{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run the workspace tests (`cargo test --workspace`) so that cargo builds it",
+        bin.display()
+    );
+    bin
+}
+
+pub fn nanhunt(args: &[&str]) -> Output {
+    Command::new(binary()).args(args).output().unwrap()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh scratch directory under the target directory.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nanhunt-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
