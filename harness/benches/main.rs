@@ -1,1 +1,5 @@
-fn main() {}
+//! Criterion benches, one file per topic. Run: `cargo bench -p nanhunt`.
+
+mod step;
+
+criterion::criterion_main!(step::benches);

@@ -179,7 +179,7 @@ pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckR
             ),
         )
     })?;
-    let (_, _, loss) = session.forward_loss(&batch, &mut Tracer::off())?;
+    let loss = session.forward_loss(&batch, &mut Tracer::off())?.loss;
     let grads = loss.backward()?;
     let (names, vars) = session.vars();
     let mut rng = Rng::keyed(case.seed, "gradcheck.coords", 0);
@@ -194,7 +194,7 @@ pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckR
             &mut rng,
             |x| {
                 var.set(x)?;
-                let (_, _, l) = session.forward_loss(&batch, &mut Tracer::off())?;
+                let l = session.forward_loss(&batch, &mut Tracer::off())?.loss;
                 Ok(l.to_scalar::<f64>()?)
             },
         );

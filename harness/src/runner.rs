@@ -83,6 +83,24 @@ pub struct Failure {
     pub stats: Option<TensorStats>,
 }
 
+/// A batch on the device: inputs in the compute dtype, dense targets (and
+/// mixup's λ with its second target set) in the loss dtype.
+struct DeviceBatch {
+    input: Tensor,
+    targets: Tensor,
+    mix: Option<(f64, Tensor)>,
+}
+
+/// The forward pass of one batch.
+pub struct Forward {
+    /// The model output as returned by the model.
+    pub output: Tensor,
+    /// The output as (rows × classes) in the loss dtype.
+    pub logits: Tensor,
+    /// The scalar loss.
+    pub loss: Tensor,
+}
+
 /// A training run in progress.
 pub struct Session<'a> {
     case: Case,
@@ -258,7 +276,7 @@ impl<'a> Session<'a> {
         }))
     }
 
-    fn upload(&self, batch: &HostBatch) -> Result<(Tensor, Tensor, Option<(f64, Tensor)>)> {
+    fn upload(&self, batch: &HostBatch) -> Result<DeviceBatch> {
         let input = match &batch.input {
             HostInput::Real { values, dims } => {
                 Tensor::from_slice(values, dims.as_slice(), &self.device)?.to_dtype(self.compute)?
@@ -277,17 +295,21 @@ impl<'a> Session<'a> {
             )),
             None => None,
         };
-        Ok((input, targets, mix))
+        Ok(DeviceBatch {
+            input,
+            targets,
+            mix,
+        })
     }
 
     /// Builds the model from the current parameters and computes the loss of
     /// a batch: (model output, logits as rows × classes, loss).
-    pub fn forward_loss(
-        &self,
-        batch: &HostBatch,
-        tracer: &mut Tracer,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (input, targets, mix) = self.upload(batch)?;
+    pub fn forward_loss(&self, batch: &HostBatch, tracer: &mut Tracer) -> Result<Forward> {
+        let DeviceBatch {
+            input,
+            targets,
+            mix,
+        } = self.upload(batch)?;
         let model = self
             .factory
             .build(self.params.compute_builder(self.compute))?;
@@ -299,7 +321,11 @@ impl<'a> Session<'a> {
         .to_dtype(self.loss_dtype)?;
         let mix = mix.as_ref().map(|(l, t)| (*l, t));
         let loss = losses::batch_loss(&self.case.loss, &logits, &targets, mix)?;
-        Ok((output, logits, loss))
+        Ok(Forward {
+            output,
+            logits,
+            loss,
+        })
     }
 
     /// The trainable variables and their names, in creation order.
@@ -327,7 +353,11 @@ impl<'a> Session<'a> {
             Ok(b) => b,
             Err(f) => return Ok(Some(f)),
         };
-        let (output, logits, loss) = self.forward_loss(&batch, &mut Tracer::off())?;
+        let Forward {
+            output,
+            logits,
+            loss,
+        } = self.forward_loss(&batch, &mut Tracer::off())?;
         let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         self.trace.losses.push(loss_value);
         if !loss_value.is_finite() {
@@ -449,20 +479,19 @@ impl<'a> Session<'a> {
 
     /// Scans parameters and optimizer state after an update.
     fn check_update(&self) -> Result<Option<Failure>> {
-        let state = self.optimizer.state(&self.names);
+        let state: Vec<(usize, &'static str, &Tensor)> = self.optimizer.state_tensors().collect();
         let mut tensors: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
-        tensors.extend(state.iter().map(|(_, t)| t));
+        tensors.extend(state.iter().map(|(_, _, t)| *t));
         let scans = scan_all(&tensors)?;
         let Some(i) = scans.iter().position(|s| !s.is_finite()) else {
             return Ok(None);
         };
         let (stage, what) = if i < self.vars.len() {
-            (
-                format!("param.{}", self.names[i]),
-                format!("parameter `{}`", self.names[i]),
-            )
+            let name = &self.names[i];
+            (format!("param.{name}"), format!("parameter `{name}`"))
         } else {
-            let name = &state[i - self.vars.len()].0;
+            let (p, kind, _) = state[i - self.vars.len()];
+            let name = format!("{kind}.{}", self.names[p]);
             (
                 format!("optimizer.{name}"),
                 format!("optimizer state `{name}`"),

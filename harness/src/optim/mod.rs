@@ -42,17 +42,22 @@ impl Optimizer {
         self.steps
     }
 
-    /// Named state tensors in parameter order (`m.<param>`, `v.<param>`, `momentum.<param>`).
+    /// State tensors in parameter order as (parameter index, kind, tensor),
+    /// kind being `momentum`, `m` or `v`. No allocation: the probe walks it
+    /// every step.
+    pub fn state_tensors(&self) -> impl Iterator<Item = (usize, &'static str, &Tensor)> {
+        self.slots.iter().enumerate().flat_map(|(i, slot)| {
+            [("momentum", &slot.momentum), ("m", &slot.m), ("v", &slot.v)]
+                .into_iter()
+                .filter_map(move |(kind, t)| t.as_ref().map(|t| (i, kind, t)))
+        })
+    }
+
+    /// Named state tensors (`m.<param>`, `v.<param>`, `momentum.<param>`).
     pub fn state(&self, names: &[String]) -> Vec<(String, Tensor)> {
-        let mut out = Vec::new();
-        for (slot, name) in self.slots.iter().zip(names) {
-            for (kind, t) in [("momentum", &slot.momentum), ("m", &slot.m), ("v", &slot.v)] {
-                if let Some(t) = t {
-                    out.push((format!("{kind}.{name}"), t.clone()));
-                }
-            }
-        }
-        out
+        self.state_tensors()
+            .map(|(i, kind, t)| (format!("{kind}.{}", names[i]), t.clone()))
+            .collect()
     }
 
     /// Applies one update with learning rate `lr` to each (param, grad) pair.

@@ -1,0 +1,62 @@
+//! The probe's overhead as a ratio measured in one run: steps with the probe
+//! on and off are interleaved (so machine noise hits both alike), and the
+//! medians are compared. Run: `cargo bench -p nanhunt --bench probe_overhead`
+//! (set RAYON_NUM_THREADS=1 for the single-thread figure).
+
+use nanhunt::models::BuiltinFactory;
+use nanhunt::runner::Session;
+use nanhunt::spec::FAMILIES;
+use nanhunt::{Case, Limits, RunOptions};
+use std::time::Instant;
+
+const STEPS: usize = 300;
+const WARMUP: usize = 20;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument, if any, selects families.
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    println!(
+        "{:12} {:>12} {:>12} {:>9}",
+        "family", "probe on", "probe off", "overhead"
+    );
+    for family in FAMILIES {
+        if !filter.is_empty() && !filter.iter().any(|f| family.contains(f.as_str())) {
+            continue;
+        }
+        let mut case = Case::example(family).unwrap();
+        case.steps = 100_000;
+        let factory = BuiltinFactory::new(&case.model).unwrap();
+        let session = |probe| {
+            let opts = RunOptions {
+                probe,
+                limits: Limits::default(),
+                ..Default::default()
+            };
+            Session::new(&case, &factory, &opts).unwrap()
+        };
+        let (mut on, mut off) = (session(true), session(false));
+        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+        for step in 0..STEPS + WARMUP {
+            for (s, times) in [(&mut on, &mut t_on), (&mut off, &mut t_off)] {
+                let start = Instant::now();
+                assert!(s.step(step).unwrap().is_none(), "{family} must stay stable");
+                if step >= WARMUP {
+                    times.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+        let (m_on, m_off) = (median(&mut t_on), median(&mut t_off));
+        println!(
+            "{family:12} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}%",
+            (m_on / m_off - 1.0) * 100.0
+        );
+    }
+}
