@@ -11,6 +11,7 @@ pub mod device;
 pub mod error;
 pub mod floats;
 pub mod gradcheck;
+pub mod localize;
 pub mod losses;
 pub mod models;
 pub mod optim;

@@ -109,7 +109,8 @@ pub struct Signature {
 }
 
 impl Signature {
-    /// A file-system-safe name: lowercase ASCII letters, digits, '-' and '_'.
+    /// A file-system-safe name: lowercase ASCII letters, digits, '-', '_'
+    /// and '.' (`augment[1].normalize` becomes `augment_1.normalize`).
     pub fn slug(&self) -> String {
         let raw = format!(
             "{}-{}-{}-{}-{}-{}-{}",
@@ -124,11 +125,11 @@ impl Signature {
         let mut out = String::with_capacity(raw.len());
         for ch in raw.chars() {
             let c = ch.to_ascii_lowercase();
-            out.push(if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            });
+            match c {
+                ']' => {}
+                c if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') => out.push(c),
+                _ => out.push('_'),
+            }
         }
         out.truncate(120);
         out
@@ -189,6 +190,9 @@ pub struct Finding {
     /// The producing stage, as far as it is known (`input`, `augment[1].normalize`,
     /// `output`, `loss.naive_cross_entropy`, `grad.<param>`, `param.<param>`, ...).
     pub stage: String,
+    /// The op kind of the producing stage, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
     /// One sentence on what was seen.
     pub detail: String,
     /// Statistics of the offending tensor, where there is one.

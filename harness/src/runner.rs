@@ -3,9 +3,10 @@
 //! with the probe after every stage that can produce a non-finite value.
 
 use crate::augment;
-use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
+use crate::data::{apply_pathologies, apply_pathology, Generator, HostBatch, HostInput};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::localize;
 use crate::losses;
 use crate::models::{BuiltinFactory, ModelFactory, ParamStore, Tracer};
 use crate::optim::{self, Optimizer};
@@ -79,8 +80,40 @@ pub struct Failure {
     pub kind: FindingKind,
     pub phase: Phase,
     pub stage: String,
+    /// The op kind of the stage, where known (`conv`, `softmax`, ...).
+    pub op: Option<String>,
     pub detail: String,
     pub stats: Option<TensorStats>,
+}
+
+impl Failure {
+    fn new(
+        kind: FindingKind,
+        phase: Phase,
+        stage: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Failure {
+            kind,
+            phase,
+            stage: stage.into(),
+            op: None,
+            detail: detail.into(),
+            stats: None,
+        }
+    }
+}
+
+/// Everything a step changes, taken before it: the state a failing step is
+/// re-run from (for localization) and the state a crash dump saves.
+#[derive(Clone)]
+pub struct Snapshot {
+    /// Parameter values (deep copies: `Var::set` writes in place).
+    pub params: Vec<Tensor>,
+    pub optimizer: Optimizer,
+    pub scaler: LossScaler,
+    pub tracker: DivergenceTracker,
+    pub trace: Trace,
 }
 
 /// A batch on the device: inputs in the compute dtype, dense targets (and
@@ -118,6 +151,8 @@ pub struct Session<'a> {
     compute: DType,
     loss_dtype: DType,
     half: bool,
+    /// The state before the last step, kept when that step failed.
+    failed_before: Option<Snapshot>,
 }
 
 impl<'a> Session<'a> {
@@ -165,6 +200,7 @@ impl<'a> Session<'a> {
             probe: opts.probe,
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
+            failed_before: None,
             compute,
             case,
             device,
@@ -197,9 +233,43 @@ impl<'a> Session<'a> {
     /// The batch of `step` after pathologies and augmentation, or the
     /// failure the probe saw while making it.
     pub fn batch(&self, step: usize) -> std::result::Result<HostBatch, Box<Failure>> {
+        self.batch_checked(step, false)
+    }
+
+    /// The batch of `step` without any check (for dumps).
+    pub fn batch_unchecked(&self, step: usize) -> HostBatch {
         let case = &self.case;
         let mut batch = self.generator.batch(step, case.batch_size);
         apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
+        for (i, aug) in case.augment.iter().enumerate() {
+            augment::apply(&mut batch, aug, case.seed, i, step);
+        }
+        batch
+    }
+
+    /// Makes the batch, checking it after the data and after every
+    /// augmentation; `fine` also checks the generator's output and each
+    /// pathology on its own (localization).
+    fn batch_checked(
+        &self,
+        step: usize,
+        fine: bool,
+    ) -> std::result::Result<HostBatch, Box<Failure>> {
+        let case = &self.case;
+        let mut batch = self.generator.batch(step, case.batch_size);
+        if fine {
+            self.check_batch(&batch, Phase::Data, "data.generator")?;
+            for (i, p) in case.data.pathologies.iter().enumerate() {
+                apply_pathology(&mut batch, i, p, case.seed, step);
+                self.check_batch(
+                    &batch,
+                    Phase::Data,
+                    &format!("data.pathologies[{i}].{}", p.name()),
+                )?;
+            }
+        } else {
+            apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
+        }
         if self.probe {
             self.check_batch(&batch, Phase::Data, "input")?;
         }
@@ -229,16 +299,16 @@ impl<'a> Session<'a> {
                 .enumerate()
                 .find(|(_, &l)| l < 0 || l >= batch.classes as i64)
             {
-                return Err(Box::new(Failure {
-                    kind: FindingKind::InvalidLabel,
+                let at = if stage == "input" { "labels" } else { stage };
+                return Err(Box::new(Failure::new(
+                    FindingKind::InvalidLabel,
                     phase,
-                    stage: "labels".into(),
-                    detail: format!(
+                    at,
+                    format!(
                         "label {label} in row {row} is outside the {} classes",
                         batch.classes
                     ),
-                    stats: None,
-                }));
+                )));
             }
         }
         let HostInput::Real { values, dims } = &batch.input else {
@@ -268,11 +338,8 @@ impl<'a> Session<'a> {
             )
         };
         Err(Box::new(Failure {
-            kind,
-            phase,
-            stage: stage.to_string(),
-            detail,
             stats: Some(TensorStats::of_host(dims, values)),
+            ..Failure::new(kind, phase, stage, detail)
         }))
     }
 
@@ -334,6 +401,9 @@ impl<'a> Session<'a> {
     }
 
     /// Runs one step; returns the finding when the probe saw a failure.
+    ///
+    /// With the probe on, the state before the step is kept; a failing step
+    /// is re-run from it with tracing on to name the first producer.
     pub fn step(&mut self, step: usize) -> Result<Option<Finding>> {
         let lr = optim::lr_at(
             &self.case.schedule,
@@ -341,15 +411,94 @@ impl<'a> Session<'a> {
             step,
             self.case.steps,
         );
-        self.trace.lrs.push(lr);
-        match self.step_inner(step, lr)? {
-            None => Ok(None),
-            Some(f) => Ok(Some(self.finding(step, *f))),
-        }
+        let before = if self.probe {
+            Some(self.snapshot()?)
+        } else {
+            None
+        };
+        let Some(failure) = self.step_inner(step, lr, &mut Tracer::off(), false)? else {
+            return Ok(None);
+        };
+        let failure = match before {
+            Some(snapshot) => {
+                let localized = self.localize(step, lr, &snapshot, &failure)?;
+                self.failed_before = Some(snapshot);
+                localized
+            }
+            None => *failure,
+        };
+        Ok(Some(self.finding(step, failure)))
     }
 
-    fn step_inner(&mut self, step: usize, lr: f64) -> Result<Option<Box<Failure>>> {
-        let batch = match self.batch(step) {
+    /// The state now (parameters copied, the rest cloned).
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Ok(Snapshot {
+            params: self
+                .vars
+                .iter()
+                .map(|v| v.as_tensor().copy())
+                .collect::<candle_core::Result<_>>()?,
+            optimizer: self.optimizer.clone(),
+            scaler: self.scaler.clone(),
+            tracker: self.tracker.clone(),
+            trace: self.trace.clone(),
+        })
+    }
+
+    /// Puts the session back into a snapshot's state.
+    pub fn restore(&mut self, snapshot: &Snapshot) -> Result<()> {
+        for (var, value) in self.vars.iter().zip(&snapshot.params) {
+            var.set(value)?;
+        }
+        self.optimizer = snapshot.optimizer.clone();
+        self.scaler = snapshot.scaler.clone();
+        self.tracker = snapshot.tracker.clone();
+        self.trace = snapshot.trace.clone();
+        Ok(())
+    }
+
+    /// The state before the step that failed (after `step` returned a finding).
+    pub fn failed_before(&self) -> Option<&Snapshot> {
+        self.failed_before.as_ref()
+    }
+
+    /// Re-runs a failed step from `before` with tracing on; the traced run's
+    /// failure names the first producer. Divergence has no producer.
+    fn localize(
+        &mut self,
+        step: usize,
+        lr: f64,
+        before: &Snapshot,
+        first: &Failure,
+    ) -> Result<Failure> {
+        if first.kind == FindingKind::Divergence {
+            return Ok(first.clone());
+        }
+        let after = self.snapshot()?;
+        self.restore(before)?;
+        let mut tracer = Tracer::on();
+        let traced = self.step_inner(step, lr, &mut tracer, true)?;
+        self.restore(&after)?;
+        Ok(match traced {
+            Some(f) => *f,
+            None => Failure {
+                detail: format!("{} (not reproduced under tracing)", first.detail),
+                ..first.clone()
+            },
+        })
+    }
+
+    /// One step. `fine` (localization) checks the data stage by stage and
+    /// analyses the tracer's records when the loss or a gradient fails.
+    fn step_inner(
+        &mut self,
+        step: usize,
+        lr: f64,
+        tracer: &mut Tracer,
+        fine: bool,
+    ) -> Result<Option<Box<Failure>>> {
+        self.trace.lrs.push(lr);
+        let batch = match self.batch_checked(step, fine) {
             Ok(b) => b,
             Err(f) => return Ok(Some(f)),
         };
@@ -357,28 +506,13 @@ impl<'a> Session<'a> {
             output,
             logits,
             loss,
-        } = self.forward_loss(&batch, &mut Tracer::off())?;
+        } = self.forward_loss(&batch, tracer)?;
         let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         self.trace.losses.push(loss_value);
         if !loss_value.is_finite() {
-            let out_scan = scan_all(&[&output])?[0];
-            return Ok(Some(if !out_scan.is_finite() {
-                Box::new(self.tensor_failure(
-                    &out_scan,
-                    Phase::Forward,
-                    "output".into(),
-                    "the model output is not finite".into(),
-                    &output,
-                )?)
-            } else {
-                Box::new(Failure {
-                    kind: self.kind_of_value(loss_value),
-                    phase: Phase::Loss,
-                    stage: format!("loss.{}", self.case.loss.name()),
-                    detail: format!("the loss is {loss_value} although the model output is finite"),
-                    stats: Some(TensorStats::of_tensor(&logits)?),
-                })
-            }));
+            return Ok(Some(Box::new(
+                self.forward_failure(&output, &logits, loss_value, tracer)?,
+            )));
         }
 
         // Backward.
@@ -397,16 +531,17 @@ impl<'a> Session<'a> {
             }
         }
 
+        let scaling = self.case.precision.loss_scaling().is_some();
         let needs_scan = self.probe
             || scale != 1.0
             || matches!(self.case.clip, ClipSpec::Norm { .. })
-            || self.case.precision.loss_scaling().is_some();
+            || scaling;
         let mut norm = None;
         if needs_scan {
             let refs: Vec<&Tensor> = grads.iter().collect();
             let scans = scan_all(&refs)?;
             let bad = scans.iter().position(|s| !s.is_finite());
-            let verdict = if self.case.precision.loss_scaling().is_some() {
+            let verdict = if scaling {
                 self.scaler.update(bad.is_none())
             } else if bad.is_none() {
                 ScaleVerdict::Apply
@@ -418,26 +553,17 @@ impl<'a> Session<'a> {
                     self.trace.skipped_steps += 1;
                     return Ok(None);
                 }
-                (ScaleVerdict::Fail, Some(i)) if self.scaler.is_dynamic() => {
-                    return Ok(Some(Box::new(Failure {
-                        kind: FindingKind::ScaleCollapse,
-                        phase: Phase::Backward,
-                        stage: format!("grad.{}", self.names[i]),
-                        detail: format!(
-                            "gradients kept overflowing: the loss scale fell to {} after {} skipped steps",
-                            self.scaler.scale, self.scaler.skipped
-                        ),
-                        stats: Some(TensorStats::of_tensor(&grads[i])?),
-                    })));
-                }
                 (ScaleVerdict::Fail, Some(i)) => {
-                    return Ok(Some(Box::new(self.tensor_failure(
-                        &scans[i],
-                        Phase::Backward,
-                        format!("grad.{}", self.names[i]),
-                        format!("the gradient of `{}` is not finite", self.names[i]),
-                        &grads[i],
-                    )?)));
+                    let mut f =
+                        self.backward_failure(i, &scans[i], &grads[i], tracer, &grad_store)?;
+                    if self.scaler.is_dynamic() {
+                        f.kind = FindingKind::ScaleCollapse;
+                        f.detail = format!(
+                            "gradients kept overflowing: the loss scale fell to {} after {} skipped steps; {}",
+                            self.scaler.scale, self.scaler.skipped, f.detail
+                        );
+                    }
+                    return Ok(Some(Box::new(f)));
                 }
                 _ => {}
             }
@@ -453,6 +579,27 @@ impl<'a> Session<'a> {
             self.trace.grad_norms.push(n);
         }
         optim::clip(&self.case.clip, &mut grads, norm.unwrap_or(0.0))?;
+        if fine {
+            let refs: Vec<&Tensor> = grads.iter().collect();
+            if let Some((i, s)) = scan_all(&refs)?
+                .into_iter()
+                .enumerate()
+                .find(|(_, s)| !s.is_finite())
+            {
+                let mut f = self.tensor_failure(
+                    &s,
+                    Phase::Update,
+                    "clip".into(),
+                    format!(
+                        "clipping made the gradient of `{}` non-finite",
+                        self.names[i]
+                    ),
+                    &grads[i],
+                )?;
+                f.op = Some("clip".into());
+                return Ok(Some(Box::new(f)));
+            }
+        }
 
         // Update.
         self.optimizer.step(&self.vars, &grads, lr)?;
@@ -462,19 +609,106 @@ impl<'a> Session<'a> {
             }
         }
         if let Some(smoothed) = self.tracker.push(loss_value) {
-            return Ok(Some(Box::new(Failure {
-                kind: FindingKind::Divergence,
-                phase: Phase::Update,
-                stage: "loss_trend".into(),
-                detail: format!(
+            return Ok(Some(Box::new(Failure::new(
+                FindingKind::Divergence,
+                Phase::Update,
+                "loss_trend",
+                format!(
                     "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
                     self.case.divergence_factor,
                     self.tracker.best()
                 ),
-                stats: None,
-            })));
+            ))));
         }
         Ok(None)
+    }
+
+    /// The loss is not finite: blame the first non-finite forward stage
+    /// (traced), else the model output, else the loss itself.
+    fn forward_failure(
+        &self,
+        output: &Tensor,
+        logits: &Tensor,
+        loss_value: f64,
+        tracer: &Tracer,
+    ) -> Result<Failure> {
+        if let Some((i, scan)) = localize::first_forward(tracer.records())? {
+            let r = &tracer.records()[i];
+            let mut f = self.tensor_failure(
+                &scan,
+                Phase::Forward,
+                r.name.clone(),
+                format!(
+                    "stage `{}` produced non-finite values from finite inputs",
+                    r.name
+                ),
+                &r.output,
+            )?;
+            f.op = localize::op_of(&r.name);
+            return Ok(f);
+        }
+        let out_scan = scan_all(&[output])?[0];
+        if !out_scan.is_finite() {
+            return self.tensor_failure(
+                &out_scan,
+                Phase::Forward,
+                "output".into(),
+                "the model output is not finite".into(),
+                output,
+            );
+        }
+        Ok(Failure {
+            op: Some(self.case.loss.name().to_string()),
+            stats: Some(TensorStats::of_tensor(logits)?),
+            ..Failure::new(
+                self.kind_of_value(loss_value),
+                Phase::Loss,
+                format!("loss.{}", self.case.loss.name()),
+                format!("the loss is {loss_value} although the model output is finite"),
+            )
+        })
+    }
+
+    /// Gradient `i` is not finite: blame the stage whose backward produced
+    /// it (traced), else the loss's backward, else the parameter's own gradient.
+    fn backward_failure(
+        &self,
+        i: usize,
+        scan: &TensorScan,
+        grad: &Tensor,
+        tracer: &Tracer,
+        grad_store: &candle_core::backprop::GradStore,
+    ) -> Result<Failure> {
+        if tracer.enabled() {
+            if let Some(p) = localize::first_backward(tracer.records(), grad_store)? {
+                let (stage, op) = match &p.stage {
+                    Some(s) => (s.clone(), localize::op_of(s)),
+                    None => (
+                        format!("loss.{}", self.case.loss.name()),
+                        Some(self.case.loss.name().to_string()),
+                    ),
+                };
+                let mut f = self.tensor_failure(
+                    &p.scan,
+                    Phase::Backward,
+                    stage.clone(),
+                    format!(
+                        "the backward pass of `{stage}` made the gradient of `{}` non-finite",
+                        p.receiver
+                    ),
+                    &p.grad,
+                )?;
+                f.op = op;
+                return Ok(f);
+            }
+        }
+        self.tensor_failure(
+            scan,
+            Phase::Backward,
+            format!("grad.{}", self.names[i]),
+            format!("the gradient of `{}` is not finite", self.names[i]),
+            grad,
+        )
     }
 
     /// Scans parameters and optimizer state after an update.
@@ -531,11 +765,13 @@ impl<'a> Session<'a> {
             self.kind_of_value(f64::INFINITY)
         };
         Ok(Failure {
-            kind,
-            phase,
-            stage,
-            detail: format!("{detail} ({} NaN, {} Inf)", scan.nan, scan.inf),
             stats: Some(TensorStats::of_tensor(t)?),
+            ..Failure::new(
+                kind,
+                phase,
+                stage,
+                format!("{detail} ({} NaN, {} Inf)", scan.nan, scan.inf),
+            )
         })
     }
 
@@ -558,6 +794,7 @@ impl<'a> Session<'a> {
             kind: f.kind,
             phase: f.phase,
             stage: f.stage,
+            op: f.op,
             detail: f.detail,
             stats: f.stats,
             signature,

@@ -6,7 +6,7 @@
 
 mod pathology;
 
-pub use pathology::apply_pathologies;
+pub use pathology::{apply_pathologies, apply_pathology};
 
 use crate::rng::Rng;
 use crate::spec::{Case, DataSpec, Distribution, InputSpec, TargetKind};

@@ -7,12 +7,18 @@ use crate::spec::Pathology;
 /// Applies the pathologies active at `step` (each with its own RNG stream).
 pub fn apply_pathologies(batch: &mut HostBatch, pathologies: &[Pathology], seed: u64, step: usize) {
     for (i, p) in pathologies.iter().enumerate() {
-        if step < p.from_step() {
-            continue;
-        }
-        let mut rng = Rng::keyed(seed, &format!("data.pathology.{i}"), step as u64);
-        apply_one(batch, p, &mut rng);
+        apply_pathology(batch, i, p, seed, step);
     }
+}
+
+/// Applies pathology number `index` of the case (its RNG stream is keyed by
+/// the index, so applying them one at a time gives the same batch).
+pub fn apply_pathology(batch: &mut HostBatch, index: usize, p: &Pathology, seed: u64, step: usize) {
+    if step < p.from_step() {
+        return;
+    }
+    let mut rng = Rng::keyed(seed, &format!("data.pathology.{index}"), step as u64);
+    apply_one(batch, p, &mut rng);
 }
 
 /// How many of `len` items a fraction selects: at least one.

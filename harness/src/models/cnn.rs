@@ -53,32 +53,29 @@ impl Model for Cnn {
         let mut x = input.clone();
         for b in &self.blocks {
             let skip = x.clone();
-            let mut y = b.conv.forward(&x)?;
-            tr.record_with(|| format!("{}.conv", b.name), &y);
+            let mut y = tr.record_with(|| format!("{}.conv", b.name), b.conv.forward(&x)?)?;
             if let Some(bn) = &b.bn {
-                y = bn.forward(&y)?;
-                tr.record_with(|| format!("{}.bn", b.name), &y);
+                y = tr.record_with(|| format!("{}.bn", b.name), bn.forward(&y)?)?;
             }
-            y = layers::activate(&y, b.activation)?;
-            tr.record_with(|| format!("{}.act", b.name), &y);
+            y = tr.record_with(
+                || format!("{}.act", b.name),
+                layers::activate(&y, b.activation)?,
+            )?;
             if b.residual {
-                y = (y + skip)?;
-                tr.record_with(|| format!("{}.residual", b.name), &y);
+                y = tr.record_with(|| format!("{}.residual", b.name), (y + skip)?)?;
             }
             y = match b.pool {
-                Pool::Max => layers::max_pool2x2(&y)?,
-                Pool::Avg => layers::avg_pool2x2(&y)?,
+                Pool::Max => {
+                    tr.record_with(|| format!("{}.pool", b.name), layers::max_pool2x2(&y)?)?
+                }
+                Pool::Avg => {
+                    tr.record_with(|| format!("{}.pool", b.name), layers::avg_pool2x2(&y)?)?
+                }
                 Pool::None => y,
             };
-            if b.pool != Pool::None {
-                tr.record_with(|| format!("{}.pool", b.name), &y);
-            }
             x = y;
         }
-        let pooled = layers::global_avg_pool(&x)?;
-        tr.record("head.pool", &pooled);
-        let out = self.head.forward(&pooled)?;
-        tr.record("head.linear", &out);
-        Ok(out)
+        let pooled = tr.record("head.pool", layers::global_avg_pool(&x)?)?;
+        tr.record("head.linear", self.head.forward(&pooled)?)
     }
 }

@@ -16,11 +16,27 @@ use crate::spec::{InitSpec, ModelSpec};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
-/// Records named intermediate tensors ("block1.conv", "layer0.attn.softmax").
+/// Records named intermediate tensors ("block1.conv", "layer0.attn.softmax")
+/// in execution order, for localization.
+///
+/// `record` returns the tensor the model must use downstream. With tracing
+/// off it is the same tensor (no cost). With tracing on it is `t + z` for a
+/// fresh zero variable `z` of the same shape: the forward value is unchanged
+/// and, since candle keeps gradients only for variables, the gradient of `z`
+/// after backward *is* the gradient of this stage's output.
 #[derive(Default)]
 pub struct Tracer {
     enabled: bool,
-    records: Vec<(String, Tensor)>,
+    records: Vec<Record>,
+}
+
+/// One recorded stage.
+#[derive(Clone)]
+pub struct Record {
+    pub name: String,
+    pub output: Tensor,
+    /// The zero variable whose gradient is the gradient of `output`.
+    pub grad_probe: candle_core::Var,
 }
 
 impl Tracer {
@@ -41,27 +57,42 @@ impl Tracer {
         self.enabled
     }
 
-    /// Records `t` under `name` (in execution order) when tracing is on.
+    /// Records `t` under `name` when tracing is on; use the returned tensor.
     #[inline]
-    pub fn record(&mut self, name: &str, t: &Tensor) {
+    pub fn record(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
         if self.enabled {
-            self.records.push((name.to_string(), t.clone()));
+            self.push(name.to_string(), t)
+        } else {
+            Ok(t)
         }
     }
 
     /// Like [`Tracer::record`], but the name is only built when tracing is on.
     #[inline]
-    pub fn record_with(&mut self, name: impl FnOnce() -> String, t: &Tensor) {
+    pub fn record_with(&mut self, name: impl FnOnce() -> String, t: Tensor) -> Result<Tensor> {
         if self.enabled {
-            self.records.push((name(), t.clone()));
+            self.push(name(), t)
+        } else {
+            Ok(t)
         }
     }
 
-    pub fn records(&self) -> &[(String, Tensor)] {
+    fn push(&mut self, name: String, t: Tensor) -> Result<Tensor> {
+        let z = candle_core::Var::zeros(t.shape(), t.dtype(), t.device())?;
+        let out = (&t + z.as_tensor())?;
+        self.records.push(Record {
+            name,
+            output: out.clone(),
+            grad_probe: z,
+        });
+        Ok(out)
+    }
+
+    pub fn records(&self) -> &[Record] {
         &self.records
     }
 
-    pub fn into_records(self) -> Vec<(String, Tensor)> {
+    pub fn into_records(self) -> Vec<Record> {
         self.records
     }
 }

@@ -63,35 +63,30 @@ impl Rnn {
             let hw = l.hidden.forward(&h)?;
             match self.cell {
                 CellKind::Rnn => {
-                    let pre = (xt + hw)?;
-                    tr.record_with(|| format!("{}.t{t}.gates", l.name), &pre);
+                    let pre = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
                     h = pre.tanh()?;
                 }
                 CellKind::Lstm => {
-                    let gates = (xt + hw)?;
-                    tr.record_with(|| format!("{}.t{t}.gates", l.name), &gates);
+                    let gates = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
                     let i = sigmoid(&gates.narrow(1, 0, hd)?)?;
                     let f = sigmoid(&gates.narrow(1, hd, hd)?)?;
                     let g = gates.narrow(1, 2 * hd, hd)?.tanh()?;
                     let o = sigmoid(&gates.narrow(1, 3 * hd, hd)?)?;
-                    c = ((f * &c)? + (i * g)?)?;
-                    tr.record_with(|| format!("{}.t{t}.c", l.name), &c);
+                    c = tr.record_with(|| format!("{}.t{t}.c", l.name), ((f * &c)? + (i * g)?)?)?;
                     h = (o * c.tanh()?)?;
                 }
                 CellKind::Gru => {
-                    let r = sigmoid(&(xt.narrow(1, 0, hd)? + hw.narrow(1, 0, hd)?)?)?;
-                    let z = sigmoid(&(xt.narrow(1, hd, hd)? + hw.narrow(1, hd, hd)?)?)?;
-                    tr.record_with(
-                        || format!("{}.t{t}.gates", l.name),
-                        &Tensor::cat(&[&r, &z], 1)?,
-                    );
+                    let rz = (xt.narrow(1, 0, 2 * hd)? + hw.narrow(1, 0, 2 * hd)?)?;
+                    let rz = tr.record_with(|| format!("{}.t{t}.gates", l.name), rz)?;
+                    let r = sigmoid(&rz.narrow(1, 0, hd)?)?;
+                    let z = sigmoid(&rz.narrow(1, hd, hd)?)?;
                     let n =
                         (xt.narrow(1, 2 * hd, hd)? + (r * hw.narrow(1, 2 * hd, hd)?)?)?.tanh()?;
                     // h' = (1 - z) n + z h = n + z (h - n)
                     h = (&n + (z * (&h - &n)?)?)?;
                 }
             }
-            tr.record_with(|| format!("{}.t{t}.h", l.name), &h);
+            h = tr.record_with(|| format!("{}.t{t}.h", l.name), h)?;
             outputs.push(h.clone());
         }
         Tensor::stack(&outputs, 1)
@@ -106,8 +101,6 @@ impl Model for Rnn {
         }
         let s = x.dim(1)?;
         let last = x.narrow(1, s - 1, 1)?.squeeze(1)?;
-        let out = self.head.forward(&last)?;
-        tr.record("head.linear", &out);
-        Ok(out)
+        tr.record("head.linear", self.head.forward(&last)?)
     }
 }

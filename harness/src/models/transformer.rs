@@ -120,18 +120,16 @@ impl Transformer {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let q = l.q.forward(x)?;
-        tr.record_with(|| format!("{}.attn.q", l.name), &q);
-        let k = l.k.forward(x)?;
-        tr.record_with(|| format!("{}.attn.k", l.name), &k);
-        let v = l.v.forward(x)?;
-        tr.record_with(|| format!("{}.attn.v", l.name), &v);
+        let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
+        let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
+        let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
         let (q, k, v) = (split(q)?, split(k)?, split(v)?);
-        let mut scores = q.matmul(&k.t()?.contiguous()?)?;
-        if let Some(scale) = self.scale {
-            scores = (scores * scale)?;
-        }
-        tr.record_with(|| format!("{}.attn.scores", l.name), &scores);
+        let raw = q.matmul(&k.t()?.contiguous()?)?;
+        let scores = match self.scale {
+            Some(scale) => (raw * scale)?,
+            None => raw,
+        };
+        let mut scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
         if self.causal {
             let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
             let blocked = Tensor::new(f32::NEG_INFINITY, x.device())?
@@ -139,23 +137,25 @@ impl Transformer {
                 .broadcast_as(scores.shape())?;
             scores = mask.where_cond(&scores, &blocked)?;
         }
-        let probs = layers::softmax(&scores)?;
-        tr.record_with(|| format!("{}.attn.softmax", l.name), &probs);
+        let probs = tr.record_with(
+            || format!("{}.attn.softmax", l.name),
+            layers::softmax(&scores)?,
+        )?;
         let ctx = probs
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, s, d))?;
-        let out = l.o.forward(&ctx)?;
-        tr.record_with(|| format!("{}.attn.out", l.name), &out);
+        let out = tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)?;
         Ok(out)
     }
 
     fn mlp(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let h = l.fc1.forward(x)?.gelu_erf()?;
-        tr.record_with(|| format!("{}.mlp.fc1", l.name), &h);
-        let out = l.fc2.forward(&h)?;
-        tr.record_with(|| format!("{}.mlp.fc2", l.name), &out);
+        let h = tr.record_with(
+            || format!("{}.mlp.fc1", l.name),
+            l.fc1.forward(x)?.gelu_erf()?,
+        )?;
+        let out = tr.record_with(|| format!("{}.mlp.fc2", l.name), l.fc2.forward(&h)?)?;
         Ok(out)
     }
 
@@ -166,11 +166,7 @@ impl Transformer {
         tr: &mut Tracer,
     ) -> Result<Tensor> {
         match ln {
-            Some(ln) => {
-                let y = ln.forward(x)?;
-                tr.record_with(name, &y);
-                Ok(y)
-            }
+            Some(ln) => tr.record_with(name, ln.forward(x)?),
             None => Ok(x.clone()),
         }
     }
@@ -186,8 +182,7 @@ impl Model for Transformer {
             }
             Embed::Continuous(lin) => lin.forward(input)?,
         };
-        let mut x = x.broadcast_add(&self.pos)?;
-        tr.record("embed", &x);
+        let mut x = tr.record("embed", x.broadcast_add(&self.pos)?)?;
         for l in &self.layers {
             x = match self.norm {
                 NormPlacement::Pre => {
@@ -207,13 +202,11 @@ impl Model for Transformer {
         let x = Self::norm(&self.final_ln, &x, || "final_ln".to_string(), tr)?;
         let out = match self.head_kind {
             HeadKind::Classify => {
-                let pooled = x.mean(1)?;
-                tr.record("head.pool", &pooled);
+                let pooled = tr.record("head.pool", x.mean(1)?)?;
                 self.head.forward(&pooled)?
             }
             HeadKind::PerToken => self.head.forward(&x)?,
         };
-        tr.record("head.linear", &out);
-        Ok(out)
+        tr.record("head.linear", out)
     }
 }

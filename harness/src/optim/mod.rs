@@ -22,6 +22,7 @@ struct Slot {
     v: Option<Tensor>,
 }
 
+#[derive(Clone)]
 pub struct Optimizer {
     spec: OptimizerSpec,
     slots: Vec<Slot>,

@@ -108,9 +108,10 @@ fn half_precision_inputs_out_of_range_are_a_data_overflow() {
     let mut c = raw_cnn(2e4);
     c.precision = Precision::F16;
     let f = finding(&c);
+    // The generator's scaled values are the first to exceed f16's range.
     assert_eq!(
         (f.kind, f.phase, f.stage.as_str()),
-        (FindingKind::Overflow, Phase::Data, "input")
+        (FindingKind::Overflow, Phase::Data, "data.generator")
     );
 }
 
@@ -150,7 +151,11 @@ fn labels_out_of_range_are_caught_as_data_faults() {
     let f = finding(&c);
     assert_eq!(
         (f.step, f.kind, f.stage.as_str()),
-        (2, FindingKind::InvalidLabel, "labels")
+        (
+            2,
+            FindingKind::InvalidLabel,
+            "data.pathologies[0].label_out_of_range"
+        )
     );
 }
 

@@ -1,0 +1,81 @@
+//! First-producer localization over a traced step.
+//!
+//! The runner re-runs a failing step with the tracer on. Forward stages are
+//! recorded in execution order, so the first non-finite record is the first
+//! producer (its input, the previous record or the checked batch, was
+//! finite). Backward goes the other way: walking the records from the last
+//! to the first, the first whose *gradient* is non-finite received it from
+//! the backward pass of the stage right after it (or of the loss, for the
+//! last record), which is therefore the producer. Stages that only pass a
+//! NaN along are never blamed.
+
+use crate::error::Result;
+use crate::models::Record;
+use crate::probe::{scan_all, TensorScan};
+use candle_core::backprop::GradStore;
+use candle_core::Tensor;
+
+/// The op kind of a stage, from its name: `block1.conv` → `conv`,
+/// `layer0.attn.softmax` → `softmax`, `layer0.t3.gates` → `gates`.
+pub fn op_of(stage: &str) -> Option<String> {
+    let last = stage.rsplit('.').next()?;
+    let trimmed = last.trim_end_matches(|c: char| c.is_ascii_digit() || c == ']' || c == '[');
+    (!trimmed.is_empty()).then(|| trimmed.to_string())
+}
+
+/// The first forward record that is not finite.
+pub fn first_forward(records: &[Record]) -> Result<Option<(usize, TensorScan)>> {
+    let outputs: Vec<&Tensor> = records.iter().map(|r| &r.output).collect();
+    let scans = scan_all(&outputs)?;
+    Ok(scans.into_iter().enumerate().find(|(_, s)| !s.is_finite()))
+}
+
+/// A stage whose backward pass produced a non-finite gradient.
+pub struct BackwardProducer {
+    /// The stage whose backward op produced it (`None`: the loss's backward).
+    pub stage: Option<String>,
+    /// The record whose output gradient is the first non-finite one.
+    pub receiver: String,
+    pub grad: Tensor,
+    pub scan: TensorScan,
+}
+
+/// Walks the records' gradients from the output back to the input.
+pub fn first_backward(records: &[Record], grads: &GradStore) -> Result<Option<BackwardProducer>> {
+    // (index, gradient) of the records that are on the path to the loss.
+    let with_grad: Vec<(usize, &Tensor)> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| grads.get(r.grad_probe.as_tensor()).map(|g| (i, g)))
+        .collect();
+    let tensors: Vec<&Tensor> = with_grad.iter().map(|(_, g)| *g).collect();
+    let scans = scan_all(&tensors)?;
+    // Downstream first: the last record's gradient is computed first.
+    let mut downstream: Option<usize> = None;
+    for ((i, g), scan) in with_grad.iter().zip(scans).rev() {
+        if !scan.is_finite() {
+            return Ok(Some(BackwardProducer {
+                stage: downstream.map(|d| records[d].name.clone()),
+                receiver: records[*i].name.clone(),
+                grad: (*g).clone(),
+                scan,
+            }));
+        }
+        downstream = Some(*i);
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_kinds_come_from_the_last_name_segment() {
+        assert_eq!(op_of("block1.conv").as_deref(), Some("conv"));
+        assert_eq!(op_of("layer0.attn.softmax").as_deref(), Some("softmax"));
+        assert_eq!(op_of("layer0.t3.gates").as_deref(), Some("gates"));
+        assert_eq!(op_of("augment[1].normalize").as_deref(), Some("normalize"));
+        assert_eq!(op_of("embed").as_deref(), Some("embed"));
+    }
+}
