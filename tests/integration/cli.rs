@@ -140,11 +140,11 @@ fn unstable_runs_exit_1_and_json_output_is_one_object() {
     let out = nanhunt(&["run", path.to_str().unwrap()]);
     let text = stdout(&out);
     assert!(
-        text.contains("verdict: UNSTABLE at step 0: nan in data at `input`"),
+        text.contains("verdict: UNSTABLE at step 0: nan in data at `data.pathologies[0].nan`"),
         "{text}"
     );
     assert!(
-        text.contains("signature: nan-data-input-rnn-adam-f32-cpu"),
+        text.contains("signature: nan-data-data.pathologies_0.nan-rnn-adam-f32-cpu"),
         "{text}"
     );
 }
