@@ -8,6 +8,7 @@
 pub mod augment;
 pub mod data;
 pub mod device;
+pub mod dump;
 pub mod error;
 pub mod floats;
 pub mod gradcheck;
@@ -17,10 +18,13 @@ pub mod models;
 pub mod optim;
 pub mod outcome;
 pub mod probe;
+pub mod replay;
+pub mod repro;
 pub mod rng;
 pub mod runner;
 pub mod scaler;
 pub mod spec;
+pub mod state;
 
 pub use error::{Error, Result};
 pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};

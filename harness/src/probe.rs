@@ -225,12 +225,14 @@ impl TensorStats {
 /// rule while best > 0, meaningful for losses that can be negative, and a run
 /// that has already fitted (best ≈ 0.001 from a start of 3) is not called
 /// diverged by a batch at 0.01; it must climb back towards its starting loss.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DivergenceTracker {
     factor: f64,
     avg: f64,
     steps: i32,
+    #[serde(with = "crate::floats::one")]
     best: f64,
+    #[serde(with = "crate::floats::one")]
     first: f64,
 }
 

@@ -5,6 +5,7 @@
 use crate::augment;
 use crate::data::{apply_pathologies, apply_pathology, Generator, HostBatch, HostInput};
 use crate::device;
+use crate::dump;
 use crate::error::{Error, Result};
 use crate::localize;
 use crate::losses;
@@ -14,6 +15,7 @@ use crate::outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
 use crate::probe::{scan_all, scan_host, DivergenceTracker, TensorScan, TensorStats};
 use crate::scaler::{LossScaler, ScaleVerdict};
 use crate::spec::{dtype_max, Case, ClipSpec, DeviceSpec, Limits};
+pub use crate::state::Snapshot;
 use candle_core::{DType, Device, Tensor, Var};
 
 /// How to run a case.
@@ -25,6 +27,8 @@ pub struct RunOptions {
     /// Run on this device instead of the case's.
     pub device: Option<DeviceSpec>,
     pub limits: Limits,
+    /// Write a crash dump of the first failure here (the directory must not exist).
+    pub dump: Option<std::path::PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -33,6 +37,7 @@ impl Default for RunOptions {
             probe: true,
             device: None,
             limits: Limits::default(),
+            dump: None,
         }
     }
 }
@@ -62,8 +67,14 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
         }
         Err(e) => return Err(e),
     };
+    if let Some(dir) = &opts.dump {
+        dump::ensure_free(dir)?;
+    }
     for step in 0..case.steps {
         if let Some(finding) = session.step(step)? {
+            if let Some(dir) = &opts.dump {
+                session.write_dump(dir, &finding)?;
+            }
             return Ok(Outcome::Unstable {
                 finding: Box::new(finding),
             });
@@ -102,18 +113,6 @@ impl Failure {
             stats: None,
         }
     }
-}
-
-/// Everything a step changes, taken before it: the state a failing step is
-/// re-run from (for localization) and the state a crash dump saves.
-#[derive(Clone)]
-pub struct Snapshot {
-    /// Parameter values (deep copies: `Var::set` writes in place).
-    pub params: Vec<Tensor>,
-    pub optimizer: Optimizer,
-    pub scaler: LossScaler,
-    pub tracker: DivergenceTracker,
-    pub trace: Trace,
 }
 
 /// A batch on the device: inputs in the compute dtype, dense targets (and
@@ -209,6 +208,10 @@ impl<'a> Session<'a> {
             vars,
             names,
         })
+    }
+
+    pub fn case(&self) -> &Case {
+        &self.case
     }
 
     pub fn params(&self) -> &ParamStore {
@@ -455,6 +458,26 @@ impl<'a> Session<'a> {
         self.tracker = snapshot.tracker.clone();
         self.trace = snapshot.trace.clone();
         Ok(())
+    }
+
+    /// Writes the crash dump of the step that failed.
+    pub fn write_dump(&self, dir: &std::path::Path, finding: &Finding) -> Result<()> {
+        let before = self.failed_before.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "dump",
+                "the run has no failed step to dump (was the probe on?)",
+            )
+        })?;
+        dump::write(
+            dir,
+            &dump::Scene {
+                case: &self.case,
+                names: &self.names,
+                before,
+                batch: self.batch_unchecked(finding.step),
+                finding,
+            },
+        )
     }
 
     /// The state before the step that failed (after `step` returned a finding).

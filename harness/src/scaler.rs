@@ -2,7 +2,7 @@
 
 use crate::spec::LossScaling;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LossScaler {
     pub scale: f64,
     dynamic: bool,

@@ -4,6 +4,7 @@
 
 mod example;
 mod gradcheck;
+mod replay;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,8 @@ enum Command {
     Run(run::Args),
     /// Check the case's gradients against finite differences (in f64).
     Gradcheck(gradcheck::Args),
+    /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
+    Replay(replay::Args),
 }
 
 pub fn main() -> anyhow::Result<Exit> {
@@ -53,6 +56,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Example(a) => example::main(a),
         Command::Run(a) => run::main(a),
         Command::Gradcheck(a) => gradcheck::main(a),
+        Command::Replay(a) => replay::main(a),
     }
 }
 

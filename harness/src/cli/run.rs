@@ -16,8 +16,11 @@ pub struct Args {
     #[arg(long)]
     device: Option<DeviceSpec>,
     /// Watch only the loss (no per-step scans of gradients and parameters).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dump")]
     no_probe: bool,
+    /// On the first failure, write a crash dump to this directory (it must not exist).
+    #[arg(long)]
+    dump: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -29,6 +32,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         probe: !args.no_probe,
         device: args.device,
         limits,
+        dump: args.dump.clone(),
     };
     let outcome = nanhunt::run_with_options(&case, &opts)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
@@ -46,6 +50,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             case.batch_size
         );
         print_outcome(&outcome);
+        if let (Some(dir), Outcome::Unstable { .. }) = (&args.dump, &outcome) {
+            println!("  crash dump: {}", dir.display());
+        }
     }
     Ok(match outcome {
         Outcome::Stable { .. } => Exit::Clean,

@@ -54,6 +54,22 @@ impl Optimizer {
         })
     }
 
+    /// Restores state saved by [`Optimizer::state`] (a crash dump): the
+    /// completed step count and each named tensor.
+    pub fn restore(
+        &mut self,
+        steps: usize,
+        names: &[String],
+        mut state: impl FnMut(&str) -> Option<Tensor>,
+    ) {
+        self.steps = steps;
+        for (slot, name) in self.slots.iter_mut().zip(names) {
+            slot.momentum = state(&format!("momentum.{name}"));
+            slot.m = state(&format!("m.{name}"));
+            slot.v = state(&format!("v.{name}"));
+        }
+    }
+
     /// Named state tensors (`m.<param>`, `v.<param>`, `momentum.<param>`).
     pub fn state(&self, names: &[String]) -> Vec<(String, Tensor)> {
         self.state_tensors()

@@ -1,0 +1,35 @@
+//! `nanhunt replay PATH`: does a dump or a reproducer still fail the same way?
+
+use super::Exit;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A crash dump directory (`run --dump`) or a reproducer file.
+    path: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    let report = nanhunt::replay::replay_path(&args.path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.path.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", report.message);
+        match report.bit_identical {
+            Some(true) => {
+                println!("  the failing step's loss is bit-identical to the recorded one")
+            }
+            Some(false) => println!("  the failing step's loss differs from the recorded one"),
+            None => {}
+        }
+    }
+    Ok(if report.reproduced() {
+        Exit::Clean
+    } else {
+        Exit::Found
+    })
+}

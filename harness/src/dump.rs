@@ -1,0 +1,260 @@
+//! The emergency brake: a crash dump of the scene at the first failure.
+//!
+//! A dump is a directory with `case.json`, `state.safetensors` (parameters
+//! and optimizer state from before the failing step, and that step's batch
+//! after augmentation) and `stats.json` (per-tensor statistics, the last 20
+//! losses, the gradient-norm history, the failing step, device and memory
+//! information, and the counters needed to resume exactly). It is written
+//! into a temporary sibling directory and renamed into place, so a dump is
+//! either complete or absent.
+
+use crate::data::{HostBatch, HostInput};
+use crate::error::{Error, Result};
+use crate::outcome::{Finding, Trace};
+use crate::probe::{DivergenceTracker, TensorStats};
+use crate::scaler::LossScaler;
+use crate::spec::Case;
+use crate::state::Snapshot;
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const CASE_FILE: &str = "case.json";
+pub const STATE_FILE: &str = "state.safetensors";
+pub const STATS_FILE: &str = "stats.json";
+/// How many of the most recent losses `stats.json` lists.
+pub const RECENT_LOSSES: usize = 20;
+
+/// `stats.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DumpStats {
+    pub nanhunt_version: String,
+    /// The 0-based step that failed; the saved state is from before it.
+    pub step: usize,
+    pub finding: Finding,
+    /// The last (up to 20) losses, the failing step's included.
+    #[serde(with = "crate::floats::vec")]
+    pub recent_losses: Vec<f64>,
+    #[serde(with = "crate::floats::vec")]
+    pub grad_norms: Vec<f64>,
+    /// Statistics of every tensor in `state.safetensors`, by name.
+    pub tensors: BTreeMap<String, TensorStats>,
+    pub environment: Environment,
+    /// Counters that, with the tensors, restore the session exactly.
+    pub resume: Resume,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resume {
+    pub optimizer_steps: usize,
+    pub scaler: LossScaler,
+    pub tracker: DivergenceTracker,
+    /// The history before the failing step.
+    pub trace: Trace,
+}
+
+/// Where the run happened (the article's step 5 starts here).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    pub device: String,
+    pub cuda_compiled: bool,
+    pub os: String,
+    pub arch: String,
+    pub available_cores: usize,
+    /// RAYON_NUM_THREADS, where set (candle's CPU thread count).
+    pub rayon_num_threads: Option<String>,
+    /// Resident and peak memory of this process, and the machine's memory, in KiB
+    /// (from /proc where the OS has it).
+    pub process_rss_kib: Option<u64>,
+    pub process_peak_kib: Option<u64>,
+    pub machine_total_kib: Option<u64>,
+    pub machine_available_kib: Option<u64>,
+}
+
+fn proc_field(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..]
+        .trim_start_matches(':')
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+impl Environment {
+    pub fn collect(device: &str) -> Self {
+        Environment {
+            device: device.to_string(),
+            cuda_compiled: crate::device::cuda_compiled(),
+            os: std::env::consts::OS.to_string(),
+            arch: std::env::consts::ARCH.to_string(),
+            available_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            rayon_num_threads: std::env::var("RAYON_NUM_THREADS").ok(),
+            process_rss_kib: proc_field("/proc/self/status", "VmRSS"),
+            process_peak_kib: proc_field("/proc/self/status", "VmHWM"),
+            machine_total_kib: proc_field("/proc/meminfo", "MemTotal"),
+            machine_available_kib: proc_field("/proc/meminfo", "MemAvailable"),
+        }
+    }
+}
+
+/// Fails early when `dir` already exists, so that no dump overwrites anything.
+pub fn ensure_free(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "the dump directory already exists; choose another or remove it",
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What a dump saves: the scene of a failed step.
+pub struct Scene<'a> {
+    pub case: &'a Case,
+    /// Parameter names in creation order.
+    pub names: &'a [String],
+    /// The state before the failing step.
+    pub before: &'a Snapshot,
+    /// The failing step's batch after augmentation.
+    pub batch: HostBatch,
+    pub finding: &'a Finding,
+}
+
+/// The tensors of a dump, by name: `param/<name>`, `optimizer/<kind>.<name>`,
+/// `batch/inputs`, `batch/targets`, `batch/labels`, `batch/mix_targets`.
+fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for (name, t) in scene.names.iter().zip(&scene.before.params) {
+        out.push((format!("param/{name}"), t.clone()));
+    }
+    for (name, t) in scene.before.optimizer.state(scene.names) {
+        out.push((format!("optimizer/{name}"), t));
+    }
+    let batch = &scene.batch;
+    let cpu = Device::Cpu;
+    let input = match &batch.input {
+        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &cpu)?,
+        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &cpu)?,
+    };
+    out.push(("batch/inputs".into(), input));
+    let shape = (batch.rows(), batch.classes);
+    out.push((
+        "batch/targets".into(),
+        Tensor::from_slice(&batch.targets, shape, &cpu)?,
+    ));
+    out.push((
+        "batch/labels".into(),
+        Tensor::from_slice(&batch.labels, batch.rows(), &cpu)?,
+    ));
+    if let Some((_, t2)) = &batch.mix {
+        out.push((
+            "batch/mix_targets".into(),
+            Tensor::from_slice(t2, shape, &cpu)?,
+        ));
+    }
+    Ok(out)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
+    f.sync_all().map_err(|e| Error::io(path, e))
+}
+
+/// Writes the dump of a failed step to `dir` (which must not exist).
+pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
+    ensure_free(dir)?;
+    let (case, before, finding) = (scene.case, scene.before, scene.finding);
+    let named = tensors(scene)?;
+    let mut stats = BTreeMap::new();
+    for (name, t) in &named {
+        let float = t.to_dtype(candle_core::DType::F64)?;
+        stats.insert(name.clone(), TensorStats::of_tensor(&float)?);
+    }
+    let losses = &finding.trace.losses;
+    let dump_stats = DumpStats {
+        nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+        step: finding.step,
+        finding: finding.clone(),
+        recent_losses: losses[losses.len().saturating_sub(RECENT_LOSSES)..].to_vec(),
+        grad_norms: finding.trace.grad_norms.clone(),
+        tensors: stats,
+        environment: Environment::collect(&case.device.to_string()),
+        resume: Resume {
+            optimizer_steps: before.optimizer.steps(),
+            scaler: before.scaler.clone(),
+            tracker: before.tracker.clone(),
+            trace: before.trace.clone(),
+        },
+    };
+
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    let file_name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "dump".into());
+    let tmp: PathBuf = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    write_file(&tmp.join(CASE_FILE), case.to_json().as_bytes())?;
+    let map: HashMap<String, Tensor> = named
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
+        .collect::<Result<_>>()?;
+    let state_path = tmp.join(STATE_FILE);
+    candle_core::safetensors::save(&map, &state_path)?;
+    std::fs::File::open(&state_path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(&state_path, e))?;
+    let json = serde_json::to_string_pretty(&dump_stats).expect("dump stats serialize");
+    write_file(&tmp.join(STATS_FILE), json.as_bytes())?;
+    std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))?;
+    Ok(())
+}
+
+/// A dump read back from disk.
+pub struct Dump {
+    pub dir: PathBuf,
+    pub case: Case,
+    pub stats: DumpStats,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+impl Dump {
+    pub fn load(dir: &Path, device: &Device) -> Result<Dump> {
+        let case_path = dir.join(CASE_FILE);
+        let text = std::fs::read_to_string(&case_path).map_err(|e| Error::io(&case_path, e))?;
+        let case = Case::from_json(&text)
+            .map_err(|e| Error::Parse(format!("{}: {e}", case_path.display())))?;
+        let stats_path = dir.join(STATS_FILE);
+        let text = std::fs::read_to_string(&stats_path).map_err(|e| Error::io(&stats_path, e))?;
+        let stats: DumpStats = serde_json::from_str(&text)
+            .map_err(|e| Error::Parse(format!("{}: {e}", stats_path.display())))?;
+        let state_path = dir.join(STATE_FILE);
+        if !state_path.exists() {
+            return Err(Error::io(
+                &state_path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "missing"),
+            ));
+        }
+        let tensors = candle_core::safetensors::load(&state_path, device)
+            .map_err(|e| Error::Parse(format!("{}: {e}", state_path.display())))?;
+        Ok(Dump {
+            dir: dir.to_path_buf(),
+            case,
+            stats,
+            tensors,
+        })
+    }
+}

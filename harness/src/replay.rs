@@ -1,0 +1,181 @@
+//! `replay`: re-run a crash dump's failing step from its saved state, or a
+//! reproducer's case from the start, and say whether the recorded signature
+//! comes back.
+
+use crate::dump::Dump;
+use crate::error::{Error, Result};
+use crate::models::{BuiltinFactory, ModelFactory};
+use crate::outcome::{Finding, Outcome, Signature};
+use crate::repro::Reproducer;
+use crate::runner::{run_model, RunOptions, Session, Snapshot};
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayVerdict {
+    /// The recorded signature came back.
+    Reproduced,
+    /// The case now trains stably: whatever caused the failure is fixed.
+    Fixed,
+    /// It still fails, but differently.
+    Different,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    pub verdict: ReplayVerdict,
+    pub expected: Signature,
+    pub expected_step: usize,
+    /// The failure seen now, if any.
+    pub actual: Option<Finding>,
+    /// Dumps only: whether the failing step's loss has the recorded bits.
+    pub bit_identical: Option<bool>,
+    pub message: String,
+}
+
+impl ReplayReport {
+    fn new(
+        expected: Signature,
+        expected_step: usize,
+        actual: Option<Finding>,
+        bit_identical: Option<bool>,
+    ) -> Self {
+        let verdict = match &actual {
+            None => ReplayVerdict::Fixed,
+            Some(f) if f.signature == expected && f.step == expected_step => {
+                ReplayVerdict::Reproduced
+            }
+            Some(_) => ReplayVerdict::Different,
+        };
+        let message = match (&verdict, &actual) {
+            (ReplayVerdict::Reproduced, _) => format!("reproduced: {expected} at step {expected_step}"),
+            (ReplayVerdict::Fixed, _) => format!(
+                "no longer fails: expected {expected} at step {expected_step}, but training stayed stable (fixed?)"
+            ),
+            (_, Some(f)) => format!(
+                "fails differently: expected {expected} at step {expected_step}, got {} at step {}",
+                f.signature, f.step
+            ),
+            (_, None) => unreachable!("a different failure has a finding"),
+        };
+        ReplayReport {
+            verdict,
+            expected,
+            expected_step,
+            actual,
+            bit_identical,
+            message,
+        }
+    }
+
+    pub fn reproduced(&self) -> bool {
+        self.verdict == ReplayVerdict::Reproduced && self.bit_identical != Some(false)
+    }
+}
+
+/// Replays a dump directory or a reproducer file (built-in families).
+pub fn replay_path(path: &Path) -> Result<ReplayReport> {
+    replay_path_with(path, None)
+}
+
+/// Like [`replay_path`], with the factory of a user's own model.
+pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
+    if path.is_dir() {
+        replay_dump(path, factory)
+    } else {
+        replay_reproducer(&Reproducer::load(path)?, factory)
+    }
+}
+
+fn factory_for<'a>(
+    case: &crate::spec::Case,
+    given: Option<&'a dyn ModelFactory>,
+    builtin: &'a Option<BuiltinFactory>,
+) -> Result<&'a dyn ModelFactory> {
+    match (given, builtin) {
+        (Some(f), _) => Ok(f),
+        (None, Some(b)) => Ok(b),
+        (None, None) => Err(Error::invalid(
+            "model.family",
+            format!(
+                "`{}` is a custom model: replay it through the library with its factory",
+                case.family()
+            ),
+        )),
+    }
+}
+
+/// Restores a dump's saved state and re-runs only the failing step.
+pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
+    let dump = Dump::load(dir, &candle_core::Device::Cpu)?;
+    let builtin = BuiltinFactory::new(&dump.case.model);
+    let factory = factory_for(&dump.case, factory, &builtin)?;
+    let mut session = Session::new(&dump.case, factory, &RunOptions::default())?;
+    let snapshot = snapshot_of(&dump, &session)?;
+    session.restore(&snapshot)?;
+    let step = dump.stats.step;
+    let actual = session.step(step)?;
+    let bit_identical = match (&actual, dump.stats.recent_losses.last()) {
+        (Some(f), Some(recorded)) => f
+            .trace
+            .losses
+            .last()
+            .map(|l| l.to_bits() == recorded.to_bits()),
+        _ => None,
+    };
+    Ok(ReplayReport::new(
+        dump.stats.finding.signature.clone(),
+        step,
+        actual,
+        bit_identical,
+    ))
+}
+
+/// The session state saved in a dump.
+fn snapshot_of(dump: &Dump, session: &Session) -> Result<Snapshot> {
+    let (names, vars) = session.vars();
+    let mut params = Vec::with_capacity(names.len());
+    for (name, var) in names.iter().zip(vars) {
+        let key = format!("param/{name}");
+        let t = dump.tensors.get(&key).ok_or_else(|| {
+            Error::Parse(format!(
+                "{}: `{key}` is missing from {}",
+                dump.dir.display(),
+                crate::dump::STATE_FILE
+            ))
+        })?;
+        params.push(t.to_device(var.device())?.to_dtype(var.dtype())?);
+    }
+    let mut optimizer = crate::optim::Optimizer::new(&session.case().optimizer, names.len());
+    optimizer.restore(dump.stats.resume.optimizer_steps, names, |n| {
+        dump.tensors.get(&format!("optimizer/{n}")).cloned()
+    });
+    Ok(Snapshot {
+        params,
+        optimizer,
+        scaler: dump.stats.resume.scaler.clone(),
+        tracker: dump.stats.resume.tracker.clone(),
+        trace: dump.stats.resume.trace.clone(),
+    })
+}
+
+/// Runs a reproducer's case from the start.
+pub fn replay_reproducer(
+    repro: &Reproducer,
+    factory: Option<&dyn ModelFactory>,
+) -> Result<ReplayReport> {
+    let builtin = BuiltinFactory::new(&repro.case.model);
+    let factory = factory_for(&repro.case, factory, &builtin)?;
+    let actual = match run_model(&repro.case, factory, &RunOptions::default())? {
+        Outcome::Unstable { finding } => Some(*finding),
+        Outcome::Stable { .. } => None,
+        Outcome::Rejected { reason } => return Err(Error::invalid("case", reason)),
+    };
+    Ok(ReplayReport::new(
+        repro.expected.signature.clone(),
+        repro.expected.step,
+        actual,
+        None,
+    ))
+}

@@ -1,0 +1,71 @@
+//! Reproducers: a (minimized) failing case with its expected outcome and
+//! where it came from. Teams check them into `corpora/repro/` and replay them
+//! in `cargo test`.
+
+use crate::error::{Error, Result};
+use crate::outcome::Signature;
+use crate::spec::Case;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The reproducer format this build reads and writes.
+pub const REPRO_FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reproducer {
+    pub format: u32,
+    pub case: Case,
+    pub expected: Expected,
+    #[serde(default)]
+    pub provenance: Provenance,
+}
+
+/// The outcome a reproducer must keep producing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    pub signature: Signature,
+    /// The step of the failure when the reproducer was written.
+    pub step: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    pub nanhunt_version: String,
+    /// The case before minimization.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<Case>,
+    /// Training runs the minimizer spent.
+    #[serde(default)]
+    pub runs_used: usize,
+    /// Free-form origin: a campaign, a libFuzzer artifact, a hand-written case.
+    #[serde(default)]
+    pub source: String,
+}
+
+impl Reproducer {
+    pub fn from_json(text: &str) -> Result<Reproducer> {
+        let r: Reproducer = serde_json::from_str(text).map_err(|e| Error::Parse(e.to_string()))?;
+        if r.format != REPRO_FORMAT {
+            return Err(Error::invalid(
+                "format",
+                format!(
+                    "reproducer format {} is not supported (this build reads {REPRO_FORMAT})",
+                    r.format
+                ),
+            ));
+        }
+        Ok(r)
+    }
+
+    pub fn load(path: &Path) -> Result<Reproducer> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Reproducer::from_json(&text)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a reproducer always serializes")
+    }
+}

@@ -1,0 +1,20 @@
+//! The state a training step changes, captured before it.
+
+use crate::optim::Optimizer;
+use crate::outcome::Trace;
+use crate::probe::DivergenceTracker;
+use crate::scaler::LossScaler;
+use candle_core::Tensor;
+
+/// Everything a step changes, taken before it: the state a failing step is
+/// re-run from (for localization), and what a crash dump saves and a replay
+/// restores.
+#[derive(Clone)]
+pub struct Snapshot {
+    /// Parameter values in creation order (deep copies: `Var::set` writes in place).
+    pub params: Vec<Tensor>,
+    pub optimizer: Optimizer,
+    pub scaler: LossScaler,
+    pub tracker: DivergenceTracker,
+    pub trace: Trace,
+}
