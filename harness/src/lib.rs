@@ -8,6 +8,7 @@
 pub mod augment;
 pub mod data;
 pub mod device;
+pub mod diagnose;
 pub mod dump;
 pub mod error;
 pub mod floats;

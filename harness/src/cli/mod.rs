@@ -2,6 +2,7 @@
 //! library calls, and every outcome maps to an exit code:
 //! 0 stable / nothing found, 1 unstable / findings, 2 usage or I/O error.
 
+mod diagnose;
 mod example;
 mod gradcheck;
 mod replay;
@@ -46,6 +47,8 @@ enum Command {
     Run(run::Args),
     /// Check the case's gradients against finite differences (in f64).
     Gradcheck(gradcheck::Args),
+    /// The five-step diagnosis: reproduce, check data, gradients, loss and hardware; verified fixes.
+    Diagnose(diagnose::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
 }
@@ -57,6 +60,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Run(a) => run::main(a),
         Command::Gradcheck(a) => gradcheck::main(a),
         Command::Replay(a) => replay::main(a),
+        Command::Diagnose(a) => diagnose::main(a),
     }
 }
 

@@ -1,0 +1,105 @@
+//! `nanhunt diagnose CASE.json`: the five steps, with verified fixes.
+
+use super::{load_case, Exit, LimitArgs};
+use nanhunt::diagnose::Diagnosis;
+use nanhunt::models::BuiltinFactory;
+use nanhunt::spec::DeviceSpec;
+use nanhunt::RunOptions;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The case file.
+    case: PathBuf,
+    /// Print the diagnosis as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write the crash dump of the failure to this directory (must not exist).
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    /// Run on this device instead of the case's.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    let limits = args.limits.limits();
+    let case = load_case(&args.case, &limits)?;
+    let factory = BuiltinFactory::new(&case.model).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: a custom model is diagnosed through the library",
+            args.case.display()
+        )
+    })?;
+    let opts = RunOptions {
+        device: args.device,
+        limits,
+        dump: args.dump.clone(),
+        ..RunOptions::default()
+    };
+    let d = nanhunt::diagnose::diagnose(&case, &factory, &opts)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print(&d, args.dump.as_ref());
+    }
+    Ok(if d.finding.is_some() {
+        Exit::Found
+    } else {
+        Exit::Clean
+    })
+}
+
+fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
+    let Some(f) = &d.finding else {
+        println!("the case trained stably: nothing to diagnose");
+        return;
+    };
+    println!("step 1, reproduce: {} at step {}", f.signature, f.step);
+    println!("  {}", f.detail);
+    if let Some(dir) = dump {
+        println!("  crash dump: {}", dir.display());
+    }
+    for (label, scan) in [("before", &d.batch_raw), ("after", &d.batch_augmented)] {
+        if let Some(s) = scan {
+            let found = s.findings();
+            let text = if found.is_empty() {
+                "clean".to_string()
+            } else {
+                found.join("; ")
+            };
+            println!("step 2, data {label} augmentation: {text}");
+        }
+    }
+    match d.grad_norm_growth {
+        Some(g) => println!(
+            "step 3, gradients: the norm grew {g:.3e}x over {} steps",
+            f.trace.grad_norms.len()
+        ),
+        None => println!("step 3, gradients: no norm history before the failure"),
+    }
+    println!("ranked causes ({} training runs):", d.runs);
+    for (i, c) in d.causes.iter().enumerate() {
+        let tag = if c.verified() {
+            " [verified fix]"
+        } else {
+            " [ruled out: no tried fix helped]"
+        };
+        println!("{:2}. {} (step {}){tag}", i + 1, c.title, c.article_step);
+        for e in &c.evidence {
+            println!("      evidence: {e}");
+        }
+        for fix in &c.fixes {
+            let mark = if fix.verified { "FIX" } else { "   " };
+            println!("      {mark} {}: {}", fix.description, fix.result);
+            if fix.verified {
+                for ch in &fix.changes {
+                    println!("            {}: {} -> {}", ch.path, ch.before, ch.after);
+                }
+            }
+        }
+    }
+}

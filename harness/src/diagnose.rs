@@ -1,0 +1,790 @@
+//! `diagnose`: the source article's five steps as an engine.
+//!
+//! 1. reproduce the failure (and dump the scene); 2. scan the failing batch
+//! and re-run without augmentation and with clean data; 3. read the
+//! gradient-norm history and re-run with a lower LR and with clipping;
+//! 4. re-run with the stable variant of the loss and with larger eps values;
+//! 5. re-run in f32, on CPU, with one thread (and on the other device when
+//! built with CUDA). Every candidate cause comes with the changed cases that
+//! were run; a fix is *verified* only when its case trained stably. Causes
+//! are ranked by whether a fix was verified and by how well they match
+//! where the failure was produced.
+
+use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
+use crate::error::Result;
+use crate::models::ModelFactory;
+use crate::outcome::{Finding, FindingKind, Outcome, Phase};
+use crate::runner::{run_model, RunOptions};
+use crate::spec::*;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Values beyond this magnitude count as extreme (the article's threshold).
+pub const EXTREME: f64 = 1e6;
+
+/// What the data check saw in the failing step's batch.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BatchScan {
+    pub values: usize,
+    pub nan: usize,
+    pub inf: usize,
+    /// |x| > 1e6.
+    pub extreme: usize,
+    pub labels_out_of_range: usize,
+    /// Features (channels, sequence features) constant across the batch.
+    pub constant_features: Vec<usize>,
+    pub all_zero_samples: usize,
+}
+
+impl BatchScan {
+    pub fn of(batch: &HostBatch) -> Self {
+        let mut s = BatchScan {
+            labels_out_of_range: batch
+                .labels
+                .iter()
+                .filter(|&&l| l < 0 || l >= batch.classes as i64)
+                .count(),
+            ..BatchScan::default()
+        };
+        let HostInput::Real { values, dims } = &batch.input else {
+            return s;
+        };
+        s.values = values.len();
+        for &v in values {
+            if v.is_nan() {
+                s.nan += 1;
+            } else if v.is_infinite() {
+                s.inf += 1;
+            } else if (v as f64).abs() > EXTREME {
+                s.extreme += 1;
+            }
+        }
+        let rows = dims[0].max(1);
+        let per = values.len() / rows;
+        s.all_zero_samples = values
+            .chunks(per.max(1))
+            .filter(|r| r.iter().all(|&v| v == 0.0))
+            .count();
+        // Feature f's values across the whole batch.
+        let (features, stride_of): (usize, Box<dyn Fn(usize) -> Vec<f32>>) = if dims.len() == 4 {
+            let (c, hw) = (dims[1], dims[2] * dims[3]);
+            (
+                c,
+                Box::new(move |f| {
+                    (0..rows)
+                        .flat_map(|b| values[(b * c + f) * hw..(b * c + f + 1) * hw].to_vec())
+                        .collect()
+                }),
+            )
+        } else {
+            let f = *dims.last().unwrap_or(&1);
+            (
+                f,
+                Box::new(move |j| values.chunks(f).map(|row| row[j]).collect()),
+            )
+        };
+        for f in 0..features {
+            let v = stride_of(f);
+            if v.len() > 1 && v.iter().all(|&x| x == v[0]) {
+                s.constant_features.push(f);
+            }
+        }
+        s
+    }
+
+    /// Sentences for the report (empty when the batch looks clean).
+    pub fn findings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.nan > 0 {
+            out.push(format!("{} NaN values in the inputs", self.nan));
+        }
+        if self.inf > 0 {
+            out.push(format!("{} Inf values in the inputs", self.inf));
+        }
+        if self.extreme > 0 {
+            out.push(format!("{} input values with |x| > 1e6", self.extreme));
+        }
+        if self.labels_out_of_range > 0 {
+            out.push(format!(
+                "{} labels outside the class range",
+                self.labels_out_of_range
+            ));
+        }
+        if !self.constant_features.is_empty() {
+            out.push(format!("constant features {:?}", self.constant_features));
+        }
+        if self.all_zero_samples > 0 {
+            out.push(format!("{} all-zero samples", self.all_zero_samples));
+        }
+        out
+    }
+}
+
+/// One changed field of a case.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FieldChange {
+    pub path: String,
+    pub before: Value,
+    pub after: Value,
+}
+
+/// A changed case and what happened when it ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fix {
+    pub description: String,
+    pub changes: Vec<FieldChange>,
+    /// The changed case trained stably.
+    pub verified: bool,
+    /// `stable`, or the signature it failed with.
+    pub result: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseKind {
+    Data,
+    Augmentation,
+    LearningRate,
+    NoClipping,
+    UnsafeLoss,
+    OptimizerEps,
+    NormEps,
+    InitScale,
+    Precision,
+    Device,
+    Threads,
+}
+
+impl CauseKind {
+    /// The article's step this cause belongs to.
+    pub fn article_step(self) -> u8 {
+        match self {
+            CauseKind::Data | CauseKind::Augmentation => 2,
+            CauseKind::LearningRate
+            | CauseKind::NoClipping
+            | CauseKind::OptimizerEps
+            | CauseKind::InitScale => 3,
+            CauseKind::UnsafeLoss | CauseKind::NormEps => 4,
+            CauseKind::Precision | CauseKind::Device | CauseKind::Threads => 5,
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            CauseKind::Data => "bad values in the data",
+            CauseKind::Augmentation => "an augmentation produces bad values",
+            CauseKind::LearningRate => "learning rate too high",
+            CauseKind::NoClipping => "exploding gradients without clipping",
+            CauseKind::UnsafeLoss => "numerically unsafe loss",
+            CauseKind::OptimizerEps => "optimizer eps too small for the precision",
+            CauseKind::NormEps => "normalization eps too small",
+            CauseKind::InitScale => "weights initialized too large",
+            CauseKind::Precision => "half precision overflows or underflows",
+            CauseKind::Device => "device-specific numerics",
+            CauseKind::Threads => "thread-count-dependent numerics",
+        }
+    }
+
+    /// How well the cause explains a finding (higher is better).
+    fn relevance(self, f: &Finding) -> i32 {
+        let stage = f.stage.as_str();
+        let op = f.op.as_deref().unwrap_or("");
+        match self {
+            CauseKind::Data => match f.phase {
+                Phase::Data => 60,
+                _ => 0,
+            },
+            CauseKind::Augmentation => match f.phase {
+                Phase::Augment => 60,
+                _ => 0,
+            },
+            CauseKind::UnsafeLoss => match f.phase {
+                Phase::Loss => 60,
+                Phase::Backward if stage.starts_with("loss.") => 55,
+                _ => 0,
+            },
+            CauseKind::OptimizerEps => match f.phase {
+                Phase::Update if stage.starts_with("param.") || stage.starts_with("optimizer.") => {
+                    60
+                }
+                _ => 0,
+            },
+            CauseKind::NormEps => match (f.phase, op) {
+                (Phase::Forward | Phase::Backward, "bn" | "ln1" | "ln2" | "final_ln") => 58,
+                _ => 0,
+            },
+            CauseKind::LearningRate => match (f.kind, f.phase) {
+                (FindingKind::Divergence, _) => 60,
+                (_, Phase::Update) => 25,
+                _ => 10,
+            },
+            CauseKind::NoClipping => match (f.kind, f.phase) {
+                (FindingKind::Divergence, _) => 45,
+                (_, Phase::Backward | Phase::Update) => 20,
+                _ => 5,
+            },
+            CauseKind::InitScale => match f.phase {
+                Phase::Forward | Phase::Backward => 30,
+                _ => 10,
+            },
+            CauseKind::Precision => match f.kind {
+                FindingKind::Overflow | FindingKind::ScaleCollapse => 59,
+                _ if f.signature.precision != "f32" && f.signature.precision != "f64" => 30,
+                _ => 0,
+            },
+            CauseKind::Device => 8,
+            CauseKind::Threads => 5,
+        }
+    }
+}
+
+/// A candidate root cause with its evidence and the fixes that were tried.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cause {
+    pub kind: CauseKind,
+    pub title: String,
+    pub article_step: u8,
+    pub evidence: Vec<String>,
+    pub fixes: Vec<Fix>,
+    pub score: i32,
+}
+
+impl Cause {
+    pub fn verified(&self) -> bool {
+        self.fixes.iter().any(|f| f.verified)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnosis {
+    /// The failure being diagnosed; `None` when the case trained stably.
+    pub finding: Option<Finding>,
+    /// Step 2: the failing batch before and after augmentation.
+    pub batch_raw: Option<BatchScan>,
+    pub batch_augmented: Option<BatchScan>,
+    /// Step 3: the gradient norm's growth over the run, last / first.
+    pub grad_norm_growth: Option<f64>,
+    /// Ranked, best explanation first.
+    pub causes: Vec<Cause>,
+    /// Training runs spent, the reproduction included.
+    pub runs: usize,
+}
+
+impl Diagnosis {
+    pub fn verified_causes(&self) -> impl Iterator<Item = &Cause> {
+        self.causes.iter().filter(|c| c.verified())
+    }
+}
+
+/// Fields that differ between two cases, as JSON paths.
+pub fn case_diff(before: &Case, after: &Case) -> Vec<FieldChange> {
+    let (a, b) = (
+        serde_json::to_value(before).expect("cases serialize"),
+        serde_json::to_value(after).expect("cases serialize"),
+    );
+    let mut out = Vec::new();
+    diff_values("", &a, &b, &mut out);
+    out
+}
+
+fn diff_values(path: &str, a: &Value, b: &Value, out: &mut Vec<FieldChange>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y))
+            if x.get("kind") == y.get("kind") && x.get("family") == y.get("family") =>
+        {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                diff_values(
+                    &p,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (u, v)) in x.iter().zip(y).enumerate() {
+                diff_values(&format!("{path}[{i}]"), u, v, out);
+            }
+        }
+        _ if a != b => out.push(FieldChange {
+            path: path.to_string(),
+            before: a.clone(),
+            after: b.clone(),
+        }),
+        _ => {}
+    }
+}
+
+/// A candidate: a cause and a changed case that would rule it in or out.
+struct Variant {
+    kind: CauseKind,
+    description: String,
+    case: Case,
+    /// Run under a one-thread pool.
+    one_thread: bool,
+}
+
+fn variant(
+    kind: CauseKind,
+    description: impl Into<String>,
+    base: &Case,
+    change: impl FnOnce(&mut Case),
+) -> Variant {
+    let mut case = base.clone();
+    change(&mut case);
+    Variant {
+        kind,
+        description: description.into(),
+        case,
+        one_thread: false,
+    }
+}
+
+/// The stable counterpart of a loss, if it has one.
+pub fn stable_loss(loss: &LossSpec) -> Option<LossSpec> {
+    Some(match *loss {
+        LossSpec::NaiveCrossEntropy { .. } | LossSpec::Nll => LossSpec::CrossEntropy {
+            label_smoothing: 0.0,
+        },
+        LossSpec::Bce { .. } => LossSpec::BceWithLogits,
+        LossSpec::LogOneMinus { eps } if eps < 1e-7 => LossSpec::LogOneMinus { eps: 1e-7 },
+        LossSpec::KlDiv { eps } if eps < 1e-8 => LossSpec::KlDiv { eps: 1e-8 },
+        LossSpec::Mse { root: true, eps } if eps < 1e-8 => LossSpec::Mse {
+            root: true,
+            eps: 1e-8,
+        },
+        LossSpec::PoissonNll {
+            log_input: false,
+            eps,
+        } if eps < 1e-8 => LossSpec::PoissonNll {
+            log_input: false,
+            eps: 1e-8,
+        },
+        _ => return None,
+    })
+}
+
+/// The changed cases worth running for a finding.
+fn variants(case: &Case) -> Vec<Variant> {
+    let mut out = Vec::new();
+    // Step 2: data and augmentation.
+    if !case.data.pathologies.is_empty() {
+        out.push(variant(
+            CauseKind::Data,
+            "clean data: no injected pathologies",
+            case,
+            |c| c.data.pathologies.clear(),
+        ));
+    }
+    if case.data.scale.abs() > 100.0 || case.data.offset.abs() > 100.0 {
+        out.push(variant(
+            CauseKind::Data,
+            "inputs standardized to unit scale",
+            case,
+            |c| {
+                c.data.scale = 1.0;
+                c.data.offset = 0.0;
+            },
+        ));
+    }
+    if !case.augment.is_empty() {
+        out.push(variant(
+            CauseKind::Augmentation,
+            "augmentation off",
+            case,
+            |c| c.augment.clear(),
+        ));
+        for (i, a) in case.augment.iter().enumerate() {
+            if let Augment::Normalize(NormalizeSpec::PerSample { eps }) = a {
+                if *eps < 1e-5 {
+                    out.push(variant(
+                        CauseKind::Augmentation,
+                        format!("augment[{i}] (normalize) eps 1e-5"),
+                        case,
+                        |c| {
+                            c.augment[i] =
+                                Augment::Normalize(NormalizeSpec::PerSample { eps: 1e-5 })
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    // Step 3: gradients, learning rate, optimizer.
+    let lr = case.optimizer.lr();
+    if lr > 0.0 {
+        for factor in [10.0, 100.0] {
+            out.push(variant(
+                CauseKind::LearningRate,
+                format!("learning rate / {factor}"),
+                case,
+                |c| c.optimizer.set_lr(lr / factor),
+            ));
+        }
+    }
+    if !matches!(case.clip, ClipSpec::Norm { max_norm } if max_norm <= 1.0) {
+        out.push(variant(
+            CauseKind::NoClipping,
+            "clip the gradient norm to 1.0",
+            case,
+            |c| c.clip = ClipSpec::Norm { max_norm: 1.0 },
+        ));
+    }
+    let half_master = matches!(case.precision, Precision::F16 | Precision::Bf16);
+    let safe_eps = if half_master { 1e-4 } else { 1e-8 };
+    let eps = match case.optimizer {
+        OptimizerSpec::Adam { eps, .. }
+        | OptimizerSpec::Adamw { eps, .. }
+        | OptimizerSpec::Rmsprop { eps, .. } => Some(eps),
+        OptimizerSpec::Sgd { .. } => None,
+    };
+    if let Some(eps) = eps.filter(|&e| e < safe_eps) {
+        out.push(variant(
+            CauseKind::OptimizerEps,
+            format!("optimizer eps {eps:e} -> {safe_eps:e}"),
+            case,
+            |c| match &mut c.optimizer {
+                OptimizerSpec::Adam { eps, .. }
+                | OptimizerSpec::Adamw { eps, .. }
+                | OptimizerSpec::Rmsprop { eps, .. } => *eps = safe_eps,
+                OptimizerSpec::Sgd { .. } => {}
+            },
+        ));
+    }
+    if case.model.init().gain > 2.0 {
+        out.push(variant(CauseKind::InitScale, "init gain 1.0", case, |c| {
+            set_gain(c, 1.0)
+        }));
+    }
+    // Step 4: the loss and normalization eps values.
+    if let Some(stable) = stable_loss(&case.loss) {
+        out.push(variant(
+            CauseKind::UnsafeLoss,
+            format!("loss {} -> {}", case.loss.name(), stable.name()),
+            case,
+            |c| c.loss = stable,
+        ));
+    }
+    match &case.model {
+        ModelSpec::Cnn(m)
+            if m.blocks
+                .iter()
+                .any(|b| b.batch_norm_eps.is_some_and(|e| e < 1e-5)) =>
+        {
+            out.push(variant(
+                CauseKind::NormEps,
+                "batch-norm eps 1e-5",
+                case,
+                |c| {
+                    if let ModelSpec::Cnn(m) = &mut c.model {
+                        for b in &mut m.blocks {
+                            if let Some(e) = &mut b.batch_norm_eps {
+                                *e = e.max(1e-5);
+                            }
+                        }
+                    }
+                },
+            ));
+        }
+        ModelSpec::Transformer(t) if t.norm != NormPlacement::None && t.norm_eps < 1e-5 => {
+            out.push(variant(
+                CauseKind::NormEps,
+                "layer-norm eps 1e-5",
+                case,
+                |c| {
+                    if let ModelSpec::Transformer(t) = &mut c.model {
+                        t.norm_eps = 1e-5;
+                    }
+                },
+            ));
+        }
+        _ => {}
+    }
+    // Step 5: precision, device, threads.
+    if !matches!(case.precision, Precision::F32 | Precision::F64) {
+        out.push(variant(CauseKind::Precision, "precision f32", case, |c| {
+            c.precision = Precision::F32
+        }));
+        if let Precision::F16 = case.precision {
+            out.push(variant(
+                CauseKind::Precision,
+                "mixed precision (f32 master weights, dynamic loss scaling)",
+                case,
+                |c| {
+                    c.precision = Precision::Mixed {
+                        compute: HalfType::F16,
+                        loss_scaling: LossScaling::default(),
+                    }
+                },
+            ));
+        }
+    }
+    match case.device {
+        DeviceSpec::Cuda(_) => out.push(variant(CauseKind::Device, "run on CPU", case, |c| {
+            c.device = DeviceSpec::Cpu
+        })),
+        DeviceSpec::Cpu if crate::device::cuda_compiled() => {
+            out.push(variant(CauseKind::Device, "run on cuda:0", case, |c| {
+                c.device = DeviceSpec::Cuda(0)
+            }))
+        }
+        DeviceSpec::Cpu => {}
+    }
+    let mut one = variant(CauseKind::Threads, "one compute thread", case, |_| {});
+    one.one_thread = true;
+    out.push(one);
+    out
+}
+
+fn set_gain(c: &mut Case, gain: f64) {
+    match &mut c.model {
+        ModelSpec::Cnn(m) => m.init.gain = gain,
+        ModelSpec::Transformer(m) => m.init.gain = gain,
+        ModelSpec::Rnn(m) => m.init.gain = gain,
+        ModelSpec::Custom(m) => m.init.gain = gain,
+    }
+}
+
+fn run_variant(v: &Variant, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
+    if v.one_thread {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool can always be built");
+        pool.install(|| run_model(&v.case, factory, opts))
+    } else {
+        run_model(&v.case, factory, opts)
+    }
+}
+
+fn result_text(o: &Outcome) -> String {
+    match o {
+        Outcome::Stable { .. } => "stable".into(),
+        Outcome::Unstable { finding } => format!("unstable: {}", finding.signature.slug()),
+        Outcome::Rejected { reason } => format!("rejected: {reason}"),
+    }
+}
+
+/// Diagnoses a case: reproduces it (dumping the scene when `opts.dump` is
+/// set), gathers evidence and runs the fix candidates.
+pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Diagnosis> {
+    let outcome = run_model(case, factory, opts)?;
+    let mut runs = 1;
+    let finding = match outcome {
+        Outcome::Unstable { finding } => *finding,
+        Outcome::Stable { .. } | Outcome::Rejected { .. } => {
+            return Ok(Diagnosis {
+                finding: None,
+                batch_raw: None,
+                batch_augmented: None,
+                grad_norm_growth: None,
+                causes: Vec::new(),
+                runs,
+            })
+        }
+    };
+    let mut case = case.clone();
+    if let Some(d) = opts.device {
+        case.device = d;
+    }
+
+    // Step 2: the failing step's batch, before and after augmentation.
+    let generator = Generator::new(&case);
+    let mut raw = generator.batch(finding.step, case.batch_size);
+    apply_pathologies(&mut raw, &case.data.pathologies, case.seed, finding.step);
+    let mut augmented = raw.clone();
+    for (i, a) in case.augment.iter().enumerate() {
+        crate::augment::apply(&mut augmented, a, case.seed, i, finding.step);
+    }
+    let (scan_raw, scan_aug) = (BatchScan::of(&raw), BatchScan::of(&augmented));
+
+    // Step 3: gradient-norm growth before the failure.
+    let norms: Vec<f64> = finding
+        .trace
+        .grad_norms
+        .iter()
+        .copied()
+        .filter(|n| n.is_finite())
+        .collect();
+    let growth = match (norms.first(), norms.last()) {
+        (Some(&a), Some(&b)) if norms.len() > 1 && a > 0.0 => Some(b / a),
+        _ => None,
+    };
+
+    let run_opts = RunOptions {
+        dump: None,
+        device: None,
+        ..opts.clone()
+    };
+    let mut causes: Vec<Cause> = Vec::new();
+    for v in variants(&case) {
+        let outcome = run_variant(&v, factory, &run_opts)?;
+        runs += 1;
+        let fix = Fix {
+            description: v.description.clone(),
+            changes: case_diff(&case, &v.case),
+            verified: matches!(outcome, Outcome::Stable { .. }),
+            result: result_text(&outcome),
+        };
+        match causes.iter_mut().find(|c| c.kind == v.kind) {
+            Some(c) => c.fixes.push(fix),
+            None => causes.push(Cause {
+                kind: v.kind,
+                title: v.kind.title().to_string(),
+                article_step: v.kind.article_step(),
+                evidence: Vec::new(),
+                fixes: vec![fix],
+                score: 0,
+            }),
+        }
+    }
+
+    for c in &mut causes {
+        c.evidence = evidence(c.kind, &finding, &case, &scan_raw, &scan_aug, growth);
+        let relevance = c.kind.relevance(&finding);
+        // Threads and device only matter when their variant changes the verdict.
+        let informative = !matches!(c.kind, CauseKind::Threads | CauseKind::Device) || c.verified();
+        c.score = if informative {
+            relevance + if c.verified() { 100 } else { 0 }
+        } else {
+            0
+        };
+    }
+    causes.sort_by(|a, b| {
+        b.score
+            .cmp(&a.score)
+            .then(a.article_step.cmp(&b.article_step))
+    });
+    Ok(Diagnosis {
+        finding: Some(finding),
+        batch_raw: Some(scan_raw),
+        batch_augmented: Some(scan_aug),
+        grad_norm_growth: growth,
+        causes,
+        runs,
+    })
+}
+
+fn evidence(
+    kind: CauseKind,
+    f: &Finding,
+    case: &Case,
+    raw: &BatchScan,
+    aug: &BatchScan,
+    growth: Option<f64>,
+) -> Vec<String> {
+    let mut e = Vec::new();
+    let at = format!(
+        "the failure is {} in {} at `{}`",
+        f.kind.as_str(),
+        f.phase.as_str(),
+        f.stage
+    );
+    match kind {
+        CauseKind::Data => {
+            e.extend(
+                raw.findings()
+                    .into_iter()
+                    .map(|s| format!("batch before augmentation: {s}")),
+            );
+            if case.data.scale.abs() > 100.0 || case.data.offset.abs() > 100.0 {
+                e.push(format!(
+                    "the inputs are scaled by {:e} with offset {:e}: activations and logits grow with them",
+                    case.data.scale, case.data.offset
+                ));
+            }
+            if !case.data.pathologies.is_empty() {
+                let names: Vec<&str> = case.data.pathologies.iter().map(|p| p.name()).collect();
+                e.push(format!(
+                    "the data carries injected pathologies: {}",
+                    names.join(", ")
+                ));
+            }
+            if f.phase == Phase::Data {
+                e.push(at);
+            }
+        }
+        CauseKind::Augmentation => {
+            let before = raw.nan + raw.inf;
+            let after = aug.nan + aug.inf;
+            if after > before {
+                e.push(format!(
+                    "augmentation turns {before} non-finite input values into {after}"
+                ));
+            }
+            if f.phase == Phase::Augment {
+                e.push(at);
+            }
+        }
+        CauseKind::LearningRate | CauseKind::NoClipping => {
+            if let Some(g) = growth {
+                e.push(format!(
+                    "the gradient norm grew {g:.3e}x before the failure"
+                ));
+            }
+            if f.kind == FindingKind::Divergence {
+                e.push(f.detail.clone());
+            }
+            e.push(format!("learning rate {:e}", case.optimizer.lr()));
+        }
+        CauseKind::UnsafeLoss
+        | CauseKind::NormEps
+        | CauseKind::OptimizerEps
+        | CauseKind::InitScale => {
+            if kind.relevance(f) >= 50 {
+                e.push(at);
+            }
+        }
+        CauseKind::Precision => {
+            e.push(format!("precision {}", case.precision.name()));
+            if matches!(f.kind, FindingKind::Overflow | FindingKind::ScaleCollapse) {
+                e.push(at);
+            }
+        }
+        CauseKind::Device | CauseKind::Threads => {}
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_names_changed_fields_only() {
+        let a = Case::example("cnn").unwrap();
+        let mut b = a.clone();
+        b.optimizer.set_lr(1e-4);
+        b.clip = ClipSpec::Norm { max_norm: 1.0 };
+        let d = case_diff(&a, &b);
+        let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, vec!["clip", "optimizer.lr"]);
+    }
+
+    #[test]
+    fn batch_scan_sees_constant_features_and_zero_samples() {
+        let mut c = Case::example("cnn").unwrap();
+        c.data.pathologies = vec![
+            Pathology::ConstantFeature {
+                feature: 2,
+                value: 0.5,
+                from_step: 0,
+            },
+            Pathology::AllZero {
+                fraction: 0.25,
+                from_step: 0,
+            },
+        ];
+        let mut b = Generator::new(&c).batch(0, 8);
+        apply_pathologies(&mut b, &c.data.pathologies, c.seed, 0);
+        let s = BatchScan::of(&b);
+        assert_eq!(s.constant_features, vec![2]);
+        assert_eq!(s.all_zero_samples, 2);
+    }
+}
