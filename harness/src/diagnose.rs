@@ -1,14 +1,16 @@
 //! `diagnose`: the source article's five steps as an engine.
 //!
-//! 1. reproduce the failure (and dump the scene); 2. scan the failing batch
-//! and re-run without augmentation and with clean data; 3. read the
-//! gradient-norm history and re-run with a lower LR and with clipping;
-//! 4. re-run with the stable variant of the loss and with larger eps values;
-//! 5. re-run in f32, on CPU, with one thread (and on the other device when
-//! built with CUDA). Every candidate cause comes with the changed cases that
-//! were run; a fix is *verified* only when its case trained stably. Causes
-//! are ranked by whether a fix was verified and by how well they match
-//! where the failure was produced.
+//! 1. Reproduce the failure (and dump the scene).
+//! 2. Scan the failing batch; re-run without augmentation and with clean data.
+//! 3. Read the gradient-norm history; re-run with a lower LR and with clipping.
+//! 4. Re-run with the stable variant of the loss and with larger eps values.
+//! 5. Re-run in f32, on CPU, with one thread (and on the other device when
+//!    built with CUDA).
+//!
+//! Every candidate cause comes with the changed cases that were run; a fix is
+//! *verified* only when its case trained stably. Causes are ranked by whether
+//! a fix was verified and by how well they match where the failure was
+//! produced.
 
 use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
 use crate::error::Result;
