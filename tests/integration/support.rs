@@ -15,17 +15,25 @@ pub fn cases(sub: &str) -> PathBuf {
     root().join("tests/cases").join(sub)
 }
 
-/// The `nanhunt` binary of this build profile (cargo builds it for the
-/// harness crate's integration tests: `target/<profile>/nanhunt`).
+/// The `nanhunt` binary of this build profile (`target/<profile>/nanhunt`).
+/// `cargo test --workspace` builds it for the harness crate's own tests; a
+/// run of this crate alone (`cargo test -p nanhunt-tests`) would find a stale
+/// one, so the first call asks cargo to bring it up to date.
 pub fn binary() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let bin = profile_dir.join(format!("nanhunt{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: run the workspace tests (`cargo test --workspace`) so that cargo builds it",
-        bin.display()
-    );
+    BUILT.call_once(|| {
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args(["build", "--quiet", "-p", "nanhunt", "--bin", "nanhunt"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.current_dir(root()).status().expect("cargo runs");
+        assert!(status.success(), "building the nanhunt binary failed");
+    });
+    assert!(bin.exists(), "{} is missing", bin.display());
     bin
 }
 

@@ -1,0 +1,186 @@
+//! Crash dumps: written atomically, loadable by Python's `safetensors`, and
+//! replayed bit for bit from the saved state; reproducers replayed from scratch.
+
+use crate::support::*;
+use nanhunt::dump::Dump;
+use nanhunt::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
+use nanhunt::spec::*;
+use std::process::Command;
+
+/// Adam with lr 2 on the default CNN: diverges at step 21, after Adam's
+/// moments and the divergence tracker have state worth restoring.
+fn diverging_case() -> Case {
+    let mut c = Case::example("cnn").unwrap();
+    c.optimizer = OptimizerSpec::Adam {
+        lr: 2.0,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    c
+}
+
+fn write_case(dir: &std::path::Path, name: &str, case: &Case) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, case.to_json()).unwrap();
+    path
+}
+
+#[test]
+fn a_dump_replays_bit_for_bit_from_its_saved_state() {
+    let dir = scratch("dump-replay");
+    let case = write_case(&dir, "case.json", &diverging_case());
+    let dump = dir.join("scene");
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    for file in ["case.json", "state.safetensors", "stats.json"] {
+        assert!(dump.join(file).is_file(), "{file} missing");
+    }
+    // Nothing but the dump itself is left behind (the temp dir was renamed).
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+
+    let loaded = Dump::load(&dump, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(loaded.stats.step, 21);
+    assert_eq!(loaded.stats.recent_losses.len(), 20);
+    assert!(loaded
+        .tensors
+        .contains_key("optimizer/m.block0.conv.weight"));
+    assert!(loaded.tensors.contains_key("batch/inputs"));
+    assert_eq!(loaded.stats.resume.optimizer_steps, 21);
+
+    let out = nanhunt(&["replay", dump.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(text.contains("reproduced: divergence in update"), "{text}");
+    assert!(text.contains("bit-identical"), "{text}");
+}
+
+#[test]
+fn a_dump_never_overwrites_an_existing_directory() {
+    let dir = scratch("dump-exists");
+    let case = write_case(&dir, "case.json", &diverging_case());
+    let existing = dir.join("scene");
+    std::fs::create_dir(&existing).unwrap();
+    std::fs::write(existing.join("notes.txt"), "keep me").unwrap();
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        existing.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(existing.join("notes.txt")).unwrap(),
+        "keep me"
+    );
+}
+
+#[test]
+fn pythons_safetensors_loads_the_state() {
+    let dir = scratch("dump-python");
+    let mut c = Case::example("rnn").unwrap();
+    c.data.pathologies = vec![Pathology::Nan {
+        fraction: 0.01,
+        from_step: 2,
+    }];
+    let case = write_case(&dir, "case.json", &c);
+    let dump = dir.join("scene");
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let script = r#"
+import json, sys
+from safetensors.numpy import load_file
+state = load_file(sys.argv[1] + "/state.safetensors")
+stats = json.load(open(sys.argv[1] + "/stats.json"))
+for name, t in sorted(state.items()):
+    assert list(t.shape) == stats["tensors"][name]["shape"], name
+x = state["batch/inputs"]
+print("inputs", x.dtype, list(x.shape), int((x != x).sum()))
+print("keys", len(state))
+"#;
+    let py = Command::new("python3")
+        .args(["-c", script, dump.to_str().unwrap()])
+        .output();
+    let py = py.expect("python3 is needed for this test (.ci/run installs safetensors and numpy)");
+    let text = String::from_utf8_lossy(&py.stdout);
+    assert!(
+        py.status.success(),
+        "python could not load the dump (pip install safetensors numpy): {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    // The batch after the pathology: 16 × 12 × 4 inputs, 1% of them NaN (8).
+    assert!(text.contains("inputs float32 [16, 12, 4] 8"), "{text}");
+}
+
+fn reproducer(case: Case) -> Reproducer {
+    let finding = nanhunt::run(&case)
+        .unwrap()
+        .finding()
+        .cloned()
+        .expect("unstable");
+    Reproducer {
+        format: REPRO_FORMAT,
+        case,
+        expected: Expected {
+            signature: finding.signature,
+            step: finding.step,
+        },
+        provenance: Provenance {
+            nanhunt_version: "test".into(),
+            source: "hand-written".into(),
+            ..Default::default()
+        },
+    }
+}
+
+#[test]
+fn reproducers_replay_and_say_when_fixed_or_different() {
+    let dir = scratch("repro");
+    let mut c = Case::example("rnn").unwrap();
+    c.data.pathologies = vec![Pathology::Inf {
+        fraction: 0.01,
+        from_step: 1,
+    }];
+    let repro = reproducer(c);
+    let path = dir.join("inf.json");
+    std::fs::write(&path, repro.to_json()).unwrap();
+    let out = nanhunt(&["replay", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+
+    let mut fixed = repro.clone();
+    fixed.case.data.pathologies.clear();
+    std::fs::write(&path, fixed.to_json()).unwrap();
+    let out = nanhunt(&["replay", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("no longer fails"), "{}", stdout(&out));
+
+    let mut different = repro;
+    different.case.data.pathologies = vec![Pathology::Nan {
+        fraction: 0.01,
+        from_step: 1,
+    }];
+    std::fs::write(&path, different.to_json()).unwrap();
+    let out = nanhunt(&["replay", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("fails differently"),
+        "{}",
+        stdout(&out)
+    );
+}
