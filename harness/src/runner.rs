@@ -532,6 +532,14 @@ impl<'a> Session<'a> {
         } = self.forward_loss(&batch, tracer)?;
         let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         self.trace.losses.push(loss_value);
+        // In execution order the forward stages come first: a non-finite
+        // stage output is the producer even when a later op masked it
+        // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
+        if fine && localize::first_forward(tracer.records())?.is_some() {
+            return Ok(Some(Box::new(
+                self.forward_failure(&output, &logits, loss_value, tracer)?,
+            )));
+        }
         if !loss_value.is_finite() {
             return Ok(Some(Box::new(
                 self.forward_failure(&output, &logits, loss_value, tracer)?,

@@ -224,3 +224,45 @@ fn f16_overflow_in_attention_scores() {
     c.steps = 5;
     assert_eq!(run(&c).unwrap().verdict(), "stable");
 }
+
+/// x / sqrt(mean(x²)) without eps is 0/0 on an all-zero sample; the ReLU
+/// after it turns that NaN into 0 in the forward pass (candle's relu is
+/// max(x, 0)), so the failure first surfaces as a NaN weight gradient.
+struct MaskedRmsNorm {
+    hidden: Linear,
+    out: Linear,
+}
+
+impl Model for MaskedRmsNorm {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let rms = x.sqr()?.mean_keepdim(1)?.sqrt()?;
+        let x = tr.record("rms_norm", x.broadcast_div(&rms)?)?;
+        let h = tr.record("hidden", self.hidden.forward(&x)?.relu()?)?;
+        tr.record("out", self.out.forward(&h)?)
+    }
+}
+
+#[test]
+fn a_forward_nan_masked_downstream_is_still_blamed_on_its_producer() {
+    let mut c = vector_case("rms_net");
+    c.data.pathologies = vec![Pathology::AllZero {
+        fraction: 0.05,
+        from_step: 2,
+    }];
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(MaskedRmsNorm {
+            hidden: linear(8, 16, vb.pp("hidden"))?,
+            out: linear(16, 4, vb.pp("out"))?,
+        }))
+    };
+    let f = finding(run_model(&c, &factory, &RunOptions::default()).unwrap());
+    assert!(
+        f.trace.losses.last().unwrap().is_finite(),
+        "the loss itself stayed finite"
+    );
+    assert_eq!(
+        (f.step, f.kind, f.phase),
+        (2, FindingKind::Nan, Phase::Forward)
+    );
+    assert_eq!(f.stage, "rms_norm");
+}
