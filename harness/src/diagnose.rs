@@ -775,7 +775,7 @@ mod tests {
         c.data.pathologies = vec![
             Pathology::ConstantFeature {
                 feature: 2,
-                value: 0.5,
+                value: 0.0,
                 from_step: 0,
             },
             Pathology::AllZero {
