@@ -6,6 +6,7 @@
 //! [`spec::Case`] into an [`outcome::Outcome`]. See `docs/ARCHITECTURE.md`.
 
 pub mod augment;
+pub mod campaign;
 pub mod data;
 pub mod device;
 pub mod diagnose;
@@ -13,12 +14,15 @@ pub mod dump;
 pub mod error;
 pub mod floats;
 pub mod gradcheck;
+pub mod journal;
 pub mod localize;
 pub mod losses;
+pub mod minimize;
 pub mod models;
 pub mod optim;
 pub mod outcome;
 pub mod probe;
+pub mod regression;
 pub mod replay;
 pub mod repro;
 pub mod rng;
@@ -26,6 +30,7 @@ pub mod runner;
 pub mod scaler;
 pub mod spec;
 pub mod state;
+pub mod strategy;
 
 pub use error::{Error, Result};
 pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};

@@ -4,7 +4,7 @@ use crate::support::*;
 
 /// Each invalid case file and a fragment its error must contain (the field or
 /// the reason), so that the message tells the user what to fix.
-const INVALID: [(&str, &str); 23] = [
+const INVALID: [(&str, &str); 24] = [
     ("not_json", "cannot parse case"),
     ("truncated", "EOF while parsing"),
     ("empty", "EOF while parsing"),
@@ -37,6 +37,7 @@ const INVALID: [(&str, &str); 23] = [
     ("too_many_steps", "field `steps`"),
     ("even_kernel", "must be odd"),
     ("pooling_below_2x2", "field `model.blocks[1].pool`"),
+    ("bf16_convolution_on_cpu", "bf16 convolutions are not supported on CPU"),
 ];
 
 #[test]

@@ -4,7 +4,9 @@
 
 mod diagnose;
 mod example;
+mod fuzz;
 mod gradcheck;
+mod minimize;
 mod replay;
 mod run;
 
@@ -41,6 +43,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a fuzz campaign: find, dedup and minimize instabilities; exit 1 when something new was found.
+    Fuzz(fuzz::Args),
+    /// Shrink a failing case while its signature holds; prints or writes the reproducer.
+    Minimize(minimize::Args),
     /// Print the built-in default case of a model family.
     Example(example::Args),
     /// Run a case and report whether training stayed stable.
@@ -57,6 +63,8 @@ pub fn main() -> anyhow::Result<Exit> {
     let cli = Cli::parse();
     match cli.command {
         Command::Example(a) => example::main(a),
+        Command::Fuzz(a) => fuzz::main(a),
+        Command::Minimize(a) => minimize::main(a),
         Command::Run(a) => run::main(a),
         Command::Gradcheck(a) => gradcheck::main(a),
         Command::Replay(a) => replay::main(a),

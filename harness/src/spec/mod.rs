@@ -5,6 +5,7 @@
 
 mod augment;
 mod data;
+mod diff;
 mod examples;
 pub use examples::FAMILIES;
 mod loss;
@@ -15,6 +16,7 @@ mod validate;
 
 pub use augment::{Augment, NormalizeSpec};
 pub use data::{DataSpec, Distribution, Pathology};
+pub use diff::{case_diff, FieldChange};
 pub use loss::{LossSpec, TargetKind};
 pub use model::*;
 pub use optim::{ClipSpec, OptimizerSpec, ScheduleSpec};

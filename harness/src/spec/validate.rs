@@ -496,6 +496,17 @@ impl Case {
     }
 
     fn validate_precision(&self) -> Check {
+        // candle 0.11's CPU convolution runs its matmul in the compute dtype,
+        // and the CPU matmul has no bf16 kernel for it.
+        if matches!(self.model, ModelSpec::Cnn(_))
+            && self.device == DeviceSpec::Cpu
+            && self.precision.compute_dtype() == candle_core::DType::BF16
+        {
+            return Err(Error::invalid(
+                "precision",
+                "bf16 convolutions are not supported on CPU by candle 0.11 (use f16, or run on CUDA)",
+            ));
+        }
         if let Some(scaling) = self.precision.loss_scaling() {
             match *scaling {
                 LossScaling::None => {}

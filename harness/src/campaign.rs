@@ -1,0 +1,596 @@
+//! Fuzz campaigns: generate cases (and mutate around what was found), run
+//! them on parallel workers, dedup failures by signature, minimize every new
+//! signature into a reproducer, and journal everything so that a killed
+//! campaign resumes without losing a finding or writing a duplicate.
+//!
+//! Run indices are global: shard `i` of `n` runs indices `i, i+n, i+2n, …`,
+//! and the case of an index is a function of (campaign seed, index) and of
+//! the findings known when it was dispatched (mutation picks from them). With
+//! one job the whole campaign is deterministic.
+
+use crate::error::{Error, Result};
+use crate::journal::{Entry, Journal};
+use crate::minimize::{minimize, MinimizeOptions};
+use crate::models::BuiltinFactory;
+use crate::outcome::{Outcome, Signature};
+use crate::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
+use crate::rng::Rng;
+use crate::runner::{run_model, RunOptions};
+use crate::spec::*;
+use crate::strategy::{generate, StrategyOptions};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub const REPRO_DIR: &str = "repro";
+pub const SUMMARY_FILE: &str = "summary.json";
+/// The share of runs that mutate a found case instead of generating a new one.
+const MUTATION_RATE: f64 = 0.25;
+
+/// `--shard I/N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { index: 0, count: 1 }
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let err = || format!("`{s}` is not a shard: expected I/N with 0 <= I < N, e.g. 3/8");
+        let (i, n) = s.split_once('/').ok_or_else(err)?;
+        let (index, count): (u64, u64) = (i.trim().parse().map_err(|_| err())?, n.trim().parse().map_err(|_| err())?);
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// Parses `90s`, `15m`, `2h`, `1h30m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let err = || format!("`{s}` is not a duration: use e.g. 90s, 15m, 2h or 1h30m");
+    if let Ok(secs) = s.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs)).ok_or_else(err);
+    }
+    let mut total = 0f64;
+    let mut number = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            number.push(ch);
+        } else {
+            let v: f64 = number.parse().map_err(|_| err())?;
+            number.clear();
+            total += v * match ch {
+                's' => 1.0,
+                'm' => 60.0,
+                'h' => 3600.0,
+                'd' => 86400.0,
+                _ => return Err(err()),
+            };
+        }
+    }
+    if !number.is_empty() {
+        return Err(err());
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+#[derive(Clone, Debug)]
+pub struct CampaignOptions {
+    pub strategy: StrategyOptions,
+    /// Stop after this long (checked between runs).
+    pub budget: Option<Duration>,
+    /// Stop after this many runs of this shard (resumed runs count).
+    pub runs: Option<u64>,
+    pub jobs: usize,
+    pub seed: u64,
+    pub device: DeviceSpec,
+    pub out: PathBuf,
+    /// Continue the campaign journaled in `out` (else `out` must be new or empty).
+    pub resume: bool,
+    pub shard: Shard,
+    /// Training runs each minimization may spend.
+    pub minimize_runs: usize,
+    /// Draw a progress bar on stderr (when it is a terminal).
+    pub progress: bool,
+}
+
+impl Default for CampaignOptions {
+    fn default() -> Self {
+        CampaignOptions {
+            strategy: StrategyOptions::default(),
+            budget: None,
+            runs: Some(100),
+            jobs: 1,
+            seed: 0,
+            device: DeviceSpec::Cpu,
+            out: PathBuf::from("nanhunt-out"),
+            resume: false,
+            shard: Shard::default(),
+            minimize_runs: 150,
+            progress: false,
+        }
+    }
+}
+
+/// One distinct signature of a campaign.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignatureSummary {
+    pub slug: String,
+    pub signature: Signature,
+    pub count: u64,
+    pub first_index: u64,
+    /// The reproducer file under `repro/`, once minimized.
+    pub reproducer: Option<String>,
+}
+
+/// `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub seed: u64,
+    pub families: Vec<String>,
+    pub shard: (u64, u64),
+    pub runs: u64,
+    pub runs_this_session: u64,
+    pub stable: u64,
+    pub unstable: u64,
+    pub rejected: u64,
+    pub errors: u64,
+    pub signatures: Vec<SignatureSummary>,
+    /// Signatures first seen in this session (the exit code is 1 when any).
+    pub new_signatures: Vec<String>,
+    pub elapsed_s: f64,
+    pub runs_per_s: f64,
+}
+
+/// Shared state of the workers.
+struct State {
+    journal: Journal,
+    done: BTreeSet<u64>,
+    /// Cases of the known signatures, by slug (sorted: mutation picks deterministically).
+    found: BTreeMap<String, Case>,
+    entries: Vec<Entry>,
+    new: Vec<String>,
+}
+
+/// A fresh generated case, or a mutation of a found one.
+fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) -> Case {
+    let mut rng = Rng::keyed(opts.seed, "campaign.dispatch", index);
+    let mut case = if !found.is_empty() && rng.uniform() < MUTATION_RATE {
+        let base = found.values().nth(rng.below(found.len())).expect("non-empty").clone();
+        mutate(&base, &mut rng)
+    } else {
+        let seed = Rng::keyed(opts.seed, "campaign.generate", index).next_u64();
+        generate(&opts.strategy, seed)
+    };
+    case.device = opts.device;
+    if case.validate(&Limits::default()).is_err() {
+        // A mutation can leave the valid space; fall back to a fresh draw.
+        case = generate(&opts.strategy, rng.next_u64());
+        case.device = opts.device;
+    }
+    case
+}
+
+/// A random nudge of one knob (the neighbourhood of a finding).
+pub fn mutate(base: &Case, rng: &mut Rng) -> Case {
+    let mut c = base.clone();
+    match rng.below(7) {
+        0 => {
+            let lr = c.optimizer.lr() * 10f64.powf(rng.uniform_in(-1.0, 1.0));
+            c.optimizer.set_lr(lr);
+        }
+        1 => c.seed = rng.next_u64() % 1000,
+        2 => {
+            c.precision = match rng.below(4) {
+                0 => Precision::F32,
+                1 => Precision::F16,
+                2 => Precision::Bf16,
+                _ => Precision::Mixed {
+                    compute: HalfType::F16,
+                    loss_scaling: LossScaling::default(),
+                },
+            }
+        }
+        3 => c.steps = (c.steps * 2).min(60),
+        4 => c.data.scale *= 10f64.powf(rng.uniform_in(-1.0, 1.0)),
+        5 => c.clip = ClipSpec::None,
+        _ => c.batch_size = 1 + rng.below(16),
+    }
+    c
+}
+
+fn fnv_hex(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The reproducer file name: `<signature-slug>-<short hash of the case>.json`.
+pub fn reproducer_name(signature: &Signature, case: &Case) -> String {
+    format!("{}-{}.json", signature.slug(), &fnv_hex(&case.to_json())[..8])
+}
+
+/// Writes `text` to `path` atomically (temp file in the same directory + rename).
+pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Minimizes a finding and writes its reproducer; returns the journal entry.
+fn reproduce(case: &Case, signature: &Signature, opts: &CampaignOptions, index: u64) -> Result<Option<Entry>> {
+    let m = minimize(
+        case,
+        None,
+        &MinimizeOptions {
+            max_runs: opts.minimize_runs,
+            run: RunOptions::default(),
+        },
+    )?;
+    let Some(m) = m.filter(|m| &m.signature == signature) else {
+        return Ok(None); // not reproducible from a fresh start: nothing to write
+    };
+    let repro = Reproducer {
+        format: REPRO_FORMAT,
+        case: m.case.clone(),
+        expected: Expected {
+            signature: m.signature.clone(),
+            step: m.step,
+        },
+        provenance: Provenance {
+            nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+            original: Some(case.clone()),
+            runs_used: m.runs,
+            source: format!("campaign seed {} run {index}", opts.seed),
+        },
+    };
+    let file = reproducer_name(&m.signature, &m.case);
+    write_atomic(&opts.out.join(REPRO_DIR).join(&file), &repro.to_json())?;
+    Ok(Some(Entry::Reproducer {
+        signature: m.signature,
+        file,
+        runs_used: m.runs,
+        before: m.before,
+        after: m.after,
+    }))
+}
+
+fn one_thread_pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool can always be built")
+}
+
+/// Runs a campaign to its budget; see the module docs.
+pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
+    let out = &opts.out;
+    let has_journal = out.join(crate::journal::JOURNAL_FILE).exists();
+    if has_journal && !opts.resume {
+        return Err(Error::io(
+            out,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "holds a campaign journal: pass --resume to continue it, or choose another --out",
+            ),
+        ));
+    }
+    crate::device::open(opts.device)?;
+    let (mut journal, entries) = Journal::open(out)?;
+    let header = Entry::Start {
+        nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+        seed: opts.seed,
+        families: opts.strategy.families.clone(),
+        clean_data: opts.strategy.clean_data,
+        shard: (opts.shard.index, opts.shard.count),
+    };
+    match entries.first() {
+        None => journal.append(&header)?,
+        Some(Entry::Start { seed, families, clean_data, shard, .. })
+            if *seed == opts.seed
+                && families == &opts.strategy.families
+                && *clean_data == opts.strategy.clean_data
+                && *shard == (opts.shard.index, opts.shard.count) => {}
+        Some(_) => {
+            return Err(Error::invalid(
+                "--resume",
+                "the journal was written by a campaign with another seed, family list, data mode or shard",
+            ))
+        }
+    }
+
+    let mut done = BTreeSet::new();
+    let mut found = BTreeMap::new();
+    let mut reproduced = BTreeSet::new();
+    let mut pending: Vec<(u64, Signature, Case)> = Vec::new();
+    for e in &entries {
+        match e {
+            Entry::Run { index, .. } => {
+                done.insert(*index);
+            }
+            Entry::Finding { index, signature, case } => {
+                found.insert(signature.slug(), case.clone());
+                pending.push((*index, signature.clone(), case.clone()));
+            }
+            Entry::Reproducer { signature, .. } => {
+                reproduced.insert(signature.slug());
+            }
+            Entry::Start { .. } => {}
+        }
+    }
+    pending.retain(|(_, s, _)| !reproduced.contains(&s.slug()));
+    let state = Mutex::new(State {
+        journal,
+        done,
+        found,
+        entries,
+        new: Vec::new(),
+    });
+
+    let started = Instant::now();
+    // Findings whose minimization a killed session did not finish.
+    for (index, signature, case) in pending {
+        let pool = one_thread_pool();
+        if let Some(entry) = pool.install(|| reproduce(&case, &signature, opts, index))? {
+            let mut st = state.lock().expect("campaign state poisoned");
+            st.journal.append(&entry)?;
+            st.entries.push(entry);
+        }
+    }
+
+    let progress = progress_bar(opts);
+    let next_local = AtomicU64::new(0);
+    let session_runs = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.max(1) {
+            scope.spawn(|| {
+                let pool = one_thread_pool();
+                let result = pool.install(|| {
+                    worker(opts, &state, &next_local, &session_runs, &stop, started, &progress)
+                });
+                if let Err(e) = result {
+                    stop.store(true, Ordering::SeqCst);
+                    first_error.lock().expect("poisoned").get_or_insert(e);
+                }
+            });
+        }
+    });
+    progress.finish_and_clear();
+    if let Some(e) = first_error.into_inner().expect("poisoned") {
+        return Err(e);
+    }
+    let st = state.into_inner().expect("campaign state poisoned");
+    let summary = summarize(
+        opts,
+        &st.entries,
+        st.new.clone(),
+        session_runs.load(Ordering::SeqCst),
+        started.elapsed(),
+    );
+    write_atomic(&out.join(SUMMARY_FILE), &serde_json::to_string_pretty(&summary).expect("summary serializes"))?;
+    Ok(summary)
+}
+
+fn progress_bar(opts: &CampaignOptions) -> indicatif::ProgressBar {
+    if !opts.progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = match opts.runs {
+        Some(n) => indicatif::ProgressBar::new(n),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos} runs {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    opts: &CampaignOptions,
+    state: &Mutex<State>,
+    next_local: &AtomicU64,
+    session_runs: &AtomicU64,
+    stop: &AtomicBool,
+    started: Instant,
+    progress: &indicatif::ProgressBar,
+) -> Result<()> {
+    loop {
+        if stop.load(Ordering::SeqCst) || opts.budget.is_some_and(|b| started.elapsed() >= b) {
+            return Ok(());
+        }
+        // The next local index of this shard that is not journaled yet.
+        let (index, case) = {
+            let st = state.lock().expect("campaign state poisoned");
+            let local = loop {
+                let l = next_local.fetch_add(1, Ordering::SeqCst);
+                if !st.done.contains(&(opts.shard.index + l * opts.shard.count)) {
+                    break l;
+                }
+            };
+            if opts.runs.is_some_and(|n| local >= n) {
+                return Ok(());
+            }
+            let index = opts.shard.index + local * opts.shard.count;
+            (index, case_for(index, opts, &st.found))
+        };
+        let t0 = Instant::now();
+        let factory = BuiltinFactory::new(&case.model).expect("built-in family");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_model(&case, &factory, &RunOptions::default())
+        }));
+        let millis = t0.elapsed().as_millis() as u64;
+        let (verdict, signature, step, message) = match outcome {
+            Ok(Ok(Outcome::Stable { .. })) => ("stable", None, None, None),
+            Ok(Ok(Outcome::Unstable { finding })) => ("unstable", Some(finding.signature.clone()), Some(finding.step), None),
+            Ok(Ok(Outcome::Rejected { reason })) => ("rejected", None, None, Some(reason)),
+            Ok(Err(e)) => ("error", None, None, Some(e.to_string())),
+            Err(_) => ("panic", None, None, Some("the run panicked".to_string())),
+        };
+        let entry = Entry::Run {
+            index,
+            family: case.family().to_string(),
+            verdict: verdict.to_string(),
+            signature: signature.clone(),
+            step,
+            lr: case.optimizer.lr(),
+            millis,
+            message,
+        };
+        let new_finding = {
+            let mut st = state.lock().expect("campaign state poisoned");
+            st.journal.append(&entry)?;
+            st.entries.push(entry);
+            st.done.insert(index);
+            let new = match &signature {
+                Some(sig) if !st.found.contains_key(&sig.slug()) => {
+                    let finding = Entry::Finding {
+                        index,
+                        signature: sig.clone(),
+                        case: case.clone(),
+                    };
+                    st.journal.append(&finding)?;
+                    st.entries.push(finding);
+                    st.found.insert(sig.slug(), case.clone());
+                    st.new.push(sig.slug());
+                    Some(sig.clone())
+                }
+                _ => None,
+            };
+            let runs = session_runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let rate = runs as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            let unstable = st.entries.iter().filter(|e| matches!(e, Entry::Run { verdict, .. } if verdict == "unstable")).count();
+            progress.set_message(format!(
+                "{rate:.1} runs/s, {unstable} findings, {} signatures",
+                st.found.len()
+            ));
+            progress.set_position(st.done.len() as u64);
+            new
+        };
+        if let Some(sig) = new_finding {
+            if let Some(entry) = reproduce(&case, &sig, opts, index)? {
+                let mut st = state.lock().expect("campaign state poisoned");
+                st.journal.append(&entry)?;
+                st.entries.push(entry);
+            }
+        }
+    }
+}
+
+/// The summary of a campaign's journal entries.
+pub fn summarize(opts: &CampaignOptions, entries: &[Entry], new: Vec<String>, session_runs: u64, elapsed: Duration) -> Summary {
+    let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
+    let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
+    let mut seen_runs = BTreeSet::new();
+    for e in entries {
+        match e {
+            Entry::Run { index, verdict, signature, .. } => {
+                if !seen_runs.insert(*index) {
+                    continue; // merged shards may repeat a run
+                }
+                runs += 1;
+                match verdict.as_str() {
+                    "stable" => stable += 1,
+                    "unstable" => unstable += 1,
+                    "rejected" => rejected += 1,
+                    _ => errors += 1,
+                }
+                if let Some(sig) = signature {
+                    let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {
+                        slug: sig.slug(),
+                        signature: sig.clone(),
+                        count: 0,
+                        first_index: *index,
+                        reproducer: None,
+                    });
+                    s.count += 1;
+                    s.first_index = s.first_index.min(*index);
+                }
+            }
+            Entry::Reproducer { signature, file, .. } => {
+                if let Some(s) = sigs.get_mut(&signature.slug()) {
+                    if s.reproducer.as_ref().is_none_or(|f| file < f) {
+                        s.reproducer = Some(file.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let secs = elapsed.as_secs_f64();
+    Summary {
+        seed: opts.seed,
+        families: opts.strategy.families.clone(),
+        shard: (opts.shard.index, opts.shard.count),
+        runs,
+        runs_this_session: session_runs,
+        stable,
+        unstable,
+        rejected,
+        errors,
+        signatures: sigs.into_values().collect(),
+        new_signatures: new,
+        elapsed_s: secs,
+        runs_per_s: if secs > 0.0 { session_runs as f64 / secs } else { 0.0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_and_durations_parse() {
+        assert_eq!("3/8".parse::<Shard>(), Ok(Shard { index: 3, count: 8 }));
+        assert!("8/8".parse::<Shard>().is_err());
+        assert!("x".parse::<Shard>().is_err());
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("10m5").is_err());
+    }
+
+    #[test]
+    fn reproducer_names_are_safe_and_stable() {
+        let c = Case::example("cnn").unwrap();
+        let sig = Signature {
+            kind: crate::FindingKind::Nan,
+            phase: crate::Phase::Augment,
+            stage: "augment[1].normalize".into(),
+            family: "cnn".into(),
+            optimizer: "adam".into(),
+            precision: "f32".into(),
+            device: "cuda:0".into(),
+        };
+        let name = reproducer_name(&sig, &c);
+        assert_eq!(name, reproducer_name(&sig, &c));
+        assert!(name.starts_with("nan-augment-augment_1.normalize-cnn-adam-f32-cuda_0-"), "{name}");
+        assert!(name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)), "{name}");
+    }
+}

@@ -1,0 +1,435 @@
+//! Domain-aware shrinking of a failing case while its signature holds.
+//!
+//! Greedy passes over candidate simplifications (fewer steps, smaller
+//! batch, fewer and narrower layers, shorter sequences, fewer augmentations
+//! and injected values, simpler optimizer and schedule, rounder numbers); a
+//! candidate is kept when it still fails with the same signature. Ends at a
+//! fixpoint (a full pass keeps nothing) or when the run budget is spent.
+//! Every candidate is no larger than the case it came from, so the result
+//! never grows.
+
+use crate::error::Result;
+use crate::models::ModelFactory;
+use crate::outcome::{Outcome, Signature};
+use crate::runner::{run_model, RunOptions};
+use crate::spec::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug)]
+pub struct MinimizeOptions {
+    /// Training runs the minimizer may spend (the first reproduction included).
+    pub max_runs: usize,
+    pub run: RunOptions,
+}
+
+impl Default for MinimizeOptions {
+    fn default() -> Self {
+        MinimizeOptions {
+            max_runs: 300,
+            run: RunOptions::default(),
+        }
+    }
+}
+
+/// How big a case is, along the axes the minimizer shrinks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaseSize {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub params: usize,
+    pub augmentations: usize,
+    pub pathologies: usize,
+    /// Leaf fields that differ from the family's default case.
+    pub non_default_fields: usize,
+}
+
+impl CaseSize {
+    pub fn of(case: &Case) -> Self {
+        let non_default_fields = Case::example(case.family())
+            .map(|d| case_diff(&d, case).len())
+            .unwrap_or(0);
+        CaseSize {
+            steps: case.steps,
+            batch_size: case.batch_size,
+            params: case.model.param_count(),
+            augmentations: case.augment.len(),
+            pathologies: case.data.pathologies.len(),
+            non_default_fields,
+        }
+    }
+
+    /// No axis is larger than in `other`.
+    pub fn within(&self, other: &CaseSize) -> bool {
+        self.steps <= other.steps
+            && self.batch_size <= other.batch_size
+            && self.params <= other.params
+            && self.augmentations <= other.augmentations
+            && self.pathologies <= other.pathologies
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Minimized {
+    pub case: Case,
+    pub signature: Signature,
+    /// The failing step of the minimized case.
+    pub step: usize,
+    /// Training runs spent, the first reproduction included.
+    pub runs: usize,
+    pub before: CaseSize,
+    pub after: CaseSize,
+    /// Whether a full pass found nothing more to remove (else the budget ran out).
+    pub fixpoint: bool,
+}
+
+/// One significant digit: 0.0123 → 0.01, 3.7e-4 → 4e-4.
+pub fn round1(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let p = 10f64.powf(x.abs().log10().floor());
+    let r = (x / p).round() * p;
+    // Formatting through a short decimal keeps the JSON short (0.01, not 0.010000000000000002).
+    format!("{r:.0e}").parse().unwrap_or(r)
+}
+
+/// Candidate simplifications of `c`, whose failure is at `step`, simplest
+/// first. Each differs from `c` in one respect.
+fn candidates(c: &Case, step: usize) -> Vec<Case> {
+    let mut out = Vec::new();
+    let size = CaseSize::of(c);
+    let mut push = |f: &dyn Fn(&mut Case)| {
+        let mut n = c.clone();
+        f(&mut n);
+        if &n != c && CaseSize::of(&n).within(&size) {
+            out.push(n);
+        }
+    };
+    // Time and batch.
+    push(&|n| n.steps = (step + 1).min(n.steps));
+    for &b in &[1, 2, c.batch_size / 2, c.batch_size.saturating_sub(1)] {
+        push(&|n| n.batch_size = b.max(1).min(n.batch_size));
+    }
+    // Data pathologies (delta debugging: all, then one at a time) and fewer injected values.
+    push(&|n| n.data.pathologies.clear());
+    for i in 0..c.data.pathologies.len() {
+        push(&|n| {
+            n.data.pathologies.remove(i);
+        });
+        push(&|n| set_from_step(&mut n.data.pathologies[i], 0));
+        push(&|n| scale_fraction(&mut n.data.pathologies[i], 0.5));
+    }
+    // Augmentations.
+    push(&|n| n.augment.clear());
+    for i in 0..c.augment.len() {
+        push(&|n| {
+            n.augment.remove(i);
+        });
+    }
+    // Model.
+    for n in model_candidates(c) {
+        push(&|m| *m = n.clone());
+    }
+    // Optimizer, schedule, clipping.
+    push(&|n| n.schedule = ScheduleSpec::Constant);
+    push(&|n| n.clip = ClipSpec::None);
+    push(&|n| simplify_optimizer(&mut n.optimizer));
+    push(&|n| {
+        let lr = round1(n.optimizer.lr());
+        n.optimizer.set_lr(lr)
+    });
+    // Data knobs and rounder numbers.
+    push(&|n| n.data.offset = 0.0);
+    push(&|n| n.data.scale = round1(n.data.scale));
+    push(&|n| n.data.scale = 1.0);
+    push(&|n| n.data.noise = DataSpec::default().noise);
+    push(&|n| n.data.distribution = Distribution::Normal);
+    push(&|n| n.seed = 0);
+    push(&|n| n.divergence_factor = 4.0);
+    push(&|n| {
+        if let LossSpec::CrossEntropy { label_smoothing } = &mut n.loss {
+            *label_smoothing = 0.0;
+        }
+    });
+    out
+}
+
+fn set_from_step(p: &mut Pathology, v: usize) {
+    match p {
+        Pathology::Nan { from_step, .. }
+        | Pathology::Inf { from_step, .. }
+        | Pathology::Extreme { from_step, .. }
+        | Pathology::ConstantFeature { from_step, .. }
+        | Pathology::AllZero { from_step, .. }
+        | Pathology::Subnormal { from_step, .. }
+        | Pathology::LabelOutOfRange { from_step, .. } => *from_step = v,
+    }
+}
+
+fn scale_fraction(p: &mut Pathology, k: f64) {
+    match p {
+        Pathology::Nan { fraction, .. }
+        | Pathology::Inf { fraction, .. }
+        | Pathology::Extreme { fraction, .. }
+        | Pathology::AllZero { fraction, .. }
+        | Pathology::Subnormal { fraction, .. }
+        | Pathology::LabelOutOfRange { fraction, .. } => *fraction = round1(*fraction * k).max(1e-6),
+        Pathology::ConstantFeature { .. } => {}
+    }
+}
+
+fn simplify_optimizer(o: &mut OptimizerSpec) {
+    match o {
+        OptimizerSpec::Sgd { momentum, nesterov, weight_decay, .. } => {
+            *momentum = 0.0;
+            *nesterov = false;
+            *weight_decay = 0.0;
+        }
+        OptimizerSpec::Adam { beta1, beta2, weight_decay, .. } | OptimizerSpec::Adamw { beta1, beta2, weight_decay, .. } => {
+            *beta1 = 0.9;
+            *beta2 = 0.999;
+            *weight_decay = 0.0;
+        }
+        OptimizerSpec::Rmsprop { alpha, momentum, weight_decay, .. } => {
+            *alpha = 0.99;
+            *momentum = 0.0;
+            *weight_decay = 0.0;
+        }
+    }
+}
+
+fn model_candidates(c: &Case) -> Vec<Case> {
+    let mut out = Vec::new();
+    let mut with = |f: &dyn Fn(&mut ModelSpec)| {
+        let mut n = c.clone();
+        f(&mut n.model);
+        if n.model != c.model {
+            out.push(n);
+        }
+    };
+    match &c.model {
+        ModelSpec::Cnn(m) => {
+            for i in 0..m.blocks.len() {
+                with(&|s| {
+                    if let ModelSpec::Cnn(m) = s {
+                        if m.blocks.len() > 1 {
+                            m.blocks.remove(i);
+                            fix_residuals(m);
+                        }
+                    }
+                });
+                with(&|s| {
+                    if let ModelSpec::Cnn(m) = s {
+                        let b = &mut m.blocks[i];
+                        b.channels = (b.channels / 2).max(1);
+                        fix_residuals(m);
+                    }
+                });
+                with(&|s| {
+                    if let ModelSpec::Cnn(m) = s {
+                        let b = &mut m.blocks[i];
+                        b.kernel = 1;
+                        b.residual = false;
+                        b.pool = Pool::None;
+                    }
+                });
+                with(&|s| {
+                    if let ModelSpec::Cnn(m) = s {
+                        m.blocks[i].batch_norm_eps = None;
+                        m.blocks[i].activation = Activation::Relu;
+                    }
+                });
+            }
+            with(&|s| {
+                if let ModelSpec::Cnn(m) = s {
+                    m.height = (m.height / 2).max(1);
+                    m.width = (m.width / 2).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Cnn(m) = s {
+                    m.channels = 1;
+                    fix_residuals(m);
+                }
+            });
+            with(&|s| set_classes(s, 2));
+        }
+        ModelSpec::Transformer(_) => {
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    t.layers = (t.layers - 1).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    t.d_model /= t.heads;
+                    t.heads = 1;
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    if t.d_model % (2 * t.heads) == 0 {
+                        t.d_model /= 2;
+                    }
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    t.mlp_ratio = 1;
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    t.seq_len = (t.seq_len / 2).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Transformer(t) = s {
+                    t.causal = false;
+                    t.head = HeadKind::Classify;
+                }
+            });
+            with(&|s| set_classes(s, 2));
+        }
+        ModelSpec::Rnn(_) => {
+            with(&|s| {
+                if let ModelSpec::Rnn(r) = s {
+                    r.layers = (r.layers - 1).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Rnn(r) = s {
+                    r.hidden = (r.hidden / 2).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Rnn(r) = s {
+                    r.seq_len = (r.seq_len / 2).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Rnn(r) = s {
+                    r.features = 1;
+                }
+            });
+            with(&|s| set_classes(s, 2));
+        }
+        ModelSpec::Custom(_) => {}
+    }
+    with(&|s| {
+        let mut init = s.init();
+        init.gain = round1(init.gain);
+        set_init(s, init);
+    });
+    out
+}
+
+/// Residual blocks need equal channels in and out; drop the ones a change broke.
+fn fix_residuals(m: &mut CnnSpec) {
+    let mut ch = m.channels;
+    for b in &mut m.blocks {
+        if b.residual && b.channels != ch {
+            b.residual = false;
+        }
+        ch = b.channels;
+    }
+}
+
+fn set_classes(s: &mut ModelSpec, n: usize) {
+    match s {
+        ModelSpec::Cnn(m) => m.classes = m.classes.min(n),
+        ModelSpec::Transformer(t) => t.classes = t.classes.min(n),
+        ModelSpec::Rnn(r) => r.classes = r.classes.min(n),
+        ModelSpec::Custom(_) => {}
+    }
+}
+
+fn set_init(s: &mut ModelSpec, init: InitSpec) {
+    match s {
+        ModelSpec::Cnn(m) => m.init = init,
+        ModelSpec::Transformer(t) => t.init = init,
+        ModelSpec::Rnn(r) => r.init = init,
+        ModelSpec::Custom(c) => c.init = init,
+    }
+}
+
+/// Runs a candidate with the user's factory, or the built-in family's own
+/// (which depends on the candidate's model spec).
+fn run_candidate(case: &Case, factory: Option<&dyn ModelFactory>, opts: &RunOptions) -> Result<Outcome> {
+    match factory {
+        Some(f) => run_model(case, f, opts),
+        None => crate::runner::run_with_options(case, opts),
+    }
+}
+
+/// Shrinks `case` while it keeps failing with its signature. `factory` is a
+/// user model's factory (`None` for the built-in families). `None` when the
+/// case does not fail at all.
+pub fn minimize(case: &Case, factory: Option<&dyn ModelFactory>, opts: &MinimizeOptions) -> Result<Option<Minimized>> {
+    let (signature, mut step) = match run_candidate(case, factory, &opts.run)? {
+        Outcome::Unstable { finding } => (finding.signature.clone(), finding.step),
+        _ => return Ok(None),
+    };
+    let mut runs = 1;
+    let mut current = case.clone();
+    let limits = &opts.run.limits;
+    let mut fixpoint = false;
+    'passes: while runs < opts.max_runs {
+        let mut changed = false;
+        for candidate in candidates(&current, step) {
+            if candidate.validate(limits).is_err() {
+                continue;
+            }
+            if runs >= opts.max_runs {
+                break 'passes;
+            }
+            runs += 1;
+            // A candidate that errors (a bug it uncovers) is simply not kept.
+            if let Ok(Outcome::Unstable { finding }) = run_candidate(&candidate, factory, &opts.run) {
+                if finding.signature == signature {
+                    current = candidate;
+                    step = finding.step;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            fixpoint = true;
+            break;
+        }
+    }
+    Ok(Some(Minimized {
+        before: CaseSize::of(case),
+        after: CaseSize::of(&current),
+        case: current,
+        signature,
+        step,
+        runs,
+        fixpoint,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round1_keeps_one_significant_digit() {
+        assert_eq!(round1(0.0123), 0.01);
+        assert_eq!(round1(3.7e-4), 4e-4);
+        assert_eq!(round1(-250.0), -300.0);
+        assert_eq!(round1(0.0), 0.0);
+    }
+
+    #[test]
+    fn candidates_never_grow_a_case() {
+        let opts = crate::strategy::StrategyOptions::default();
+        for seed in 0..30 {
+            let c = crate::strategy::generate(&opts, seed);
+            let size = CaseSize::of(&c);
+            for n in candidates(&c, c.steps / 2) {
+                assert!(CaseSize::of(&n).within(&size), "seed {seed}");
+            }
+        }
+    }
+}

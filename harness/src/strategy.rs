@@ -1,0 +1,459 @@
+//! proptest strategies over the whole case space. The property tests and
+//! the campaign draw from the same strategies; [`generate`] turns a seed into
+//! a case deterministically, without a test runner around it.
+//!
+//! Sizes are kept small (a run is a few dozen milliseconds): instability in
+//! these models comes from the knobs, not from scale.
+
+use crate::spec::*;
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// Restrictions on the generated cases.
+#[derive(Clone, Debug)]
+pub struct StrategyOptions {
+    /// Families to draw from (`cnn`, `transformer`, `rnn`).
+    pub families: Vec<String>,
+    /// No injected data pathologies.
+    pub clean_data: bool,
+    /// Only cases inside the documented safe envelope (see [`safe_envelope`]).
+    pub safe_envelope: bool,
+    pub max_steps: usize,
+}
+
+impl Default for StrategyOptions {
+    fn default() -> Self {
+        StrategyOptions {
+            families: FAMILIES.iter().map(|f| f.to_string()).collect(),
+            clean_data: false,
+            safe_envelope: false,
+            max_steps: 30,
+        }
+    }
+}
+
+/// 10^x for x uniform in [lo, hi]: log-scale draws for learning rates and scales.
+fn log_uniform(lo: f64, hi: f64) -> impl Strategy<Value = f64> + Clone {
+    (lo..hi).prop_map(|e: f64| 10f64.powf(e))
+}
+
+fn activation() -> impl Strategy<Value = Activation> {
+    prop_oneof![
+        3 => Just(Activation::Relu),
+        1 => Just(Activation::Gelu),
+        1 => Just(Activation::Tanh),
+        1 => Just(Activation::Sigmoid),
+        1 => Just(Activation::LeakyRelu),
+    ]
+}
+
+fn init() -> impl Strategy<Value = InitSpec> {
+    (
+        prop_oneof![Just(InitScheme::Kaiming), Just(InitScheme::Xavier)],
+        prop_oneof![3 => Just(1.0), 1 => log_uniform(-0.6, 1.2)],
+    )
+        .prop_map(|(scheme, gain)| InitSpec { scheme, gain })
+}
+
+fn norm_eps() -> impl Strategy<Value = f64> {
+    prop_oneof![3 => Just(1e-5), 1 => Just(0.0), 1 => Just(1e-8), 1 => Just(1e-3)]
+}
+
+fn cnn() -> impl Strategy<Value = ModelSpec> {
+    let block = (
+        1usize..=8,
+        prop_oneof![Just(1usize), Just(3)],
+        proptest::option::weighted(0.5, norm_eps()),
+        activation(),
+        any::<bool>(),
+        prop_oneof![Just(Pool::Max), Just(Pool::Avg), Just(Pool::None)],
+    );
+    (1usize..=3, 4usize..=12, 2usize..=5, proptest::collection::vec(block, 1..=3), init()).prop_map(
+        |(channels, size, classes, blocks, init)| {
+            let mut ch = channels;
+            let blocks = blocks
+                .into_iter()
+                .map(|(c, kernel, bn, activation, residual, pool)| {
+                    // A residual block keeps the channel count.
+                    let out = if residual { ch } else { c };
+                    ch = out;
+                    ConvBlockSpec { channels: out, kernel, batch_norm_eps: bn, activation, residual, pool }
+                })
+                .collect();
+            ModelSpec::Cnn(CnnSpec { channels, height: size, width: size, classes, blocks, init })
+        },
+    )
+}
+
+fn transformer() -> impl Strategy<Value = ModelSpec> {
+    (
+        prop_oneof![
+            (4usize..=16).prop_map(|vocab| TokenOrContinuous::Tokens { vocab }),
+            (1usize..=4).prop_map(|features| TokenOrContinuous::Continuous { features }),
+        ],
+        2usize..=8,
+        prop_oneof![Just(1usize), Just(2)],
+        prop_oneof![Just(2usize), Just(4), Just(8)],
+        1usize..=2,
+        1usize..=2,
+        prop_oneof![Just(NormPlacement::Pre), Just(NormPlacement::Post), Just(NormPlacement::None)],
+        norm_eps(),
+        prop_oneof![3 => Just(AttentionScale::InvSqrtD), 1 => Just(AttentionScale::None)],
+        any::<bool>(),
+        prop_oneof![Just(HeadKind::Classify), Just(HeadKind::PerToken)],
+        (2usize..=4, init()),
+    )
+        .prop_map(
+            |(input, seq_len, heads, head_dim, layers, mlp_ratio, norm, norm_eps, attention_scale, causal, head, (classes, init))| {
+                ModelSpec::Transformer(TransformerSpec {
+                    input,
+                    seq_len,
+                    d_model: heads * head_dim,
+                    heads,
+                    layers,
+                    mlp_ratio,
+                    norm,
+                    norm_eps,
+                    attention_scale,
+                    causal,
+                    head,
+                    classes,
+                    init,
+                })
+            },
+        )
+}
+
+fn rnn() -> impl Strategy<Value = ModelSpec> {
+    (
+        prop_oneof![Just(CellKind::Rnn), Just(CellKind::Lstm), Just(CellKind::Gru)],
+        1usize..=4,
+        2usize..=12,
+        2usize..=16,
+        1usize..=2,
+        2usize..=4,
+        init(),
+    )
+        .prop_map(|(cell, features, seq_len, hidden, layers, classes, init)| {
+            ModelSpec::Rnn(RnnSpec { cell, features, seq_len, hidden, layers, classes, init })
+        })
+}
+
+/// The model of a family.
+pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
+    match family {
+        "cnn" => cnn().boxed(),
+        "transformer" => transformer().boxed(),
+        _ => rnn().boxed(),
+    }
+}
+
+fn pathology() -> impl Strategy<Value = Pathology> {
+    let fraction = log_uniform(-3.0, -0.5);
+    let from = 0usize..5;
+    prop_oneof![
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Nan { fraction, from_step }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Inf { fraction, from_step }),
+        (fraction.clone(), log_uniform(3.0, 30.0), from.clone())
+            .prop_map(|(fraction, magnitude, from_step)| Pathology::Extreme { fraction, magnitude, from_step }),
+        (prop_oneof![Just(0.0), Just(1.0)], from.clone())
+            .prop_map(|(value, from_step)| Pathology::ConstantFeature { feature: 0, value, from_step }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::AllZero { fraction, from_step }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Subnormal { fraction, from_step }),
+        (fraction, from).prop_map(|(fraction, from_step)| Pathology::LabelOutOfRange { fraction, offset: 1, from_step }),
+    ]
+}
+
+fn data(clean: bool) -> impl Strategy<Value = DataSpec> {
+    let pathologies = if clean {
+        Just(Vec::new()).boxed()
+    } else {
+        prop_oneof![3 => Just(Vec::new()), 1 => proptest::collection::vec(pathology(), 1..=2)].boxed()
+    };
+    (
+        prop_oneof![3 => Just(1.0), 1 => log_uniform(-1.0, 4.0)],
+        prop_oneof![3 => Just(0.0), 1 => -10.0..10.0f64],
+        prop_oneof![Just(Distribution::Normal), Just(Distribution::Uniform), Just(Distribution::HeavyTailed)],
+        prop_oneof![Just(0.5), Just(0.0), Just(2.0)],
+        pathologies,
+    )
+        .prop_map(|(scale, offset, distribution, noise, pathologies)| DataSpec {
+            scale,
+            offset,
+            distribution,
+            noise,
+            pathologies,
+        })
+}
+
+fn augmentation() -> impl Strategy<Value = Augment> {
+    prop_oneof![
+        (0.0..=1.0f64, 0.02..0.5f64, prop_oneof![Just(0.0), Just(1.0)]).prop_map(|(p, hi, value)| {
+            Augment::RandomErasing { p, scale: [0.02, hi.max(0.02)], ratio: [0.3, 3.3], value }
+        }),
+        Just(Augment::RandomErasing { p: 1.0, scale: [1.0, 1.0], ratio: [1.0, 1.0], value: 0.0 }),
+        (0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..0.5f64).prop_map(|(brightness, contrast, saturation, hue)| {
+            Augment::ColorJitter { brightness, contrast, saturation, hue }
+        }),
+        (0.0..45.0f64, 0.0..0.3f64, 0.0..45.0f64).prop_map(|(degrees, t, shear)| Augment::RandomAffine {
+            degrees,
+            translate: [t, t],
+            scale: [0.8, 1.2],
+            shear,
+        }),
+        log_uniform(-2.0, 1.0).prop_map(|std| Augment::GaussianNoise { std }),
+        (0.1..1.0f64).prop_map(|alpha| Augment::Mixup { alpha }),
+        prop_oneof![Just(0.0), Just(1e-5)].prop_map(|eps| Augment::Normalize(NormalizeSpec::PerSample { eps })),
+        (0.0..=1.0f64, 1usize..4).prop_map(|(p, max_width)| Augment::TimeMask { p, max_width, value: 0.0 }),
+    ]
+}
+
+fn loss() -> impl Strategy<Value = LossSpec> {
+    let eps = prop_oneof![Just(0.0), Just(1e-12), Just(1e-7)];
+    prop_oneof![
+        4 => prop_oneof![Just(0.0), Just(0.1)].prop_map(|label_smoothing| LossSpec::CrossEntropy { label_smoothing }),
+        1 => eps.clone().prop_map(|eps| LossSpec::NaiveCrossEntropy { eps }),
+        1 => Just(LossSpec::Nll),
+        1 => (any::<bool>(), eps.clone()).prop_map(|(root, eps)| LossSpec::Mse { root, eps }),
+        1 => Just(LossSpec::Huber { delta: 1.0 }),
+        1 => eps.clone().prop_map(|eps| LossSpec::Bce { eps }),
+        1 => Just(LossSpec::BceWithLogits),
+        1 => eps.clone().prop_map(|eps| LossSpec::KlDiv { eps }),
+        1 => (any::<bool>(), eps.clone()).prop_map(|(log_input, eps)| LossSpec::PoissonNll { log_input, eps }),
+        1 => eps.prop_map(|eps| LossSpec::LogOneMinus { eps }),
+    ]
+}
+
+fn optimizer() -> impl Strategy<Value = OptimizerSpec> {
+    let lr = log_uniform(-5.0, 1.0);
+    let eps = prop_oneof![3 => Just(1e-8), 1 => Just(0.0), 1 => Just(1e-12), 1 => Just(1e-6)];
+    let wd = prop_oneof![3 => Just(0.0), 1 => Just(1e-4), 1 => Just(0.1)];
+    prop_oneof![
+        (lr.clone(), prop_oneof![Just(0.0), Just(0.9)], any::<bool>(), wd.clone()).prop_map(
+            |(lr, momentum, nesterov, weight_decay)| OptimizerSpec::Sgd {
+                lr,
+                momentum,
+                nesterov: nesterov && momentum > 0.0,
+                weight_decay,
+            }
+        ),
+        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps,
+            weight_decay,
+        }),
+        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Adamw {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps,
+            weight_decay,
+        }),
+        (lr, eps, wd).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Rmsprop {
+            lr,
+            alpha: 0.99,
+            eps,
+            momentum: 0.0,
+            weight_decay,
+        }),
+    ]
+}
+
+fn schedule() -> impl Strategy<Value = ScheduleSpec> {
+    prop_oneof![
+        3 => Just(ScheduleSpec::Constant),
+        1 => (1usize..10).prop_map(|warmup_steps| ScheduleSpec::Warmup { warmup_steps }),
+        1 => (0usize..5).prop_map(|warmup_steps| ScheduleSpec::Cosine { warmup_steps, min_factor: 0.0 }),
+        1 => (1usize..10).prop_map(|step_size| ScheduleSpec::Step { step_size, gamma: 0.5 }),
+    ]
+}
+
+fn clip() -> impl Strategy<Value = ClipSpec> {
+    prop_oneof![
+        3 => Just(ClipSpec::None),
+        1 => prop_oneof![Just(1.0), Just(0.1)].prop_map(|max_norm| ClipSpec::Norm { max_norm }),
+        1 => Just(ClipSpec::Value { value: 1.0 }),
+    ]
+}
+
+fn precision() -> impl Strategy<Value = Precision> {
+    prop_oneof![
+        12 => Just(Precision::F32),
+        1 => Just(Precision::F64),
+        2 => Just(Precision::F16),
+        2 => Just(Precision::Bf16),
+        3 => prop_oneof![Just(HalfType::F16), Just(HalfType::Bf16)].prop_map(|compute| Precision::Mixed {
+            compute,
+            loss_scaling: LossScaling::default(),
+        }),
+    ]
+}
+
+/// The documented safe envelope: stable losses, eps ≥ 1e-8 (Adam-type) and
+/// norm eps ≥ 1e-5, gradient clipping on, LR at or below the family's
+/// recommended value, f32, clean data, no augmentation traps.
+pub fn safe_envelope(case: &mut Case) {
+    let recommended = match case.family() {
+        "transformer" => 1e-3,
+        "rnn" => 3e-3,
+        _ => 3e-3,
+    };
+    case.precision = Precision::F32;
+    case.data.pathologies.clear();
+    case.data.scale = case.data.scale.min(10.0);
+    case.data.offset = 0.0;
+    case.data.distribution = Distribution::Normal;
+    case.augment.retain(|a| matches!(a, Augment::GaussianNoise { .. } | Augment::ColorJitter { .. } | Augment::Mixup { .. }));
+    case.loss = match case.loss {
+        LossSpec::CrossEntropy { label_smoothing } => LossSpec::CrossEntropy { label_smoothing },
+        LossSpec::Huber { delta } => LossSpec::Huber { delta },
+        LossSpec::Mse { .. } => LossSpec::Mse { root: false, eps: 0.0 },
+        LossSpec::BceWithLogits | LossSpec::Bce { .. } => LossSpec::BceWithLogits,
+        _ => LossSpec::CrossEntropy { label_smoothing: 0.0 },
+    };
+    let lr = case.optimizer.lr().min(recommended);
+    case.optimizer.set_lr(lr);
+    if let OptimizerSpec::Adam { eps, .. } | OptimizerSpec::Adamw { eps, .. } | OptimizerSpec::Rmsprop { eps, .. } =
+        &mut case.optimizer
+    {
+        *eps = eps.max(1e-8);
+    }
+    case.clip = ClipSpec::Norm { max_norm: 1.0 };
+    match &mut case.model {
+        ModelSpec::Cnn(m) => {
+            m.init.gain = m.init.gain.min(2.0);
+            for b in &mut m.blocks {
+                if let Some(e) = &mut b.batch_norm_eps {
+                    *e = e.max(1e-5);
+                }
+            }
+        }
+        ModelSpec::Transformer(t) => {
+            t.init.gain = t.init.gain.min(2.0);
+            t.norm_eps = t.norm_eps.max(1e-5);
+            t.attention_scale = AttentionScale::InvSqrtD;
+        }
+        ModelSpec::Rnn(r) => r.init.gain = r.init.gain.min(2.0),
+        ModelSpec::Custom(_) => {}
+    }
+}
+
+/// Valid cases under `opts`.
+pub fn case(opts: &StrategyOptions) -> BoxedStrategy<Case> {
+    let families: Vec<BoxedStrategy<ModelSpec>> = opts.families.iter().map(|f| model(f)).collect();
+    let model = proptest::strategy::Union::new(families);
+    let clean = opts.clean_data || opts.safe_envelope;
+    let safe = opts.safe_envelope;
+    let limits = Limits::default();
+    (
+        (any::<u64>(), 3usize..=opts.max_steps.max(3), 2usize..=16),
+        model,
+        data(clean),
+        proptest::collection::vec(augmentation(), 0..=2),
+        loss(),
+        optimizer(),
+        schedule(),
+        clip(),
+        precision(),
+    )
+        .prop_map(move |((seed, steps, batch_size), model, data, augment, loss, optimizer, schedule, clip, precision)| {
+            let mut c = Case {
+                format: FORMAT_VERSION,
+                seed: seed % 1000,
+                device: DeviceSpec::Cpu,
+                precision,
+                steps,
+                batch_size,
+                model,
+                data,
+                augment,
+                loss,
+                optimizer,
+                schedule,
+                clip,
+                divergence_factor: 4.0,
+            };
+            fit_to_model(&mut c);
+            if safe {
+                safe_envelope(&mut c);
+            }
+            c
+        })
+        .prop_filter("the case must be valid", move |c| c.validate(&limits).is_ok())
+        .boxed()
+}
+
+/// Drops the parts a drawn model cannot take (augmentations on tokens,
+/// image-only augmentations on sequences, label faults on non-label losses).
+fn fit_to_model(c: &mut Case) {
+    let input = c.model.input();
+    c.augment.retain(|a| match input {
+        InputSpec::Tokens { .. } => false,
+        InputSpec::Image { .. } => !matches!(a, Augment::TimeMask { .. }),
+        _ => !a.image_only(),
+    });
+    let labels = c.loss.target_kind() == TargetKind::Labels;
+    c.data.pathologies.retain(|p| match p {
+        Pathology::LabelOutOfRange { .. } => labels,
+        _ => !input.is_tokens(),
+    });
+}
+
+/// The case a seed draws: deterministic, independent of any test runner.
+pub fn generate(opts: &StrategyOptions, seed: u64) -> Case {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8..16].copy_from_slice(&0x6e61_6e68_756e_7400u64.to_le_bytes()); // "nanhunt\0"
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    case(opts)
+        .new_tree(&mut runner)
+        .expect("the strategy finds a valid case within proptest's rejection budget")
+        .current()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_is_deterministic_and_varied() {
+        let opts = StrategyOptions::default();
+        assert_eq!(generate(&opts, 7), generate(&opts, 7));
+        let families: std::collections::BTreeSet<String> =
+            (0..40).map(|s| generate(&opts, s).family().to_string()).collect();
+        assert_eq!(families.len(), 3, "{families:?}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn generated_cases_are_valid_and_round_trip_through_json(c in case(&StrategyOptions::default())) {
+            prop_assert!(c.validate(&Limits::default()).is_ok());
+            let back = Case::from_json(&c.to_json()).unwrap();
+            prop_assert_eq!(back, c);
+        }
+
+        #[test]
+        fn restricted_strategies_respect_their_restrictions(c in case(&StrategyOptions {
+            families: vec!["rnn".into()],
+            clean_data: true,
+            ..StrategyOptions::default()
+        })) {
+            prop_assert_eq!(c.family(), "rnn");
+            prop_assert!(c.data.pathologies.is_empty());
+        }
+
+        #[test]
+        fn safe_envelope_cases_are_inside_it(c in case(&StrategyOptions { safe_envelope: true, ..StrategyOptions::default() })) {
+            prop_assert_eq!(c.precision.clone(), Precision::F32);
+            let clipped = matches!(c.clip, ClipSpec::Norm { max_norm } if max_norm <= 1.0);
+            prop_assert!(clipped);
+            prop_assert!(c.data.pathologies.is_empty());
+        }
+    }
+}
