@@ -48,7 +48,10 @@ impl std::str::FromStr for Shard {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let err = || format!("`{s}` is not a shard: expected I/N with 0 <= I < N, e.g. 3/8");
         let (i, n) = s.split_once('/').ok_or_else(err)?;
-        let (index, count): (u64, u64) = (i.trim().parse().map_err(|_| err())?, n.trim().parse().map_err(|_| err())?);
+        let (index, count): (u64, u64) = (
+            i.trim().parse().map_err(|_| err())?,
+            n.trim().parse().map_err(|_| err())?,
+        );
         if count == 0 || index >= count {
             return Err(err());
         }
@@ -60,7 +63,9 @@ impl std::str::FromStr for Shard {
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let err = || format!("`{s}` is not a duration: use e.g. 90s, 15m, 2h or 1h30m");
     if let Ok(secs) = s.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs)).ok_or_else(err);
+        return (secs.is_finite() && secs >= 0.0)
+            .then(|| Duration::from_secs_f64(secs))
+            .ok_or_else(err);
     }
     let mut total = 0f64;
     let mut number = String::new();
@@ -167,7 +172,11 @@ struct State {
 fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) -> Case {
     let mut rng = Rng::keyed(opts.seed, "campaign.dispatch", index);
     let mut case = if !found.is_empty() && rng.uniform() < MUTATION_RATE {
-        let base = found.values().nth(rng.below(found.len())).expect("non-empty").clone();
+        let base = found
+            .values()
+            .nth(rng.below(found.len()))
+            .expect("non-empty")
+            .clone();
         mutate(&base, &mut rng)
     } else {
         let seed = Rng::keyed(opts.seed, "campaign.generate", index).next_u64();
@@ -221,25 +230,39 @@ fn fnv_hex(text: &str) -> String {
 
 /// The reproducer file name: `<signature-slug>-<short hash of the case>.json`.
 pub fn reproducer_name(signature: &Signature, case: &Case) -> String {
-    format!("{}-{}.json", signature.slug(), &fnv_hex(&case.to_json())[..8])
+    format!(
+        "{}-{}.json",
+        signature.slug(),
+        &fnv_hex(&case.to_json())[..8]
+    )
 }
 
 /// Writes `text` to `path` atomically (temp file in the same directory + rename).
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io(&tmp, e))?;
     }
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
 /// Minimizes a finding and writes its reproducer; returns the journal entry.
-fn reproduce(case: &Case, signature: &Signature, opts: &CampaignOptions, index: u64) -> Result<Option<Entry>> {
+fn reproduce(
+    case: &Case,
+    signature: &Signature,
+    opts: &CampaignOptions,
+    index: u64,
+) -> Result<Option<Entry>> {
     let m = minimize(
         case,
         None,
@@ -329,9 +352,13 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             Entry::Run { index, .. } => {
                 done.insert(*index);
             }
-            Entry::Finding { index, signature, case } => {
-                found.insert(signature.slug(), case.clone());
-                pending.push((*index, signature.clone(), case.clone()));
+            Entry::Finding {
+                index,
+                signature,
+                case,
+            } => {
+                found.insert(signature.slug(), (**case).clone());
+                pending.push((*index, signature.clone(), (**case).clone()));
             }
             Entry::Reproducer { signature, .. } => {
                 reproduced.insert(signature.slug());
@@ -369,7 +396,15 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             scope.spawn(|| {
                 let pool = one_thread_pool();
                 let result = pool.install(|| {
-                    worker(opts, &state, &next_local, &session_runs, &stop, started, &progress)
+                    worker(
+                        opts,
+                        &state,
+                        &next_local,
+                        &session_runs,
+                        &stop,
+                        started,
+                        &progress,
+                    )
                 });
                 if let Err(e) = result {
                     stop.store(true, Ordering::SeqCst);
@@ -390,7 +425,10 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
         session_runs.load(Ordering::SeqCst),
         started.elapsed(),
     );
-    write_atomic(&out.join(SUMMARY_FILE), &serde_json::to_string_pretty(&summary).expect("summary serializes"))?;
+    write_atomic(
+        &out.join(SUMMARY_FILE),
+        &serde_json::to_string_pretty(&summary).expect("summary serializes"),
+    )?;
     Ok(summary)
 }
 
@@ -447,7 +485,12 @@ fn worker(
         let millis = t0.elapsed().as_millis() as u64;
         let (verdict, signature, step, message) = match outcome {
             Ok(Ok(Outcome::Stable { .. })) => ("stable", None, None, None),
-            Ok(Ok(Outcome::Unstable { finding })) => ("unstable", Some(finding.signature.clone()), Some(finding.step), None),
+            Ok(Ok(Outcome::Unstable { finding })) => (
+                "unstable",
+                Some(finding.signature.clone()),
+                Some(finding.step),
+                None,
+            ),
             Ok(Ok(Outcome::Rejected { reason })) => ("rejected", None, None, Some(reason)),
             Ok(Err(e)) => ("error", None, None, Some(e.to_string())),
             Err(_) => ("panic", None, None, Some("the run panicked".to_string())),
@@ -472,7 +515,7 @@ fn worker(
                     let finding = Entry::Finding {
                         index,
                         signature: sig.clone(),
-                        case: case.clone(),
+                        case: Box::new(case.clone()),
                     };
                     st.journal.append(&finding)?;
                     st.entries.push(finding);
@@ -484,7 +527,11 @@ fn worker(
             };
             let runs = session_runs.fetch_add(1, Ordering::SeqCst) + 1;
             let rate = runs as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            let unstable = st.entries.iter().filter(|e| matches!(e, Entry::Run { verdict, .. } if verdict == "unstable")).count();
+            let unstable = st
+                .entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Run { verdict, .. } if verdict == "unstable"))
+                .count();
             progress.set_message(format!(
                 "{rate:.1} runs/s, {unstable} findings, {} signatures",
                 st.found.len()
@@ -503,13 +550,24 @@ fn worker(
 }
 
 /// The summary of a campaign's journal entries.
-pub fn summarize(opts: &CampaignOptions, entries: &[Entry], new: Vec<String>, session_runs: u64, elapsed: Duration) -> Summary {
+pub fn summarize(
+    opts: &CampaignOptions,
+    entries: &[Entry],
+    new: Vec<String>,
+    session_runs: u64,
+    elapsed: Duration,
+) -> Summary {
     let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
     let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
     let mut seen_runs = BTreeSet::new();
     for e in entries {
         match e {
-            Entry::Run { index, verdict, signature, .. } => {
+            Entry::Run {
+                index,
+                verdict,
+                signature,
+                ..
+            } => {
                 if !seen_runs.insert(*index) {
                     continue; // merged shards may repeat a run
                 }
@@ -532,7 +590,9 @@ pub fn summarize(opts: &CampaignOptions, entries: &[Entry], new: Vec<String>, se
                     s.first_index = s.first_index.min(*index);
                 }
             }
-            Entry::Reproducer { signature, file, .. } => {
+            Entry::Reproducer {
+                signature, file, ..
+            } => {
                 if let Some(s) = sigs.get_mut(&signature.slug()) {
                     if s.reproducer.as_ref().is_none_or(|f| file < f) {
                         s.reproducer = Some(file.clone());
@@ -556,7 +616,11 @@ pub fn summarize(opts: &CampaignOptions, entries: &[Entry], new: Vec<String>, se
         signatures: sigs.into_values().collect(),
         new_signatures: new,
         elapsed_s: secs,
-        runs_per_s: if secs > 0.0 { session_runs as f64 / secs } else { 0.0 },
+        runs_per_s: if secs > 0.0 {
+            session_runs as f64 / secs
+        } else {
+            0.0
+        },
     }
 }
 
@@ -582,7 +646,7 @@ mod tests {
         let sig = Signature {
             kind: crate::FindingKind::Nan,
             phase: crate::Phase::Augment,
-            stage: "augment[1].normalize".into(),
+            stage: "augment.normalize".into(),
             family: "cnn".into(),
             optimizer: "adam".into(),
             precision: "f32".into(),
@@ -590,7 +654,14 @@ mod tests {
         };
         let name = reproducer_name(&sig, &c);
         assert_eq!(name, reproducer_name(&sig, &c));
-        assert!(name.starts_with("nan-augment-augment_1.normalize-cnn-adam-f32-cuda_0-"), "{name}");
-        assert!(name.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)), "{name}");
+        assert!(
+            name.starts_with("nan-augment-augment.normalize-cnn-adam-f32-cuda_0-"),
+            "{name}"
+        );
+        assert!(
+            name.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)),
+            "{name}"
+        );
     }
 }

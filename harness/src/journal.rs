@@ -44,7 +44,7 @@ pub enum Entry {
     Finding {
         index: u64,
         signature: Signature,
-        case: Case,
+        case: Box<Case>,
     },
     /// The reproducer written for a signature.
     Reproducer {
@@ -68,7 +68,11 @@ impl Journal {
     pub fn open(dir: &Path) -> Result<(Journal, Vec<Entry>)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join(JOURNAL_FILE);
-        let entries = if path.exists() { read_entries(&path, true)? } else { Vec::new() };
+        let entries = if path.exists() {
+            read_entries(&path, true)?
+        } else {
+            Vec::new()
+        };
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -104,8 +108,13 @@ pub fn read_entries(path: &Path, repair: bool) -> Result<Vec<Entry>> {
         entries.push(entry);
     }
     if complete < text.len() && repair {
-        let f = OpenOptions::new().write(true).open(path).map_err(|e| Error::io(path, e))?;
-        f.set_len(complete as u64).and_then(|_| f.sync_all()).map_err(|e| Error::io(path, e))?;
+        let f = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        f.set_len(complete as u64)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io(path, e))?;
     }
     Ok(entries)
 }

@@ -173,24 +173,47 @@ fn scale_fraction(p: &mut Pathology, k: f64) {
         | Pathology::Extreme { fraction, .. }
         | Pathology::AllZero { fraction, .. }
         | Pathology::Subnormal { fraction, .. }
-        | Pathology::LabelOutOfRange { fraction, .. } => *fraction = round1(*fraction * k).max(1e-6),
+        | Pathology::LabelOutOfRange { fraction, .. } => {
+            *fraction = round1(*fraction * k).max(1e-6)
+        }
         Pathology::ConstantFeature { .. } => {}
     }
 }
 
 fn simplify_optimizer(o: &mut OptimizerSpec) {
     match o {
-        OptimizerSpec::Sgd { momentum, nesterov, weight_decay, .. } => {
+        OptimizerSpec::Sgd {
+            momentum,
+            nesterov,
+            weight_decay,
+            ..
+        } => {
             *momentum = 0.0;
             *nesterov = false;
             *weight_decay = 0.0;
         }
-        OptimizerSpec::Adam { beta1, beta2, weight_decay, .. } | OptimizerSpec::Adamw { beta1, beta2, weight_decay, .. } => {
+        OptimizerSpec::Adam {
+            beta1,
+            beta2,
+            weight_decay,
+            ..
+        }
+        | OptimizerSpec::Adamw {
+            beta1,
+            beta2,
+            weight_decay,
+            ..
+        } => {
             *beta1 = 0.9;
             *beta2 = 0.999;
             *weight_decay = 0.0;
         }
-        OptimizerSpec::Rmsprop { alpha, momentum, weight_decay, .. } => {
+        OptimizerSpec::Rmsprop {
+            alpha,
+            momentum,
+            weight_decay,
+            ..
+        } => {
             *alpha = 0.99;
             *momentum = 0.0;
             *weight_decay = 0.0;
@@ -355,7 +378,11 @@ fn set_init(s: &mut ModelSpec, init: InitSpec) {
 
 /// Runs a candidate with the user's factory, or the built-in family's own
 /// (which depends on the candidate's model spec).
-fn run_candidate(case: &Case, factory: Option<&dyn ModelFactory>, opts: &RunOptions) -> Result<Outcome> {
+fn run_candidate(
+    case: &Case,
+    factory: Option<&dyn ModelFactory>,
+    opts: &RunOptions,
+) -> Result<Outcome> {
     match factory {
         Some(f) => run_model(case, f, opts),
         None => crate::runner::run_with_options(case, opts),
@@ -365,7 +392,11 @@ fn run_candidate(case: &Case, factory: Option<&dyn ModelFactory>, opts: &RunOpti
 /// Shrinks `case` while it keeps failing with its signature. `factory` is a
 /// user model's factory (`None` for the built-in families). `None` when the
 /// case does not fail at all.
-pub fn minimize(case: &Case, factory: Option<&dyn ModelFactory>, opts: &MinimizeOptions) -> Result<Option<Minimized>> {
+pub fn minimize(
+    case: &Case,
+    factory: Option<&dyn ModelFactory>,
+    opts: &MinimizeOptions,
+) -> Result<Option<Minimized>> {
     let (signature, mut step) = match run_candidate(case, factory, &opts.run)? {
         Outcome::Unstable { finding } => (finding.signature.clone(), finding.step),
         _ => return Ok(None),
@@ -385,7 +416,8 @@ pub fn minimize(case: &Case, factory: Option<&dyn ModelFactory>, opts: &Minimize
             }
             runs += 1;
             // A candidate that errors (a bug it uncovers) is simply not kept.
-            if let Ok(Outcome::Unstable { finding }) = run_candidate(&candidate, factory, &opts.run) {
+            if let Ok(Outcome::Unstable { finding }) = run_candidate(&candidate, factory, &opts.run)
+            {
                 if finding.signature == signature {
                     current = candidate;
                     step = finding.step;

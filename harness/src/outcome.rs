@@ -96,7 +96,27 @@ impl Phase {
     }
 }
 
-/// The dedup key of a finding: what failed, where, under which configuration.
+/// The stage as a dedup key: indices dropped, so that the same fault in
+/// `layer0.t3.gates` and `layer1.t7.gates`, or in `data.pathologies[1].nan`
+/// and `data.pathologies[0].nan`, is one signature (`layer.t.gates`,
+/// `data.pathologies.nan`). The finding keeps the precise stage.
+pub fn stage_key(stage: &str) -> String {
+    let stripped: String = stage
+        .chars()
+        .filter(|c| !c.is_ascii_digit() && *c != '[' && *c != ']')
+        .collect();
+    let mut out = String::with_capacity(stripped.len());
+    for part in stripped.split('.').filter(|p| !p.is_empty()) {
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(part);
+    }
+    out
+}
+
+/// The dedup key of a finding: what failed, where (the stage without its
+/// indices, see [`stage_key`]), under which configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Signature {
     pub kind: FindingKind,
@@ -110,7 +130,7 @@ pub struct Signature {
 
 impl Signature {
     /// A file-system-safe name: lowercase ASCII letters, digits, '-', '_'
-    /// and '.' (`augment[1].normalize` becomes `augment_1.normalize`).
+    /// and '.'; anything else becomes '_'.
     pub fn slug(&self) -> String {
         let raw = format!(
             "{}-{}-{}-{}-{}-{}-{}",
@@ -133,6 +153,20 @@ impl Signature {
         }
         out.truncate(120);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_keys_drop_indices() {
+        assert_eq!(stage_key("layer0.t3.gates"), "layer.t.gates");
+        assert_eq!(stage_key("data.pathologies[1].nan"), "data.pathologies.nan");
+        assert_eq!(stage_key("augment[2].normalize"), "augment.normalize");
+        assert_eq!(stage_key("param.block2.conv.bias"), "param.block.conv.bias");
+        assert_eq!(stage_key("loss.cross_entropy"), "loss.cross_entropy");
     }
 }
 
@@ -187,7 +221,7 @@ pub struct Finding {
     pub step: usize,
     pub kind: FindingKind,
     pub phase: Phase,
-    /// The producing stage, as far as it is known (`input`, `augment[1].normalize`,
+    /// The producing stage, precisely (`data.pathologies[0].nan`, `augment[1].normalize`,
     /// `output`, `loss.naive_cross_entropy`, `grad.<param>`, `param.<param>`, ...).
     pub stage: String,
     /// The op kind of the producing stage, where known.

@@ -21,10 +21,14 @@ pub fn reproducer_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Replays every reproducer in `dir` (built-in families, or through
 /// `factory` for a user's model) and reports each.
-pub fn replay_dir(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Vec<(PathBuf, ReplayReport)>> {
+pub fn replay_dir(
+    dir: &Path,
+    factory: Option<&dyn ModelFactory>,
+) -> Result<Vec<(PathBuf, ReplayReport)>> {
     let mut out = Vec::new();
     for path in reproducer_files(dir)? {
-        let repro = Reproducer::load(&path).map_err(|e| Error::Parse(format!("{}: {e}", path.display())))?;
+        let repro = Reproducer::load(&path)
+            .map_err(|e| Error::Parse(format!("{}: {e}", path.display())))?;
         let report = replay_reproducer(&repro, factory)?;
         out.push((path, report));
     }
@@ -35,7 +39,8 @@ pub fn replay_dir(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Vec<
 /// (fixed: delete it, or keep it as a stability test with a stable case) or
 /// fails differently (the signature changed: regenerate it).
 pub fn assert_dir_reproduces(dir: &Path, factory: Option<&dyn ModelFactory>) {
-    let reports = replay_dir(dir, factory).unwrap_or_else(|e| panic!("replaying {}: {e}", dir.display()));
+    let reports =
+        replay_dir(dir, factory).unwrap_or_else(|e| panic!("replaying {}: {e}", dir.display()));
     let broken: Vec<String> = reports
         .iter()
         .filter(|(_, r)| r.verdict != ReplayVerdict::Reproduced)

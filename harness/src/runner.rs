@@ -810,7 +810,7 @@ impl<'a> Session<'a> {
         let signature = Signature {
             kind: f.kind,
             phase: f.phase,
-            stage: f.stage.clone(),
+            stage: crate::outcome::stage_key(&f.stage),
             family: self.case.family().to_string(),
             optimizer: self.case.optimizer.name().to_string(),
             precision: self.case.precision.name().to_string(),

@@ -69,8 +69,14 @@ fn cnn() -> impl Strategy<Value = ModelSpec> {
         any::<bool>(),
         prop_oneof![Just(Pool::Max), Just(Pool::Avg), Just(Pool::None)],
     );
-    (1usize..=3, 4usize..=12, 2usize..=5, proptest::collection::vec(block, 1..=3), init()).prop_map(
-        |(channels, size, classes, blocks, init)| {
+    (
+        1usize..=3,
+        4usize..=12,
+        2usize..=5,
+        proptest::collection::vec(block, 1..=3),
+        init(),
+    )
+        .prop_map(|(channels, size, classes, blocks, init)| {
             let mut ch = channels;
             let blocks = blocks
                 .into_iter()
@@ -78,12 +84,25 @@ fn cnn() -> impl Strategy<Value = ModelSpec> {
                     // A residual block keeps the channel count.
                     let out = if residual { ch } else { c };
                     ch = out;
-                    ConvBlockSpec { channels: out, kernel, batch_norm_eps: bn, activation, residual, pool }
+                    ConvBlockSpec {
+                        channels: out,
+                        kernel,
+                        batch_norm_eps: bn,
+                        activation,
+                        residual,
+                        pool,
+                    }
                 })
                 .collect();
-            ModelSpec::Cnn(CnnSpec { channels, height: size, width: size, classes, blocks, init })
-        },
-    )
+            ModelSpec::Cnn(CnnSpec {
+                channels,
+                height: size,
+                width: size,
+                classes,
+                blocks,
+                init,
+            })
+        })
 }
 
 fn transformer() -> impl Strategy<Value = ModelSpec> {
@@ -97,7 +116,11 @@ fn transformer() -> impl Strategy<Value = ModelSpec> {
         prop_oneof![Just(2usize), Just(4), Just(8)],
         1usize..=2,
         1usize..=2,
-        prop_oneof![Just(NormPlacement::Pre), Just(NormPlacement::Post), Just(NormPlacement::None)],
+        prop_oneof![
+            Just(NormPlacement::Pre),
+            Just(NormPlacement::Post),
+            Just(NormPlacement::None)
+        ],
         norm_eps(),
         prop_oneof![3 => Just(AttentionScale::InvSqrtD), 1 => Just(AttentionScale::None)],
         any::<bool>(),
@@ -105,7 +128,20 @@ fn transformer() -> impl Strategy<Value = ModelSpec> {
         (2usize..=4, init()),
     )
         .prop_map(
-            |(input, seq_len, heads, head_dim, layers, mlp_ratio, norm, norm_eps, attention_scale, causal, head, (classes, init))| {
+            |(
+                input,
+                seq_len,
+                heads,
+                head_dim,
+                layers,
+                mlp_ratio,
+                norm,
+                norm_eps,
+                attention_scale,
+                causal,
+                head,
+                (classes, init),
+            )| {
                 ModelSpec::Transformer(TransformerSpec {
                     input,
                     seq_len,
@@ -127,7 +163,11 @@ fn transformer() -> impl Strategy<Value = ModelSpec> {
 
 fn rnn() -> impl Strategy<Value = ModelSpec> {
     (
-        prop_oneof![Just(CellKind::Rnn), Just(CellKind::Lstm), Just(CellKind::Gru)],
+        prop_oneof![
+            Just(CellKind::Rnn),
+            Just(CellKind::Lstm),
+            Just(CellKind::Gru)
+        ],
         1usize..=4,
         2usize..=12,
         2usize..=16,
@@ -136,7 +176,15 @@ fn rnn() -> impl Strategy<Value = ModelSpec> {
         init(),
     )
         .prop_map(|(cell, features, seq_len, hidden, layers, classes, init)| {
-            ModelSpec::Rnn(RnnSpec { cell, features, seq_len, hidden, layers, classes, init })
+            ModelSpec::Rnn(RnnSpec {
+                cell,
+                features,
+                seq_len,
+                hidden,
+                layers,
+                classes,
+                init,
+            })
         })
 }
 
@@ -153,15 +201,41 @@ fn pathology() -> impl Strategy<Value = Pathology> {
     let fraction = log_uniform(-3.0, -0.5);
     let from = 0usize..5;
     prop_oneof![
-        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Nan { fraction, from_step }),
-        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Inf { fraction, from_step }),
-        (fraction.clone(), log_uniform(3.0, 30.0), from.clone())
-            .prop_map(|(fraction, magnitude, from_step)| Pathology::Extreme { fraction, magnitude, from_step }),
-        (prop_oneof![Just(0.0), Just(1.0)], from.clone())
-            .prop_map(|(value, from_step)| Pathology::ConstantFeature { feature: 0, value, from_step }),
-        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::AllZero { fraction, from_step }),
-        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Subnormal { fraction, from_step }),
-        (fraction, from).prop_map(|(fraction, from_step)| Pathology::LabelOutOfRange { fraction, offset: 1, from_step }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Nan {
+            fraction,
+            from_step
+        }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Inf {
+            fraction,
+            from_step
+        }),
+        (fraction.clone(), log_uniform(3.0, 30.0), from.clone()).prop_map(
+            |(fraction, magnitude, from_step)| Pathology::Extreme {
+                fraction,
+                magnitude,
+                from_step
+            }
+        ),
+        (prop_oneof![Just(0.0), Just(1.0)], from.clone()).prop_map(|(value, from_step)| {
+            Pathology::ConstantFeature {
+                feature: 0,
+                value,
+                from_step,
+            }
+        }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::AllZero {
+            fraction,
+            from_step
+        }),
+        (fraction.clone(), from.clone()).prop_map(|(fraction, from_step)| Pathology::Subnormal {
+            fraction,
+            from_step
+        }),
+        (fraction, from).prop_map(|(fraction, from_step)| Pathology::LabelOutOfRange {
+            fraction,
+            offset: 1,
+            from_step
+        }),
     ]
 }
 
@@ -169,43 +243,79 @@ fn data(clean: bool) -> impl Strategy<Value = DataSpec> {
     let pathologies = if clean {
         Just(Vec::new()).boxed()
     } else {
-        prop_oneof![3 => Just(Vec::new()), 1 => proptest::collection::vec(pathology(), 1..=2)].boxed()
+        prop_oneof![3 => Just(Vec::new()), 1 => proptest::collection::vec(pathology(), 1..=2)]
+            .boxed()
     };
     (
         prop_oneof![3 => Just(1.0), 1 => log_uniform(-1.0, 4.0)],
         prop_oneof![3 => Just(0.0), 1 => -10.0..10.0f64],
-        prop_oneof![Just(Distribution::Normal), Just(Distribution::Uniform), Just(Distribution::HeavyTailed)],
+        prop_oneof![
+            Just(Distribution::Normal),
+            Just(Distribution::Uniform),
+            Just(Distribution::HeavyTailed)
+        ],
         prop_oneof![Just(0.5), Just(0.0), Just(2.0)],
         pathologies,
     )
-        .prop_map(|(scale, offset, distribution, noise, pathologies)| DataSpec {
-            scale,
-            offset,
-            distribution,
-            noise,
-            pathologies,
-        })
+        .prop_map(
+            |(scale, offset, distribution, noise, pathologies)| DataSpec {
+                scale,
+                offset,
+                distribution,
+                noise,
+                pathologies,
+            },
+        )
 }
 
 fn augmentation() -> impl Strategy<Value = Augment> {
     prop_oneof![
-        (0.0..=1.0f64, 0.02..0.5f64, prop_oneof![Just(0.0), Just(1.0)]).prop_map(|(p, hi, value)| {
-            Augment::RandomErasing { p, scale: [0.02, hi.max(0.02)], ratio: [0.3, 3.3], value }
+        (
+            0.0..=1.0f64,
+            0.02..0.5f64,
+            prop_oneof![Just(0.0), Just(1.0)]
+        )
+            .prop_map(|(p, hi, value)| {
+                Augment::RandomErasing {
+                    p,
+                    scale: [0.02, hi.max(0.02)],
+                    ratio: [0.3, 3.3],
+                    value,
+                }
+            }),
+        Just(Augment::RandomErasing {
+            p: 1.0,
+            scale: [1.0, 1.0],
+            ratio: [1.0, 1.0],
+            value: 0.0
         }),
-        Just(Augment::RandomErasing { p: 1.0, scale: [1.0, 1.0], ratio: [1.0, 1.0], value: 0.0 }),
-        (0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..0.5f64).prop_map(|(brightness, contrast, saturation, hue)| {
-            Augment::ColorJitter { brightness, contrast, saturation, hue }
-        }),
-        (0.0..45.0f64, 0.0..0.3f64, 0.0..45.0f64).prop_map(|(degrees, t, shear)| Augment::RandomAffine {
-            degrees,
-            translate: [t, t],
-            scale: [0.8, 1.2],
-            shear,
+        (0.0..1.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..0.5f64).prop_map(
+            |(brightness, contrast, saturation, hue)| {
+                Augment::ColorJitter {
+                    brightness,
+                    contrast,
+                    saturation,
+                    hue,
+                }
+            }
+        ),
+        (0.0..45.0f64, 0.0..0.3f64, 0.0..45.0f64).prop_map(|(degrees, t, shear)| {
+            Augment::RandomAffine {
+                degrees,
+                translate: [t, t],
+                scale: [0.8, 1.2],
+                shear,
+            }
         }),
         log_uniform(-2.0, 1.0).prop_map(|std| Augment::GaussianNoise { std }),
         (0.1..1.0f64).prop_map(|alpha| Augment::Mixup { alpha }),
-        prop_oneof![Just(0.0), Just(1e-5)].prop_map(|eps| Augment::Normalize(NormalizeSpec::PerSample { eps })),
-        (0.0..=1.0f64, 1usize..4).prop_map(|(p, max_width)| Augment::TimeMask { p, max_width, value: 0.0 }),
+        prop_oneof![Just(0.0), Just(1e-5)]
+            .prop_map(|eps| Augment::Normalize(NormalizeSpec::PerSample { eps })),
+        (0.0..=1.0f64, 1usize..4).prop_map(|(p, max_width)| Augment::TimeMask {
+            p,
+            max_width,
+            value: 0.0
+        }),
     ]
 }
 
@@ -230,27 +340,37 @@ fn optimizer() -> impl Strategy<Value = OptimizerSpec> {
     let eps = prop_oneof![3 => Just(1e-8), 1 => Just(0.0), 1 => Just(1e-12), 1 => Just(1e-6)];
     let wd = prop_oneof![3 => Just(0.0), 1 => Just(1e-4), 1 => Just(0.1)];
     prop_oneof![
-        (lr.clone(), prop_oneof![Just(0.0), Just(0.9)], any::<bool>(), wd.clone()).prop_map(
-            |(lr, momentum, nesterov, weight_decay)| OptimizerSpec::Sgd {
+        (
+            lr.clone(),
+            prop_oneof![Just(0.0), Just(0.9)],
+            any::<bool>(),
+            wd.clone()
+        )
+            .prop_map(
+                |(lr, momentum, nesterov, weight_decay)| OptimizerSpec::Sgd {
+                    lr,
+                    momentum,
+                    nesterov: nesterov && momentum > 0.0,
+                    weight_decay,
+                }
+            ),
+        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| {
+            OptimizerSpec::Adam {
                 lr,
-                momentum,
-                nesterov: nesterov && momentum > 0.0,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps,
                 weight_decay,
             }
-        ),
-        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Adam {
-            lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps,
-            weight_decay,
         }),
-        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Adamw {
-            lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps,
-            weight_decay,
+        (lr.clone(), eps.clone(), wd.clone()).prop_map(|(lr, eps, weight_decay)| {
+            OptimizerSpec::Adamw {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps,
+                weight_decay,
+            }
         }),
         (lr, eps, wd).prop_map(|(lr, eps, weight_decay)| OptimizerSpec::Rmsprop {
             lr,
@@ -306,18 +426,29 @@ pub fn safe_envelope(case: &mut Case) {
     case.data.scale = case.data.scale.min(10.0);
     case.data.offset = 0.0;
     case.data.distribution = Distribution::Normal;
-    case.augment.retain(|a| matches!(a, Augment::GaussianNoise { .. } | Augment::ColorJitter { .. } | Augment::Mixup { .. }));
+    case.augment.retain(|a| {
+        matches!(
+            a,
+            Augment::GaussianNoise { .. } | Augment::ColorJitter { .. } | Augment::Mixup { .. }
+        )
+    });
     case.loss = match case.loss {
         LossSpec::CrossEntropy { label_smoothing } => LossSpec::CrossEntropy { label_smoothing },
         LossSpec::Huber { delta } => LossSpec::Huber { delta },
-        LossSpec::Mse { .. } => LossSpec::Mse { root: false, eps: 0.0 },
+        LossSpec::Mse { .. } => LossSpec::Mse {
+            root: false,
+            eps: 0.0,
+        },
         LossSpec::BceWithLogits | LossSpec::Bce { .. } => LossSpec::BceWithLogits,
-        _ => LossSpec::CrossEntropy { label_smoothing: 0.0 },
+        _ => LossSpec::CrossEntropy {
+            label_smoothing: 0.0,
+        },
     };
     let lr = case.optimizer.lr().min(recommended);
     case.optimizer.set_lr(lr);
-    if let OptimizerSpec::Adam { eps, .. } | OptimizerSpec::Adamw { eps, .. } | OptimizerSpec::Rmsprop { eps, .. } =
-        &mut case.optimizer
+    if let OptimizerSpec::Adam { eps, .. }
+    | OptimizerSpec::Adamw { eps, .. }
+    | OptimizerSpec::Rmsprop { eps, .. } = &mut case.optimizer
     {
         *eps = eps.max(1e-8);
     }
@@ -359,14 +490,9 @@ pub fn case(opts: &StrategyOptions) -> BoxedStrategy<Case> {
         clip(),
         precision(),
     )
-        .prop_map(move |((seed, steps, batch_size), model, data, augment, loss, optimizer, schedule, clip, precision)| {
-            let mut c = Case {
-                format: FORMAT_VERSION,
-                seed: seed % 1000,
-                device: DeviceSpec::Cpu,
-                precision,
-                steps,
-                batch_size,
+        .prop_map(
+            move |(
+                (seed, steps, batch_size),
                 model,
                 data,
                 augment,
@@ -374,15 +500,34 @@ pub fn case(opts: &StrategyOptions) -> BoxedStrategy<Case> {
                 optimizer,
                 schedule,
                 clip,
-                divergence_factor: 4.0,
-            };
-            fit_to_model(&mut c);
-            if safe {
-                safe_envelope(&mut c);
-            }
-            c
+                precision,
+            )| {
+                let mut c = Case {
+                    format: FORMAT_VERSION,
+                    seed: seed % 1000,
+                    device: DeviceSpec::Cpu,
+                    precision,
+                    steps,
+                    batch_size,
+                    model,
+                    data,
+                    augment,
+                    loss,
+                    optimizer,
+                    schedule,
+                    clip,
+                    divergence_factor: 4.0,
+                };
+                fit_to_model(&mut c);
+                if safe {
+                    safe_envelope(&mut c);
+                }
+                c
+            },
+        )
+        .prop_filter("the case must be valid", move |c| {
+            c.validate(&limits).is_ok()
         })
-        .prop_filter("the case must be valid", move |c| c.validate(&limits).is_ok())
         .boxed()
 }
 
@@ -423,8 +568,9 @@ mod tests {
     fn generation_is_deterministic_and_varied() {
         let opts = StrategyOptions::default();
         assert_eq!(generate(&opts, 7), generate(&opts, 7));
-        let families: std::collections::BTreeSet<String> =
-            (0..40).map(|s| generate(&opts, s).family().to_string()).collect();
+        let families: std::collections::BTreeSet<String> = (0..40)
+            .map(|s| generate(&opts, s).family().to_string())
+            .collect();
         assert_eq!(families.len(), 3, "{families:?}");
     }
 

@@ -37,7 +37,10 @@ const INVALID: [(&str, &str); 24] = [
     ("too_many_steps", "field `steps`"),
     ("even_kernel", "must be odd"),
     ("pooling_below_2x2", "field `model.blocks[1].pool`"),
-    ("bf16_convolution_on_cpu", "bf16 convolutions are not supported on CPU"),
+    (
+        "bf16_convolution_on_cpu",
+        "bf16 convolutions are not supported on CPU",
+    ),
 ];
 
 #[test]
@@ -145,7 +148,7 @@ fn unstable_runs_exit_1_and_json_output_is_one_object() {
         "{text}"
     );
     assert!(
-        text.contains("signature: nan-data-data.pathologies_0.nan-rnn-adam-f32-cpu"),
+        text.contains("signature: nan-data-data.pathologies.nan-rnn-adam-f32-cpu"),
         "{text}"
     );
 }

@@ -1,10 +1,12 @@
 //! The regression and integration suite: one test binary, one module per area.
 //!
+//! - `campaign`: resume after SIGKILL, shards and merge, the minimizer, corpora/repro.
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
 //! - `planted`: one planted fault per phase; the producer must be named.
 
+mod campaign;
 mod cli;
 mod diagnose;
 mod dump;

@@ -1,7 +1,9 @@
 //! `nanhunt fuzz`: a fuzz campaign over the built-in families.
 
 use super::Exit;
-use nanhunt::campaign::{parse_duration, run_campaign, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE};
+use nanhunt::campaign::{
+    parse_duration, run_campaign, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
+};
 use nanhunt::spec::{DeviceSpec, FAMILIES};
 use nanhunt::strategy::StrategyOptions;
 use std::path::PathBuf;
@@ -15,7 +17,8 @@ pub struct Args {
     /// Stop after this long: 90s, 15m, 2h, 1h30m.
     #[arg(long, value_parser = parse_duration)]
     budget: Option<Duration>,
-    /// Stop after this many runs of this shard (resumed runs count).
+    /// Stop after this many runs of this shard (resumed runs count); 100 when
+    /// neither --runs nor --budget is given.
     #[arg(long)]
     runs: Option<u64>,
     /// Parallel workers (one compute thread each).
@@ -59,7 +62,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         args.family.clone()
     };
     let runs = match (args.budget, args.runs) {
-        (None, None) => Some(200),
+        (None, None) => Some(100),
         (_, r) => r,
     };
     let opts = CampaignOptions {
@@ -82,7 +85,11 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     };
     let summary = run_campaign(&opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     print_summary(&summary, &args.out);
-    Ok(if summary.new_signatures.is_empty() { Exit::Clean } else { Exit::Found })
+    Ok(if summary.new_signatures.is_empty() {
+        Exit::Clean
+    } else {
+        Exit::Found
+    })
 }
 
 pub fn print_summary(s: &Summary, out: &std::path::Path) {
@@ -90,11 +97,22 @@ pub fn print_summary(s: &Summary, out: &std::path::Path) {
         "{} runs ({} this session, {:.1} runs/s): {} stable, {} unstable, {} errors",
         s.runs, s.runs_this_session, s.runs_per_s, s.stable, s.unstable, s.errors
     );
-    println!("{} distinct signatures ({} new):", s.signatures.len(), s.new_signatures.len());
+    println!(
+        "{} distinct signatures ({} new):",
+        s.signatures.len(),
+        s.new_signatures.len()
+    );
     for sig in &s.signatures {
-        let new = if s.new_signatures.contains(&sig.slug) { " [new]" } else { "" };
+        let new = if s.new_signatures.contains(&sig.slug) {
+            " [new]"
+        } else {
+            ""
+        };
         let repro = sig.reproducer.as_deref().unwrap_or("(not minimized)");
-        println!("  {:5} x {}{new}\n          {REPRO_DIR}/{repro}", sig.count, sig.signature);
+        println!(
+            "  {:5} x {}{new}\n          {REPRO_DIR}/{repro}",
+            sig.count, sig.signature
+        );
     }
     println!("reproducers: {}", out.join(REPRO_DIR).display());
     println!("summary: {}", out.join(SUMMARY_FILE).display());

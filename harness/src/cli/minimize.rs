@@ -32,20 +32,31 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let case = load_case(&args.case, &limits)?;
     if BuiltinFactory::new(&case.model).is_none() {
-        anyhow::bail!("{}: a custom model is minimized through the library", args.case.display());
+        anyhow::bail!(
+            "{}: a custom model is minimized through the library",
+            args.case.display()
+        );
     }
     let opts = MinimizeOptions {
         max_runs: args.max_runs,
-        run: RunOptions { limits, ..RunOptions::default() },
+        run: RunOptions {
+            limits,
+            ..RunOptions::default()
+        },
     };
-    let Some(m) = minimize(&case, None, &opts).map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))? else {
+    let Some(m) = minimize(&case, None, &opts)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?
+    else {
         println!("the case trains stably: nothing to minimize");
         return Ok(Exit::Clean);
     };
     let repro = Reproducer {
         format: REPRO_FORMAT,
         case: m.case.clone(),
-        expected: Expected { signature: m.signature.clone(), step: m.step },
+        expected: Expected {
+            signature: m.signature.clone(),
+            step: m.step,
+        },
         provenance: Provenance {
             nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
             original: Some(case),
@@ -54,12 +65,21 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         },
     };
     eprintln!("signature: {}", m.signature);
-    eprintln!("runs used: {}{}", m.runs, if m.fixpoint { " (fixpoint)" } else { " (budget spent)" });
+    eprintln!(
+        "runs used: {}{}",
+        m.runs,
+        if m.fixpoint {
+            " (fixpoint)"
+        } else {
+            " (budget spent)"
+        }
+    );
     eprintln!("before: {}", size(&m.before));
     eprintln!("after:  {}", size(&m.after));
     match &args.out {
         Some(path) => {
-            nanhunt::campaign::write_atomic(path, &repro.to_json()).map_err(|e| anyhow::anyhow!("{e}"))?;
+            nanhunt::campaign::write_atomic(path, &repro.to_json())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             eprintln!("reproducer: {}", path.display());
         }
         None => println!("{}", repro.to_json()),

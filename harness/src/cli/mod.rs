@@ -6,6 +6,7 @@ mod diagnose;
 mod example;
 mod fuzz;
 mod gradcheck;
+mod merge;
 mod minimize;
 mod replay;
 mod run;
@@ -45,6 +46,8 @@ struct Cli {
 enum Command {
     /// Run a fuzz campaign: find, dedup and minimize instabilities; exit 1 when something new was found.
     Fuzz(fuzz::Args),
+    /// Merge the output directories of campaign shards.
+    Merge(merge::Args),
     /// Shrink a failing case while its signature holds; prints or writes the reproducer.
     Minimize(minimize::Args),
     /// Print the built-in default case of a model family.
@@ -65,6 +68,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Example(a) => example::main(a),
         Command::Fuzz(a) => fuzz::main(a),
         Command::Minimize(a) => minimize::main(a),
+        Command::Merge(a) => merge::main(a),
         Command::Run(a) => run::main(a),
         Command::Gradcheck(a) => gradcheck::main(a),
         Command::Replay(a) => replay::main(a),

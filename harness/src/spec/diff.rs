@@ -56,4 +56,3 @@ fn diff_values(path: &str, a: &Value, b: &Value, out: &mut Vec<FieldChange>) {
         _ => {}
     }
 }
-

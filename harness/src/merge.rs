@@ -1,0 +1,119 @@
+//! `merge`: combine the output directories of campaign shards into one:
+//! journal entries concatenated (runs deduplicated by index), one
+//! reproducer kept per signature (the smallest), and a fresh summary.
+
+use crate::campaign::{
+    summarize, write_atomic, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
+};
+use crate::error::{Error, Result};
+use crate::journal::{read_entries, Entry, Journal, JOURNAL_FILE};
+use crate::strategy::StrategyOptions;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A reproducer's rank (smaller is better: parameters, steps, file name),
+/// its shard directory and its journal entry.
+type Kept = ((usize, usize, String), PathBuf, Entry);
+
+/// Merges shard directories into `out` (which must not hold a journal yet).
+pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
+    if out.join(JOURNAL_FILE).exists() {
+        return Err(Error::io(
+            out,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "already holds a campaign journal",
+            ),
+        ));
+    }
+    let mut header: Option<(u64, Vec<String>, bool)> = None;
+    let mut merged: Vec<Entry> = Vec::new();
+    let mut runs = BTreeSet::new();
+    let mut findings = BTreeSet::new();
+    // Per signature, the smallest reproducer: ((params, steps, file), source, entry).
+    let mut best: BTreeMap<String, Kept> = BTreeMap::new();
+    for dir in inputs {
+        let entries = read_entries(&dir.join(JOURNAL_FILE), false)?;
+        for e in entries {
+            match &e {
+                Entry::Start {
+                    seed,
+                    families,
+                    clean_data,
+                    ..
+                } => {
+                    let this = (*seed, families.clone(), *clean_data);
+                    match &header {
+                        None => header = Some(this),
+                        Some(h) if *h == this => {}
+                        Some(_) => {
+                            return Err(Error::invalid(
+                                "merge",
+                                format!("{} comes from a campaign with another seed, family list or data mode", dir.display()),
+                            ))
+                        }
+                    }
+                    continue;
+                }
+                Entry::Run { index, .. } if !runs.insert(*index) => continue,
+                Entry::Finding { signature, .. } if !findings.insert(signature.slug()) => continue,
+                Entry::Reproducer {
+                    signature,
+                    file,
+                    after,
+                    ..
+                } => {
+                    let key = (after.params, after.steps, file.clone());
+                    if best.get(&signature.slug()).is_none_or(|(k, _, _)| key < *k) {
+                        best.insert(signature.slug(), (key, dir.clone(), e.clone()));
+                    }
+                    continue; // journaled below, one per signature
+                }
+                _ => {}
+            }
+            merged.push(e);
+        }
+    }
+    let Some((seed, families, clean_data)) = header else {
+        return Err(Error::invalid(
+            "merge",
+            "no campaign journal among the inputs",
+        ));
+    };
+    // Copy the kept reproducers and journal them.
+    for ((_, _, file), dir, entry) in best.into_values() {
+        let from = dir.join(REPRO_DIR).join(&file);
+        let text = std::fs::read_to_string(&from).map_err(|err| Error::io(&from, err))?;
+        write_atomic(&out.join(REPRO_DIR).join(&file), &text)?;
+        merged.push(entry);
+    }
+    let opts = CampaignOptions {
+        strategy: StrategyOptions {
+            families: families.clone(),
+            clean_data,
+            ..StrategyOptions::default()
+        },
+        seed,
+        shard: Shard::default(),
+        out: out.to_path_buf(),
+        ..CampaignOptions::default()
+    };
+    let (mut journal, _) = Journal::open(out)?;
+    journal.append(&Entry::Start {
+        nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+        seed,
+        families,
+        clean_data,
+        shard: (0, 1),
+    })?;
+    for e in &merged {
+        journal.append(e)?;
+    }
+    let summary = summarize(&opts, &merged, Vec::new(), 0, Duration::ZERO);
+    write_atomic(
+        &out.join(SUMMARY_FILE),
+        &serde_json::to_string_pretty(&summary).expect("summary serializes"),
+    )?;
+    Ok(summary)
+}

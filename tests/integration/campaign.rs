@@ -1,0 +1,293 @@
+//! Campaigns end to end: resume after SIGKILL loses and duplicates nothing,
+//! shards merge, the minimizer's contract holds, and the checked-in
+//! reproducers in `corpora/repro/` still reproduce.
+
+use crate::support::*;
+use nanhunt::journal::{read_entries, Entry, JOURNAL_FILE};
+use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
+use nanhunt::strategy::{generate, StrategyOptions};
+use nanhunt::{Outcome, RunOptions};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RUNS: u64 = 24;
+
+fn fuzz(out: &Path, extra: &[&str]) -> std::process::Output {
+    let runs = RUNS.to_string();
+    let mut args = vec![
+        "fuzz",
+        "--runs",
+        &runs,
+        "--seed",
+        "5",
+        "--quiet",
+        "--minimize-runs",
+        "40",
+        "--out",
+    ];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    nanhunt(&args)
+}
+
+fn journal(dir: &Path) -> Vec<Entry> {
+    read_entries(&dir.join(JOURNAL_FILE), false).unwrap()
+}
+
+fn run_indices(entries: &[Entry]) -> Vec<u64> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Run { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reproducer_files(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir.join("repro"))
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn signatures(entries: &[Entry]) -> BTreeSet<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Finding { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_campaign_killed_with_sigkill_resumes_without_loss_or_duplicates() {
+    // The reference: the same campaign, uninterrupted (one job: deterministic).
+    let reference = scratch("campaign-reference");
+    let out = fuzz(&reference, &[]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let want = journal(&reference);
+
+    let dir = scratch("campaign-killed");
+    let mut child = Command::new(binary())
+        .args([
+            "fuzz",
+            "--runs",
+            &RUNS.to_string(),
+            "--seed",
+            "5",
+            "--quiet",
+            "--minimize-runs",
+            "40",
+            "--out",
+        ])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it mid-campaign, once some runs are journaled.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let runs = std::fs::read_to_string(dir.join(JOURNAL_FILE))
+            .map(|t| t.matches("\"event\":\"run\"").count())
+            .unwrap_or(0);
+        if runs >= 6 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = journal(&dir);
+    assert!(
+        run_indices(&before).len() < RUNS as usize,
+        "the kill came too late to test anything"
+    );
+    // A write cut short by the kill: a torn last line.
+    let mut text = std::fs::read(dir.join(JOURNAL_FILE)).unwrap();
+    text.extend_from_slice(b"{\"event\":\"run\",\"index\":9");
+    std::fs::write(dir.join(JOURNAL_FILE), text).unwrap();
+
+    let out = fuzz(&dir, &["--resume"]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let after = journal(&dir);
+
+    // Every run exactly once.
+    let mut indices = run_indices(&after);
+    indices.sort_unstable();
+    assert_eq!(indices, (0..RUNS).collect::<Vec<_>>());
+    // Nothing found before the kill was lost, and the resumed campaign found
+    // exactly what the uninterrupted one did.
+    assert!(signatures(&before).is_subset(&signatures(&after)));
+    assert_eq!(signatures(&after), signatures(&want));
+    // One reproducer per signature, the same files as the reference.
+    let files = reproducer_files(&dir);
+    assert_eq!(files, reproducer_files(&reference));
+    let per_signature: BTreeMap<String, usize> = after
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Reproducer { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .fold(BTreeMap::new(), |mut m, s| {
+            *m.entry(s).or_insert(0) += 1;
+            m
+        });
+    assert!(per_signature.values().all(|&n| n == 1), "{per_signature:?}");
+    assert!(
+        !files.iter().any(|f| f.starts_with('.')),
+        "no temp files left: {files:?}"
+    );
+}
+
+#[test]
+fn an_existing_campaign_needs_resume_and_matching_options() {
+    let dir = scratch("campaign-options");
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "2",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(matches!(out.status.code(), Some(0 | 1)));
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "2",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--resume"), "{}", stderr(&out));
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "2",
+        "--seed",
+        "9",
+        "--resume",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("another seed"), "{}", stderr(&out));
+    for bad in [["--shard", "2/2"], ["--budget", "5x"]] {
+        let out = nanhunt(&["fuzz", bad[0], bad[1], "--out", dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+}
+
+#[test]
+fn shards_partition_the_runs_and_merge_into_one_campaign() {
+    let (a, b, merged) = (
+        scratch("shard-a"),
+        scratch("shard-b"),
+        scratch("shard-merged"),
+    );
+    for (dir, shard) in [(&a, "0/2"), (&b, "1/2")] {
+        let out = nanhunt(&[
+            "fuzz",
+            "--runs",
+            "6",
+            "--shard",
+            shard,
+            "--seed",
+            "2",
+            "--quiet",
+            "--minimize-runs",
+            "20",
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    }
+    let (ia, ib) = (run_indices(&journal(&a)), run_indices(&journal(&b)));
+    assert!(ia.iter().all(|i| i % 2 == 0) && ib.iter().all(|i| i % 2 == 1));
+    std::fs::remove_dir_all(&merged).unwrap();
+    let out = nanhunt(&[
+        "merge",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let m = journal(&merged);
+    let mut all = run_indices(&m);
+    all.sort_unstable();
+    assert_eq!(all, (0..12).collect::<Vec<_>>());
+    let sigs = signatures(&journal(&a))
+        .union(&signatures(&journal(&b)))
+        .cloned()
+        .collect::<BTreeSet<_>>();
+    assert_eq!(signatures(&m), sigs);
+    assert!(merged.join("summary.json").is_file());
+}
+
+/// The minimizer's contract on real failures drawn from the campaign's own
+/// strategy: the result fails with the same signature, is a fixpoint (a
+/// second minimization changes nothing), and is never larger.
+#[test]
+fn minimized_cases_keep_their_signature_are_fixpoints_and_never_grow() {
+    let opts = StrategyOptions {
+        clean_data: true,
+        max_steps: 12,
+        ..StrategyOptions::default()
+    };
+    let budget = MinimizeOptions {
+        max_runs: 400,
+        run: RunOptions::default(),
+    };
+    let mut checked = 0;
+    for seed in 0..200u64 {
+        let case = generate(&opts, seed);
+        let Outcome::Unstable { finding } = nanhunt::run(&case).unwrap() else {
+            continue;
+        };
+        let m = minimize(&case, None, &budget).unwrap().expect("it failed");
+        assert!(m.fixpoint, "seed {seed}: budget too small for a fixpoint");
+        assert_eq!(m.signature, finding.signature);
+        assert!(
+            m.after.within(&m.before),
+            "seed {seed}: {:?} -> {:?}",
+            m.before,
+            m.after
+        );
+        assert_eq!(CaseSize::of(&m.case), m.after);
+        let again = nanhunt::run(&m.case).unwrap();
+        assert_eq!(again.finding().map(|f| &f.signature), Some(&m.signature));
+        let m2 = minimize(&m.case, None, &budget)
+            .unwrap()
+            .expect("still fails");
+        assert_eq!(
+            m2.case, m.case,
+            "seed {seed}: minimizing again changed the case"
+        );
+        checked += 1;
+        if checked == 3 {
+            break;
+        }
+    }
+    assert_eq!(checked, 3, "the strategy yielded too few failing cases");
+}
+
+#[test]
+fn the_checked_in_reproducers_still_reproduce() {
+    let dir = root().join("corpora/repro");
+    let files = nanhunt::regression::reproducer_files(&dir).unwrap();
+    assert!(
+        !files.is_empty(),
+        "corpora/repro holds the campaign's reproducers"
+    );
+    nanhunt::regression::assert_dir_reproduces(&dir, None);
+}
