@@ -6,11 +6,23 @@ mod cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     match cli::main() {
         Ok(code) => code.into(),
         Err(e) => {
             eprintln!("error: {e:#}");
             cli::Exit::Error.into()
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so `nanhunt fuzz | head` would panic on the closed
+/// pipe; with the default action the process ends quietly, like other tools.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_DFL at startup, before
+    // any thread exists, has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

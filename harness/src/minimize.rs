@@ -422,6 +422,8 @@ pub fn minimize(
                     current = candidate;
                     step = finding.step;
                     changed = true;
+                    // The other candidates were made from the old case: start over.
+                    break;
                 }
             }
         }
