@@ -166,6 +166,8 @@ struct State {
     found: BTreeMap<String, Case>,
     entries: Vec<Entry>,
     new: Vec<String>,
+    /// Unstable runs of this session (for the progress line).
+    unstable: u64,
 }
 
 /// A fresh generated case, or a mutation of a found one.
@@ -373,6 +375,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
         found,
         entries,
         new: Vec::new(),
+        unstable: 0,
     });
 
     let started = Instant::now();
@@ -483,6 +486,13 @@ fn worker(
             run_model(&case, &factory, &RunOptions::default())
         }));
         let millis = t0.elapsed().as_millis() as u64;
+        let losses: Vec<f64> = match &outcome {
+            Ok(Ok(o)) => o
+                .trace()
+                .map(|t| t.losses.iter().map(|&l| l as f32 as f64).collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         let (verdict, signature, step, message) = match outcome {
             Ok(Ok(Outcome::Stable { .. })) => ("stable", None, None, None),
             Ok(Ok(Outcome::Unstable { finding })) => (
@@ -498,6 +508,11 @@ fn worker(
         let entry = Entry::Run {
             index,
             family: case.family().to_string(),
+            loss: case.loss.name().to_string(),
+            optimizer: case.optimizer.name().to_string(),
+            precision: case.precision.name().to_string(),
+            device: case.device.to_string(),
+            losses,
             verdict: verdict.to_string(),
             signature: signature.clone(),
             step,
@@ -527,11 +542,8 @@ fn worker(
             };
             let runs = session_runs.fetch_add(1, Ordering::SeqCst) + 1;
             let rate = runs as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            let unstable = st
-                .entries
-                .iter()
-                .filter(|e| matches!(e, Entry::Run { verdict, .. } if verdict == "unstable"))
-                .count();
+            st.unstable += u64::from(verdict == "unstable");
+            let unstable = st.unstable;
             progress.set_message(format!(
                 "{rate:.1} runs/s, {unstable} findings, {} signatures",
                 st.found.len()

@@ -29,6 +29,10 @@ pub enum Entry {
     Run {
         index: u64,
         family: String,
+        loss: String,
+        optimizer: String,
+        precision: String,
+        device: String,
         verdict: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<Signature>,
@@ -36,6 +40,9 @@ pub enum Entry {
         step: Option<usize>,
         lr: f64,
         millis: u64,
+        /// The loss of each executed step, rounded to f32 (for the report's curves).
+        #[serde(default, with = "crate::floats::vec")]
+        losses: Vec<f64>,
         /// For errors and panics: what went wrong.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
@@ -127,6 +134,11 @@ mod tests {
         Entry::Run {
             index,
             family: "cnn".into(),
+            loss: "cross_entropy".into(),
+            optimizer: "adam".into(),
+            precision: "f32".into(),
+            device: "cpu".into(),
+            losses: vec![1.5, 0.25],
             verdict: "stable".into(),
             signature: None,
             step: None,
