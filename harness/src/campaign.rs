@@ -322,16 +322,21 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
         ));
     }
     crate::device::open(opts.device)?;
-    let (mut journal, entries) = Journal::open(out)?;
+    let (mut journal, mut entries) = Journal::open(out)?;
     let header = Entry::Start {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
         seed: opts.seed,
         families: opts.strategy.families.clone(),
         clean_data: opts.strategy.clean_data,
         shard: (opts.shard.index, opts.shard.count),
+        device: opts.device.to_string(),
+        budget: budget_text(opts),
     };
     match entries.first() {
-        None => journal.append(&header)?,
+        None => {
+            journal.append(&header)?;
+            entries.push(header);
+        }
         Some(Entry::Start { seed, families, clean_data, shard, .. })
             if *seed == opts.seed
                 && families == &opts.strategy.families
@@ -432,7 +437,31 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
         &out.join(SUMMARY_FILE),
         &serde_json::to_string_pretty(&summary).expect("summary serializes"),
     )?;
+    write_reports(out, &st.entries)?;
     Ok(summary)
+}
+
+/// Writes `report.json`, `report.md` and `report.html` of a campaign's entries.
+pub fn write_reports(out: &Path, entries: &[Entry]) -> Result<()> {
+    let report = crate::report::StabilityReport::from_entries(entries);
+    write_atomic(&out.join("report.json"), &report.to_json())?;
+    write_atomic(&out.join("report.md"), &report.to_markdown())?;
+    write_atomic(&out.join("report.html"), &report.to_html())
+}
+
+/// The budget in words: `2h 0m 0s`, `100 runs`, or both.
+pub fn budget_text(opts: &CampaignOptions) -> String {
+    let time = opts.budget.map(|d| {
+        let s = d.as_secs();
+        format!("{}h {}m {}s", s / 3600, s / 60 % 60, s % 60)
+    });
+    let runs = opts.runs.map(|n| format!("{n} runs"));
+    match (time, runs) {
+        (Some(t), Some(r)) => format!("{t} or {r}"),
+        (Some(t), None) => t,
+        (None, Some(r)) => r,
+        (None, None) => "unbounded".into(),
+    }
 }
 
 fn progress_bar(opts: &CampaignOptions) -> indicatif::ProgressBar {

@@ -24,6 +24,11 @@ pub enum Entry {
         families: Vec<String>,
         clean_data: bool,
         shard: (u64, u64),
+        #[serde(default)]
+        device: String,
+        /// The budget the campaign was started with (`2h`, `100 runs`).
+        #[serde(default)]
+        budget: String,
     },
     /// One training run.
     Run {

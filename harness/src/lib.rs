@@ -25,6 +25,7 @@ pub mod outcome;
 pub mod probe;
 pub mod regression;
 pub mod replay;
+pub mod report;
 pub mod repro;
 pub mod rng;
 pub mod runner;

@@ -28,6 +28,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         ));
     }
     let mut header: Option<(u64, Vec<String>, bool)> = None;
+    let mut start: Option<Entry> = None;
     let mut merged: Vec<Entry> = Vec::new();
     let mut runs = BTreeSet::new();
     let mut findings = BTreeSet::new();
@@ -45,7 +46,10 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
                 } => {
                     let this = (*seed, families.clone(), *clean_data);
                     match &header {
-                        None => header = Some(this),
+                        None => {
+                            header = Some(this);
+                            start = Some(e.clone());
+                        }
                         Some(h) if *h == this => {}
                         Some(_) => {
                             return Err(Error::invalid(
@@ -100,12 +104,18 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         ..CampaignOptions::default()
     };
     let (mut journal, _) = Journal::open(out)?;
+    let (device, budget) = match start {
+        Some(Entry::Start { device, budget, .. }) => (device, budget),
+        _ => unreachable!("a header was found"),
+    };
     journal.append(&Entry::Start {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
         seed,
         families,
         clean_data,
         shard: (0, 1),
+        device,
+        budget: format!("{budget} per shard, {} shards", inputs.len()),
     })?;
     for e in &merged {
         journal.append(e)?;
@@ -115,5 +125,6 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         &out.join(SUMMARY_FILE),
         &serde_json::to_string_pretty(&summary).expect("summary serializes"),
     )?;
+    crate::campaign::write_reports(out, &read_entries(&out.join(JOURNAL_FILE), false)?)?;
     Ok(summary)
 }

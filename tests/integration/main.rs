@@ -4,6 +4,7 @@
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
 
 mod campaign;
@@ -11,4 +12,5 @@ mod cli;
 mod diagnose;
 mod dump;
 mod planted;
+mod report;
 mod support;

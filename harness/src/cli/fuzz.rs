@@ -116,4 +116,8 @@ pub fn print_summary(s: &Summary, out: &std::path::Path) {
     }
     println!("reproducers: {}", out.join(REPRO_DIR).display());
     println!("summary: {}", out.join(SUMMARY_FILE).display());
+    println!(
+        "report: {} (also .md and .json)",
+        out.join("report.html").display()
+    );
 }

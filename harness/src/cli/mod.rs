@@ -9,6 +9,7 @@ mod gradcheck;
 mod merge;
 mod minimize;
 mod replay;
+mod report;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +59,8 @@ enum Command {
     Gradcheck(gradcheck::Args),
     /// The five-step diagnosis: reproduce, check data, gradients, loss and hardware; verified fixes.
     Diagnose(diagnose::Args),
+    /// Render a campaign's stability report (Markdown, JSON or self-contained HTML).
+    Report(report::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
 }
@@ -72,6 +75,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Run(a) => run::main(a),
         Command::Gradcheck(a) => gradcheck::main(a),
         Command::Replay(a) => replay::main(a),
+        Command::Report(a) => report::main(a),
         Command::Diagnose(a) => diagnose::main(a),
     }
 }

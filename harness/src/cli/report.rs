@@ -1,0 +1,40 @@
+//! `nanhunt report DIR`: the stability report of a campaign directory.
+
+use super::Exit;
+use nanhunt::report::StabilityReport;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Md,
+    Json,
+    Html,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A campaign directory (`fuzz --out`, or `merge --out`).
+    dir: PathBuf,
+    #[arg(long, value_enum, default_value = "md")]
+    format: Format,
+    /// Write here instead of printing.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    let report = StabilityReport::from_dir(&args.dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.dir.display()))?;
+    let text = match args.format {
+        Format::Md => report.to_markdown(),
+        Format::Json => report.to_json(),
+        Format::Html => report.to_html(),
+    };
+    match &args.out {
+        Some(path) => {
+            nanhunt::campaign::write_atomic(path, &text).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(Exit::Clean)
+}

@@ -1,0 +1,256 @@
+//! A self-contained HTML page (inline CSS, inline SVG plots drawn with
+//! plotters; no external assets) with the Markdown report's tables.
+
+use super::{round_sig, StabilityReport};
+use plotters::prelude::*;
+use std::fmt::Write;
+
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Loss curves of a family's representative stable and unstable runs.
+fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
+    let curves: Vec<_> = r
+        .curves
+        .iter()
+        .filter(|c| c.family == family && !c.losses.is_empty())
+        .collect();
+    let finite: Vec<f64> = curves
+        .iter()
+        .flat_map(|c| c.losses.iter().copied())
+        .filter(|v| v.is_finite())
+        .collect();
+    if finite.is_empty() {
+        return None;
+    }
+    let (lo, hi) = finite
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    let pad = ((hi - lo).abs() * 0.05).max(1e-6);
+    let steps = curves
+        .iter()
+        .map(|c| c.losses.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (520, 300)).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("{family}: loss of representative runs"),
+                ("sans-serif", 15),
+            )
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..(steps - 1) as f64, (lo - pad)..(hi + pad))
+            .ok()?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .draw()
+            .ok()?;
+        for c in &curves {
+            let color = if c.verdict == "stable" {
+                PALETTE[2]
+            } else {
+                PALETTE[1]
+            };
+            let points: Vec<(f64, f64)> = c
+                .losses
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(x, &v)| (x as f64, v))
+                .collect();
+            let label = match &c.signature {
+                Some(s) => format!("run {} ({}): {s}", c.index, c.verdict),
+                None => format!("run {} ({})", c.index, c.verdict),
+            };
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .ok()?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled())))
+                .ok()?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// Failure rate against log10(learning rate), one series per family.
+fn lr_plot(r: &StabilityReport) -> Option<String> {
+    if r.lr_sweep.is_empty() {
+        return None;
+    }
+    let lo = r.lr_sweep.iter().map(|b| b.decade).min()? as f64;
+    let hi = r.lr_sweep.iter().map(|b| b.decade).max()? as f64 + 1.0;
+    let mut families: Vec<&str> = r.lr_sweep.iter().map(|b| b.family.as_str()).collect();
+    families.dedup();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (520, 300)).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("failure rate by learning rate", ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(lo..hi, 0f64..1.05f64)
+            .ok()?;
+        chart
+            .configure_mesh()
+            .x_desc("log10(learning rate), decade centre")
+            .y_desc("unstable / runs")
+            .draw()
+            .ok()?;
+        for (i, family) in families.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let points: Vec<(f64, f64)> = r
+                .lr_sweep
+                .iter()
+                .filter(|b| b.family == *family)
+                .map(|b| {
+                    (
+                        b.decade as f64 + 0.5,
+                        round_sig(b.unstable as f64 / b.runs as f64, 3),
+                    )
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .ok()?
+                .label(*family)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .ok()?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+pub fn render(r: &StabilityReport) -> String {
+    let mut s = String::new();
+    let h = &r.header;
+    let _ = write!(
+        s,
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>nanhunt stability report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }}
+th {{ background: #f3f3f3; }}
+td.num {{ text-align: right; }}
+.plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
+code {{ font-size: 0.9em; }}
+</style></head><body>
+<h1>nanhunt stability report</h1>
+<p>Campaign seed {}, families {}, device {}, budget {}{}; nanhunt {}.</p>
+"#,
+        h.seed,
+        escape(&h.families.join(", ")),
+        escape(&h.device),
+        escape(&h.budget),
+        if h.clean_data { ", clean data" } else { "" },
+        escape(&h.nanhunt_version)
+    );
+    let t = &r.totals;
+    let _ = writeln!(
+        s,
+        "<table><tr><th>runs</th><th>stable</th><th>unstable</th><th>errors</th><th>signatures</th></tr>\
+<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>",
+        t.runs, t.stable, t.unstable, t.errors, r.signatures.len()
+    );
+    let _ = writeln!(s, "<h2>Plots</h2><div class=\"plots\">");
+    for family in &h.families {
+        if let Some(svg) = loss_plot(r, family) {
+            let _ = writeln!(s, "<figure>{svg}</figure>");
+        }
+    }
+    if let Some(svg) = lr_plot(r) {
+        let _ = writeln!(s, "<figure>{svg}</figure>");
+    }
+    let _ = writeln!(s, "</div>");
+
+    let _ = writeln!(s, "<h2>Failure signatures</h2><table><tr><th>kind</th><th>phase</th><th>stage</th><th>family</th><th>optimizer</th><th>precision</th><th>device</th><th>runs</th><th>first step</th><th>reproducer</th></tr>");
+    for row in &r.signatures {
+        let g = &row.signature;
+        let _ = writeln!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td><code>{}</code></td></tr>",
+            g.kind.as_str(),
+            g.phase.as_str(),
+            escape(&g.stage),
+            escape(&g.family),
+            escape(&g.optimizer),
+            escape(&g.precision),
+            escape(&g.device),
+            row.count,
+            row.first_step,
+            escape(row.reproducer.as_deref().unwrap_or("–"))
+        );
+    }
+    let _ = writeln!(s, "</table>");
+    let _ = writeln!(s, "<h2>By configuration</h2><table><tr><th>family</th><th>loss</th><th>optimizer</th><th>precision</th><th>device</th><th>runs</th><th>unstable</th><th>LR seen stable</th><th>LR seen unstable</th></tr>");
+    let range = |r: &Option<[f64; 2]>| match r {
+        None => "–".to_string(),
+        Some([lo, hi]) => format!("{lo:e} – {hi:e}"),
+    };
+    for g in &r.groups {
+        let _ = writeln!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&g.family),
+            escape(&g.loss),
+            escape(&g.optimizer),
+            escape(&g.precision),
+            escape(&g.device),
+            g.totals.runs,
+            g.totals.unstable,
+            range(&g.lr_stable),
+            range(&g.lr_unstable)
+        );
+    }
+    let _ = writeln!(s, "</table>\n</body></html>");
+    s
+}

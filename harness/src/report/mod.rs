@@ -1,0 +1,314 @@
+//! The stability report: what a campaign's runs say, per family × loss ×
+//! optimizer × precision × device, rendered as JSON, Markdown and a
+//! self-contained HTML page with SVG plots. The report reads outcomes and
+//! never runs anything. Every float in it is rounded (3 significant digits
+//! for learning rates, 4 for losses) and every collection sorted, so that
+//! the same campaign gives byte-identical output, ready for snapshots.
+
+mod html;
+mod markdown;
+mod user;
+
+pub use user::{user_report, UserCampaign};
+
+use crate::journal::Entry;
+use crate::outcome::Signature;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReportHeader {
+    pub nanhunt_version: String,
+    pub seed: u64,
+    pub families: Vec<String>,
+    pub device: String,
+    pub budget: String,
+    pub clean_data: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    pub runs: u64,
+    pub stable: u64,
+    pub unstable: u64,
+    /// Rejected, errored or panicked runs.
+    pub errors: u64,
+}
+
+/// One configuration: family × loss × optimizer × precision × device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub family: String,
+    pub loss: String,
+    pub optimizer: String,
+    pub precision: String,
+    pub device: String,
+    pub totals: Totals,
+    /// Unstable runs by signature slug.
+    pub failures: BTreeMap<String, u64>,
+    pub first_failure_step: Option<usize>,
+    pub reproducers: Vec<String>,
+    /// [lowest, highest] learning rate seen stable / unstable.
+    pub lr_stable: Option<[f64; 2]>,
+    pub lr_unstable: Option<[f64; 2]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignatureRow {
+    pub slug: String,
+    pub signature: Signature,
+    pub count: u64,
+    /// The earliest step at which it appeared.
+    pub first_step: usize,
+    pub reproducer: Option<String>,
+}
+
+/// The loss curve of a representative run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Curve {
+    pub family: String,
+    pub verdict: String,
+    pub index: u64,
+    pub signature: Option<String>,
+    #[serde(with = "crate::floats::vec")]
+    pub losses: Vec<f64>,
+}
+
+/// Runs and failures in one decade of learning rate, per family.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LrBin {
+    pub family: String,
+    /// floor(log10(lr)); lr 0 counts in the lowest decade seen.
+    pub decade: i32,
+    pub runs: u64,
+    pub unstable: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StabilityReport {
+    pub header: ReportHeader,
+    pub totals: Totals,
+    pub signatures: Vec<SignatureRow>,
+    pub groups: Vec<Group>,
+    pub reproducers: Vec<String>,
+    pub curves: Vec<Curve>,
+    pub lr_sweep: Vec<LrBin>,
+}
+
+/// `x` rounded to `digits` significant digits (NaN and ±inf kept).
+pub fn round_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let text = format!("{:.*e}", (digits - 1).max(0) as usize, x);
+    text.parse().unwrap_or(x)
+}
+
+fn widen(range: &mut Option<[f64; 2]>, lr: f64) {
+    let lr = round_sig(lr, 3);
+    *range = Some(match *range {
+        None => [lr, lr],
+        Some([lo, hi]) => [lo.min(lr), hi.max(lr)],
+    });
+}
+
+impl StabilityReport {
+    /// Builds the report of a campaign journal's entries.
+    pub fn from_entries(entries: &[Entry]) -> StabilityReport {
+        let mut header = ReportHeader {
+            nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+            seed: 0,
+            families: Vec::new(),
+            device: "cpu".into(),
+            budget: String::new(),
+            clean_data: false,
+        };
+        let mut totals = Totals::default();
+        let mut groups: BTreeMap<(String, String, String, String, String), Group> = BTreeMap::new();
+        let mut sigs: BTreeMap<String, SignatureRow> = BTreeMap::new();
+        let mut reproducer_of: BTreeMap<String, String> = BTreeMap::new();
+        let mut curves: BTreeMap<(String, String), Curve> = BTreeMap::new();
+        let mut bins: BTreeMap<(String, i32), LrBin> = BTreeMap::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for e in entries {
+            match e {
+                Entry::Start {
+                    nanhunt_version,
+                    seed,
+                    families,
+                    clean_data,
+                    device,
+                    budget,
+                    ..
+                } => {
+                    header = ReportHeader {
+                        nanhunt_version: nanhunt_version.clone(),
+                        seed: *seed,
+                        families: families.clone(),
+                        device: device.clone(),
+                        budget: budget.clone(),
+                        clean_data: *clean_data,
+                    };
+                }
+                Entry::Reproducer {
+                    signature, file, ..
+                } => {
+                    let slot = reproducer_of
+                        .entry(signature.slug())
+                        .or_insert_with(|| file.clone());
+                    if file < slot {
+                        *slot = file.clone();
+                    }
+                }
+                Entry::Run {
+                    index,
+                    family,
+                    loss,
+                    optimizer,
+                    precision,
+                    device,
+                    verdict,
+                    signature,
+                    step,
+                    lr,
+                    losses,
+                    ..
+                } => {
+                    if !seen.insert(*index) {
+                        continue;
+                    }
+                    let key = (
+                        family.clone(),
+                        loss.clone(),
+                        optimizer.clone(),
+                        precision.clone(),
+                        device.clone(),
+                    );
+                    let g = groups.entry(key).or_insert_with(|| Group {
+                        family: family.clone(),
+                        loss: loss.clone(),
+                        optimizer: optimizer.clone(),
+                        precision: precision.clone(),
+                        device: device.clone(),
+                        totals: Totals::default(),
+                        failures: BTreeMap::new(),
+                        first_failure_step: None,
+                        reproducers: Vec::new(),
+                        lr_stable: None,
+                        lr_unstable: None,
+                    });
+                    for t in [&mut totals, &mut g.totals] {
+                        t.runs += 1;
+                        match verdict.as_str() {
+                            "stable" => t.stable += 1,
+                            "unstable" => t.unstable += 1,
+                            _ => t.errors += 1,
+                        }
+                    }
+                    match verdict.as_str() {
+                        "stable" => widen(&mut g.lr_stable, *lr),
+                        "unstable" => widen(&mut g.lr_unstable, *lr),
+                        _ => {}
+                    }
+                    if let (Some(sig), Some(step)) = (signature, step) {
+                        *g.failures.entry(sig.slug()).or_insert(0) += 1;
+                        g.first_failure_step =
+                            Some(g.first_failure_step.map_or(*step, |s| s.min(*step)));
+                        let row = sigs.entry(sig.slug()).or_insert_with(|| SignatureRow {
+                            slug: sig.slug(),
+                            signature: sig.clone(),
+                            count: 0,
+                            first_step: *step,
+                            reproducer: None,
+                        });
+                        row.count += 1;
+                        row.first_step = row.first_step.min(*step);
+                    }
+                    if verdict == "stable" || verdict == "unstable" {
+                        // The representative run of a family and verdict: the lowest index.
+                        let slot = curves
+                            .entry((family.clone(), verdict.clone()))
+                            .or_insert_with(|| Curve {
+                                family: family.clone(),
+                                verdict: verdict.clone(),
+                                index: u64::MAX,
+                                signature: None,
+                                losses: Vec::new(),
+                            });
+                        if *index < slot.index {
+                            slot.index = *index;
+                            slot.signature = signature.as_ref().map(|s| s.slug());
+                            slot.losses = losses.iter().map(|&l| round_sig(l, 4)).collect();
+                        }
+                        let decade = if *lr > 0.0 {
+                            lr.log10().floor() as i32
+                        } else {
+                            -12
+                        };
+                        let bin = bins
+                            .entry((family.clone(), decade))
+                            .or_insert_with(|| LrBin {
+                                family: family.clone(),
+                                decade,
+                                runs: 0,
+                                unstable: 0,
+                            });
+                        bin.runs += 1;
+                        bin.unstable += u64::from(verdict == "unstable");
+                    }
+                }
+                Entry::Finding { .. } => {}
+            }
+        }
+        for row in sigs.values_mut() {
+            row.reproducer = reproducer_of.get(&row.slug).cloned();
+        }
+        let mut groups: Vec<Group> = groups.into_values().collect();
+        for g in &mut groups {
+            g.reproducers = g
+                .failures
+                .keys()
+                .filter_map(|s| reproducer_of.get(s).cloned())
+                .collect();
+        }
+        StabilityReport {
+            header,
+            totals,
+            signatures: sigs.into_values().collect(),
+            groups,
+            reproducers: reproducer_of.into_values().collect(),
+            curves: curves.into_values().collect(),
+            lr_sweep: bins.into_values().collect(),
+        }
+    }
+
+    /// Reads a campaign directory's journal.
+    pub fn from_dir(dir: &std::path::Path) -> crate::Result<StabilityReport> {
+        let entries = crate::journal::read_entries(&dir.join(crate::journal::JOURNAL_FILE), false)?;
+        Ok(StabilityReport::from_entries(&entries))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("reports serialize")
+    }
+
+    pub fn to_markdown(&self) -> String {
+        markdown::render(self)
+    }
+
+    pub fn to_html(&self) -> String {
+        html::render(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_keeps_significant_digits() {
+        assert_eq!(round_sig(0.012345, 3), 0.0123);
+        assert_eq!(round_sig(123456.0, 3), 123000.0);
+        assert!(round_sig(f64::NAN, 3).is_nan());
+    }
+}

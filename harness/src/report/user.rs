@@ -1,0 +1,87 @@
+//! A seeded campaign around a user's own model, returning a report ready
+//! for `insta::assert_snapshot!` in the user's test suite.
+
+use super::StabilityReport;
+use crate::campaign::mutate;
+use crate::error::Result;
+use crate::journal::Entry;
+use crate::models::ModelFactory;
+use crate::outcome::Outcome;
+use crate::rng::Rng;
+use crate::runner::{run_model, RunOptions};
+use crate::spec::{Case, Limits};
+
+/// How many runs and from which seed.
+#[derive(Clone, Debug)]
+pub struct UserCampaign {
+    pub runs: u64,
+    pub seed: u64,
+}
+
+impl Default for UserCampaign {
+    fn default() -> Self {
+        UserCampaign { runs: 24, seed: 0 }
+    }
+}
+
+/// Runs the user's case and `runs - 1` seeded mutations of it (learning
+/// rate, data seed, precision, steps, input scale, clipping, batch size)
+/// with the user's model, and reports on them. Deterministic for a given
+/// seed on a given machine.
+pub fn user_report(
+    base: &Case,
+    factory: &dyn ModelFactory,
+    campaign: &UserCampaign,
+) -> Result<StabilityReport> {
+    let mut entries = vec![Entry::Start {
+        nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+        seed: campaign.seed,
+        families: vec![base.family().to_string()],
+        clean_data: base.data.pathologies.is_empty(),
+        shard: (0, 1),
+        device: base.device.to_string(),
+        budget: format!("{} runs", campaign.runs),
+    }];
+    for index in 0..campaign.runs {
+        let case = if index == 0 {
+            base.clone()
+        } else {
+            let mut rng = Rng::keyed(campaign.seed, "report.user", index);
+            let c = mutate(base, &mut rng);
+            if c.validate(&Limits::default()).is_ok() {
+                c
+            } else {
+                base.clone()
+            }
+        };
+        let outcome = run_model(&case, factory, &RunOptions::default())?;
+        let (verdict, signature, step) = match &outcome {
+            Outcome::Stable { .. } => ("stable", None, None),
+            Outcome::Unstable { finding } => (
+                "unstable",
+                Some(finding.signature.clone()),
+                Some(finding.step),
+            ),
+            Outcome::Rejected { .. } => ("rejected", None, None),
+        };
+        entries.push(Entry::Run {
+            index,
+            family: case.family().to_string(),
+            loss: case.loss.name().to_string(),
+            optimizer: case.optimizer.name().to_string(),
+            precision: case.precision.name().to_string(),
+            device: case.device.to_string(),
+            verdict: verdict.to_string(),
+            signature,
+            step,
+            lr: case.optimizer.lr(),
+            millis: 0,
+            losses: outcome
+                .trace()
+                .map(|t| t.losses.clone())
+                .unwrap_or_default(),
+            message: None,
+        });
+    }
+    Ok(StabilityReport::from_entries(&entries))
+}
