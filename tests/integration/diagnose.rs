@@ -74,12 +74,7 @@ fn augmentation_that_divides_by_zero() {
 #[test]
 fn learning_rate_too_high() {
     let mut c = Case::example("cnn").unwrap();
-    c.optimizer = OptimizerSpec::Sgd {
-        lr: 50.0,
-        momentum: 0.0,
-        nesterov: false,
-        weight_decay: 0.0,
-    };
+    c.optimizer = sgd(50.0);
     let d = diagnosis(c);
     assert_first(&d, CauseKind::LearningRate);
 }
@@ -88,12 +83,7 @@ fn learning_rate_too_high() {
 fn unsafe_loss() {
     let mut c = raw_cnn();
     c.data.scale = 1e3;
-    c.optimizer = OptimizerSpec::Sgd {
-        lr: 1e-9,
-        momentum: 0.0,
-        nesterov: false,
-        weight_decay: 0.0,
-    };
+    c.optimizer = sgd(1e-9);
     c.loss = LossSpec::NaiveCrossEntropy { eps: 0.0 };
     let d = diagnosis(c);
     assert_first(&d, CauseKind::UnsafeLoss);
@@ -118,12 +108,7 @@ fn adam_eps_zero() {
 fn half_precision_overflow() {
     let mut c = raw_cnn();
     c.data.scale = 8e3;
-    c.optimizer = OptimizerSpec::Sgd {
-        lr: 1e-9,
-        momentum: 0.0,
-        nesterov: false,
-        weight_decay: 0.0,
-    };
+    c.optimizer = sgd(1e-9);
     c.precision = Precision::F16;
     let d = diagnosis(c);
     assert_first(&d, CauseKind::Precision);

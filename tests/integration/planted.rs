@@ -1,6 +1,7 @@
 //! Planted faults, one per phase: each finding must name the stage that
 //! *produced* the non-finite value, not a stage downstream that propagated it.
 
+use crate::support::sgd;
 use candle_core::{Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder};
 use nanhunt::models::{Model, Tracer};
@@ -26,12 +27,7 @@ fn vector_case(name: &str) -> Case {
         outputs: 4,
         init: InitSpec::default(),
     });
-    c.optimizer = OptimizerSpec::Sgd {
-        lr: 1e-3,
-        momentum: 0.0,
-        nesterov: false,
-        weight_decay: 0.0,
-    };
+    c.optimizer = sgd(1e-3);
     c
 }
 
@@ -205,12 +201,7 @@ fn f16_overflow_in_attention_scores() {
     t.norm = NormPlacement::None;
     t.attention_scale = AttentionScale::None;
     t.init.gain = 16.0;
-    c.optimizer = OptimizerSpec::Sgd {
-        lr: 1e-6,
-        momentum: 0.0,
-        nesterov: false,
-        weight_decay: 0.0,
-    };
+    c.optimizer = sgd(1e-6);
     c.precision = Precision::F16;
     let f = finding(run(&c).unwrap());
     assert_eq!(

@@ -1,5 +1,6 @@
 //! Shared helpers: the built `nanhunt` binary and the checked-in case files.
 
+use nanhunt::spec::OptimizerSpec;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -55,4 +56,14 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Plain SGD (no momentum, no weight decay).
+pub fn sgd(lr: f64) -> OptimizerSpec {
+    OptimizerSpec::Sgd {
+        lr,
+        momentum: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    }
 }

@@ -21,6 +21,33 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Draws one labelled line with a marker at each point.
+fn draw_line<DB: DrawingBackend>(
+    chart: &mut ChartContext<
+        '_,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+    label: String,
+    radius: i32,
+) -> Option<()> {
+    chart
+        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+        .ok()?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|&p| Circle::new(p, radius, color.filled())),
+        )
+        .ok()?;
+    Some(())
+}
+
 /// Loss curves of a family's representative stable and unstable runs.
 fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
     let curves: Vec<_> = r
@@ -85,16 +112,7 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
                 Some(s) => format!("run {} ({}): {s}", c.index, c.verdict),
                 None => format!("run {} ({})", c.index, c.verdict),
             };
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .ok()?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled())))
-                .ok()?;
+            draw_line(&mut chart, points, color, label, 2)?;
         }
         chart
             .configure_series_labels()
@@ -146,16 +164,7 @@ fn lr_plot(r: &StabilityReport) -> Option<String> {
                     )
                 })
                 .collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .ok()?
-                .label(*family)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .ok()?;
+            draw_line(&mut chart, points, color, family.to_string(), 3)?;
         }
         chart
             .configure_series_labels()
