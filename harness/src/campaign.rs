@@ -13,7 +13,6 @@ use crate::journal::{Entry, Journal};
 use crate::minimize::{minimize, MinimizeOptions};
 use crate::models::BuiltinFactory;
 use crate::outcome::{Outcome, Signature};
-use crate::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
 use crate::rng::Rng;
 use crate::runner::{run_model, RunOptions};
 use crate::spec::*;
@@ -276,20 +275,7 @@ fn reproduce(
     let Some(m) = m.filter(|m| &m.signature == signature) else {
         return Ok(None); // not reproducible from a fresh start: nothing to write
     };
-    let repro = Reproducer {
-        format: REPRO_FORMAT,
-        case: m.case.clone(),
-        expected: Expected {
-            signature: m.signature.clone(),
-            step: m.step,
-        },
-        provenance: Provenance {
-            nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
-            original: Some(case.clone()),
-            runs_used: m.runs,
-            source: format!("campaign seed {} run {index}", opts.seed),
-        },
-    };
+    let repro = m.reproducer(case, format!("campaign seed {} run {index}", opts.seed));
     let file = reproducer_name(&m.signature, &m.case);
     write_atomic(&opts.out.join(REPRO_DIR).join(&file), &repro.to_json())?;
     Ok(Some(Entry::Reproducer {

@@ -82,6 +82,28 @@ pub struct Minimized {
     pub fixpoint: bool,
 }
 
+impl Minimized {
+    /// The reproducer of this result: the minimized case, its expected
+    /// signature and step, and where it came from.
+    pub fn reproducer(&self, original: &Case, source: String) -> crate::repro::Reproducer {
+        use crate::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
+        Reproducer {
+            format: REPRO_FORMAT,
+            case: self.case.clone(),
+            expected: Expected {
+                signature: self.signature.clone(),
+                step: self.step,
+            },
+            provenance: Provenance {
+                nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+                original: Some(original.clone()),
+                runs_used: self.runs,
+                source,
+            },
+        }
+    }
+}
+
 /// One significant digit: 0.0123 → 0.01, 3.7e-4 → 4e-4.
 pub fn round1(x: f64) -> f64 {
     if x == 0.0 || !x.is_finite() {

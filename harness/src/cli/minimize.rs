@@ -3,7 +3,6 @@
 use super::{load_case, Exit, LimitArgs};
 use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
 use nanhunt::models::BuiltinFactory;
-use nanhunt::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
 use nanhunt::RunOptions;
 use std::path::PathBuf;
 
@@ -50,20 +49,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         println!("the case trains stably: nothing to minimize");
         return Ok(Exit::Clean);
     };
-    let repro = Reproducer {
-        format: REPRO_FORMAT,
-        case: m.case.clone(),
-        expected: Expected {
-            signature: m.signature.clone(),
-            step: m.step,
-        },
-        provenance: Provenance {
-            nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
-            original: Some(case),
-            runs_used: m.runs,
-            source: format!("nanhunt minimize {}", args.case.display()),
-        },
-    };
+    let repro = m.reproducer(&case, format!("nanhunt minimize {}", args.case.display()));
     eprintln!("signature: {}", m.signature);
     eprintln!(
         "runs used: {}{}",
