@@ -16,16 +16,39 @@ pub fn cases(sub: &str) -> PathBuf {
     root().join("tests/cases").join(sub)
 }
 
+/// The newest modification time of the files under `dir`.
+fn newest_source(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            newest_source(&path)
+        } else {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(newest)
+        };
+        newest = newest.max(t);
+    }
+    newest
+}
+
 /// The `nanhunt` binary of this build profile (`target/<profile>/nanhunt`).
-/// `cargo test --workspace` builds it for the harness crate's own tests; a
-/// run of this crate alone (`cargo test -p nanhunt-tests`) would find a stale
-/// one, so the first call asks cargo to bring it up to date.
+/// `cargo test --workspace` builds it for the harness crate's own tests. A
+/// run of this crate alone (`cargo test -p nanhunt-tests`) may find it older
+/// than the harness sources; then the first call asks cargo to rebuild it.
 pub fn binary() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let bin = profile_dir.join(format!("nanhunt{}", std::env::consts::EXE_SUFFIX));
     BUILT.call_once(|| {
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let sources = newest_source(&root().join("harness/src"));
+        if built.is_some_and(|b| b >= sources) {
+            return;
+        }
         let mut cargo = Command::new(env!("CARGO"));
         cargo.args(["build", "--quiet", "-p", "nanhunt", "--bin", "nanhunt"]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
