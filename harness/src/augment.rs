@@ -5,6 +5,13 @@ use crate::data::{HostBatch, HostInput};
 use crate::rng::Rng;
 use crate::spec::{Augment, NormalizeSpec};
 
+/// Applies a whole pipeline, in order, to the batch of `step`.
+pub fn apply_all(batch: &mut HostBatch, pipeline: &[Augment], seed: u64, step: usize) {
+    for (i, aug) in pipeline.iter().enumerate() {
+        apply(batch, aug, seed, i, step);
+    }
+}
+
 /// Applies one augmentation (index `i` of the pipeline) to the batch of `step`.
 pub fn apply(batch: &mut HostBatch, aug: &Augment, seed: u64, i: usize, step: usize) {
     let mut rng = Rng::keyed(seed, &format!("augment.{i}"), step as u64);

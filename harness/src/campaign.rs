@@ -220,21 +220,12 @@ pub fn mutate(base: &Case, rng: &mut Rng) -> Case {
     c
 }
 
-fn fnv_hex(text: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
 /// The reproducer file name: `<signature-slug>-<short hash of the case>.json`.
 pub fn reproducer_name(signature: &Signature, case: &Case) -> String {
     format!(
         "{}-{}.json",
         signature.slug(),
-        &fnv_hex(&case.to_json())[..8]
+        &format!("{:016x}", crate::rng::fnv1a(case.to_json().as_bytes()))[..8]
     )
 }
 

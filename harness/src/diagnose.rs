@@ -549,9 +549,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     let mut raw = generator.batch(finding.step, case.batch_size);
     apply_pathologies(&mut raw, &case.data.pathologies, case.seed, finding.step);
     let mut augmented = raw.clone();
-    for (i, a) in case.augment.iter().enumerate() {
-        crate::augment::apply(&mut augmented, a, case.seed, i, finding.step);
-    }
+    crate::augment::apply_all(&mut augmented, &case.augment, case.seed, finding.step);
     let (scan_raw, scan_aug) = (BatchScan::of(&raw), BatchScan::of(&augmented));
 
     // Step 3: gradient-norm growth before the failure.

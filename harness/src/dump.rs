@@ -122,6 +122,8 @@ pub struct Scene<'a> {
     pub names: &'a [String],
     /// The state before the failing step.
     pub before: &'a Snapshot,
+    /// The run's history before the failing step.
+    pub history: Trace,
     /// The failing step's batch after augmentation.
     pub batch: HostBatch,
     pub finding: &'a Finding,
@@ -191,7 +193,7 @@ pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
             optimizer_steps: before.optimizer.steps(),
             scaler: before.scaler.clone(),
             tracker: before.tracker.clone(),
-            trace: before.trace.clone(),
+            trace: scene.history.clone(),
         },
     };
 

@@ -205,7 +205,42 @@ pub struct Trace {
     pub loss_scale: Option<f64>,
 }
 
+/// The length of a trace's histories at some moment (a trace only grows
+/// within a step, so truncating to a mark undoes the step).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceMark {
+    losses: usize,
+    grad_norms: usize,
+    lrs: usize,
+    skipped_steps: usize,
+}
+
 impl Trace {
+    pub fn mark(&self) -> TraceMark {
+        TraceMark {
+            losses: self.losses.len(),
+            grad_norms: self.grad_norms.len(),
+            lrs: self.lrs.len(),
+            skipped_steps: self.skipped_steps,
+        }
+    }
+
+    /// Back to the state at `mark`.
+    pub fn truncate(&mut self, mark: TraceMark) {
+        self.losses.truncate(mark.losses);
+        self.grad_norms.truncate(mark.grad_norms);
+        self.lrs.truncate(mark.lrs);
+        self.skipped_steps = mark.skipped_steps;
+    }
+
+    /// A copy as it was at `mark`.
+    pub fn upto(&self, mark: TraceMark) -> Trace {
+        let mut t = self.clone();
+        t.truncate(mark);
+        t.loss_scale = None;
+        t
+    }
+
     pub fn first_loss(&self) -> Option<f64> {
         self.losses.first().copied()
     }

@@ -113,6 +113,7 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
     let factory = factory_for(&dump.case, factory, &builtin)?;
     let mut session = Session::new(&dump.case, factory, &RunOptions::default())?;
     let snapshot = snapshot_of(&dump, &session)?;
+    session.set_history(dump.stats.resume.trace.clone());
     session.restore(&snapshot)?;
     let step = dump.stats.step;
     let actual = session.step(step)?;
@@ -156,7 +157,7 @@ fn snapshot_of(dump: &Dump, session: &Session) -> Result<Snapshot> {
         optimizer,
         scaler: dump.stats.resume.scaler.clone(),
         tracker: dump.stats.resume.tracker.clone(),
-        trace: dump.stats.resume.trace.clone(),
+        history: dump.stats.resume.trace.mark(),
     })
 }
 

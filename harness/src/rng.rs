@@ -20,7 +20,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 /// FNV-1a: a stable hash of a stream name (std's hasher is not stable across releases).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);

@@ -227,7 +227,7 @@ impl<'a> Session<'a> {
     }
 
     pub fn into_trace(mut self) -> Trace {
-        if self.scaler.is_dynamic() || self.case.precision.loss_scaling().is_some() {
+        if self.case.precision.loss_scaling().is_some() {
             self.trace.loss_scale = Some(self.scaler.scale);
         }
         self.trace
@@ -244,9 +244,7 @@ impl<'a> Session<'a> {
         let case = &self.case;
         let mut batch = self.generator.batch(step, case.batch_size);
         apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
-        for (i, aug) in case.augment.iter().enumerate() {
-            augment::apply(&mut batch, aug, case.seed, i, step);
-        }
+        augment::apply_all(&mut batch, &case.augment, case.seed, step);
         batch
     }
 
@@ -444,8 +442,13 @@ impl<'a> Session<'a> {
             optimizer: self.optimizer.clone(),
             scaler: self.scaler.clone(),
             tracker: self.tracker.clone(),
-            trace: self.trace.clone(),
+            history: self.trace.mark(),
         })
+    }
+
+    /// Replaces the run's history (a replay starts from a dump's).
+    pub fn set_history(&mut self, trace: Trace) {
+        self.trace = trace;
     }
 
     /// Puts the session back into a snapshot's state.
@@ -456,7 +459,7 @@ impl<'a> Session<'a> {
         self.optimizer = snapshot.optimizer.clone();
         self.scaler = snapshot.scaler.clone();
         self.tracker = snapshot.tracker.clone();
-        self.trace = snapshot.trace.clone();
+        self.trace.truncate(snapshot.history);
         Ok(())
     }
 
@@ -474,6 +477,7 @@ impl<'a> Session<'a> {
                 case: &self.case,
                 names: &self.names,
                 before,
+                history: finding.trace.upto(before.history),
                 batch: self.batch_unchecked(finding.step),
                 finding,
             },
@@ -498,10 +502,12 @@ impl<'a> Session<'a> {
             return Ok(first.clone());
         }
         let after = self.snapshot()?;
+        let history = self.trace.clone();
         self.restore(before)?;
         let mut tracer = Tracer::on();
         let traced = self.step_inner(step, lr, &mut tracer, true)?;
         self.restore(&after)?;
+        self.trace = history;
         Ok(match traced {
             Some(f) => *f,
             None => Failure {

@@ -1,14 +1,15 @@
 //! The state a training step changes, captured before it.
 
 use crate::optim::Optimizer;
-use crate::outcome::Trace;
+use crate::outcome::TraceMark;
 use crate::probe::DivergenceTracker;
 use crate::scaler::LossScaler;
 use candle_core::Tensor;
 
 /// Everything a step changes, taken before it: the state a failing step is
 /// re-run from (for localization), and what a crash dump saves and a replay
-/// restores.
+/// restores. Taken every step while the probe is on, so it holds no copy of
+/// the (growing) history, only its length.
 #[derive(Clone)]
 pub struct Snapshot {
     /// Parameter values in creation order (deep copies: `Var::set` writes in place).
@@ -16,5 +17,5 @@ pub struct Snapshot {
     pub optimizer: Optimizer,
     pub scaler: LossScaler,
     pub tracker: DivergenceTracker,
-    pub trace: Trace,
+    pub history: TraceMark,
 }

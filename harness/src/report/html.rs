@@ -2,6 +2,7 @@
 //! plotters; no external assets) with the Markdown report's tables.
 
 use super::{round_sig, StabilityReport};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::fmt::Write;
 
@@ -23,11 +24,7 @@ fn escape(s: &str) -> String {
 
 /// Draws one labelled line with a marker at each point.
 fn draw_line<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     points: Vec<(f64, f64)>,
     color: RGBColor,
     label: String,
@@ -46,6 +43,18 @@ fn draw_line<DB: DrawingBackend>(
         )
         .ok()?;
     Some(())
+}
+
+/// The series legend, boxed on a translucent background.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Option<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .ok()
 }
 
 /// Loss curves of a family's representative stable and unstable runs.
@@ -114,12 +123,7 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
             };
             draw_line(&mut chart, points, color, label, 2)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .ok()?;
+        draw_legend(&mut chart)?;
         root.present().ok()?;
     }
     Some(svg)
@@ -166,12 +170,7 @@ fn lr_plot(r: &StabilityReport) -> Option<String> {
                 .collect();
             draw_line(&mut chart, points, color, family.to_string(), 3)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .ok()?;
+        draw_legend(&mut chart)?;
         root.present().ok()?;
     }
     Some(svg)
