@@ -278,7 +278,7 @@ fn reproduce(
     }))
 }
 
-fn one_thread_pool() -> rayon::ThreadPool {
+pub(crate) fn one_thread_pool() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()

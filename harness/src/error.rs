@@ -11,6 +11,10 @@ pub enum Error {
     #[error("invalid case: field `{field}`: {reason}")]
     InvalidCase { field: String, reason: String },
 
+    /// A command or library option out of its range.
+    #[error("invalid option `{field}`: {reason}")]
+    InvalidOption { field: String, reason: String },
+
     /// A case file that is not a well-formed case document.
     #[error("cannot parse case: {0}")]
     Parse(String),
@@ -43,6 +47,13 @@ impl Error {
         }
     }
 
+    pub fn option(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -54,7 +65,11 @@ impl Error {
     pub fn is_input_error(&self) -> bool {
         matches!(
             self,
-            Error::InvalidCase { .. } | Error::Parse(_) | Error::Io { .. } | Error::Device { .. }
+            Error::InvalidCase { .. }
+                | Error::InvalidOption { .. }
+                | Error::Parse(_)
+                | Error::Io { .. }
+                | Error::Device { .. }
         )
     }
 }

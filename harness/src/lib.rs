@@ -17,6 +17,7 @@ pub mod gradcheck;
 pub mod journal;
 pub mod localize;
 pub mod losses;
+pub mod lrtable;
 pub mod merge;
 pub mod minimize;
 pub mod models;

@@ -29,6 +29,10 @@ pub struct RunOptions {
     pub limits: Limits,
     /// Write a crash dump of the first failure here (the directory must not exist).
     pub dump: Option<std::path::PathBuf>,
+    /// Stop at divergence. Off, only non-finite values end a run, and the
+    /// caller judges divergence from the loss history (LR tables need both
+    /// answers from one run).
+    pub watch_divergence: bool,
 }
 
 impl Default for RunOptions {
@@ -38,6 +42,7 @@ impl Default for RunOptions {
             device: None,
             limits: Limits::default(),
             dump: None,
+            watch_divergence: true,
         }
     }
 }
@@ -147,6 +152,7 @@ pub struct Session<'a> {
     tracker: DivergenceTracker,
     trace: Trace,
     probe: bool,
+    watch_divergence: bool,
     compute: DType,
     loss_dtype: DType,
     half: bool,
@@ -197,6 +203,7 @@ impl<'a> Session<'a> {
             tracker: DivergenceTracker::new(case.divergence_factor),
             trace: Trace::default(),
             probe: opts.probe,
+            watch_divergence: opts.watch_divergence,
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
@@ -644,6 +651,9 @@ impl<'a> Session<'a> {
             if let Some(f) = self.check_update()? {
                 return Ok(Some(Box::new(f)));
             }
+        }
+        if !self.watch_divergence {
+            return Ok(None);
         }
         if let Some(smoothed) = self.tracker.push(loss_value) {
             return Ok(Some(Box::new(Failure::new(

@@ -264,6 +264,7 @@ fn data(clean: bool) -> impl Strategy<Value = DataSpec> {
                 distribution,
                 noise,
                 pathologies,
+                full_batch: false,
             },
         )
 }

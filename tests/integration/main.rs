@@ -4,6 +4,7 @@
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
 
@@ -11,6 +12,7 @@ mod campaign;
 mod cli;
 mod diagnose;
 mod dump;
+mod lrtable;
 mod planted;
 mod report;
 mod support;

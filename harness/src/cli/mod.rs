@@ -6,6 +6,7 @@ mod diagnose;
 mod example;
 mod fuzz;
 mod gradcheck;
+mod lr_table;
 mod merge;
 mod minimize;
 mod replay;
@@ -61,6 +62,8 @@ enum Command {
     Diagnose(diagnose::Args),
     /// Render a campaign's stability report (Markdown, JSON or self-contained HTML).
     Report(report::Args),
+    /// Measure the learning rates at which each model family diverges and goes NaN, with a curvature prediction.
+    LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
 }
@@ -77,6 +80,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Replay(a) => replay::main(a),
         Command::Report(a) => report::main(a),
         Command::Diagnose(a) => diagnose::main(a),
+        Command::LrTable(a) => lr_table::main(a),
     }
 }
 

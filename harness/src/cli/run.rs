@@ -33,6 +33,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         device: args.device,
         limits,
         dump: args.dump.clone(),
+        ..RunOptions::default()
     };
     let outcome = nanhunt::run_with_options(&case, &opts)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;

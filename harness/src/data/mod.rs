@@ -83,6 +83,7 @@ impl Generator {
 
     /// The raw batch of `step` (before pathologies and augmentation).
     pub fn batch(&self, step: usize, batch_size: usize) -> HostBatch {
+        let step = if self.data.full_batch { 0 } else { step };
         let mut rng = Rng::keyed(self.seed, "data.batch", step as u64);
         let n = self.input.numel();
         let mut dims = vec![batch_size];

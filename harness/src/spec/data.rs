@@ -24,6 +24,12 @@ pub struct DataSpec {
     pub noise: f64,
     /// Injected faults, applied to every batch from their `from_step` on.
     pub pathologies: Vec<Pathology>,
+    /// Every step trains on the batch of step 0: full-batch gradient descent
+    /// on a fixed data set (pathologies and augmentations still vary by step).
+    /// Written only when set, so cases (and reproducer names) from before
+    /// the field existed are unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub full_batch: bool,
 }
 
 impl Default for DataSpec {
@@ -34,6 +40,7 @@ impl Default for DataSpec {
             distribution: Distribution::Normal,
             noise: 0.5,
             pathologies: Vec::new(),
+            full_batch: false,
         }
     }
 }

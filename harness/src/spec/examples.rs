@@ -5,7 +5,88 @@ use super::*;
 /// The built-in families, in the order commands list them.
 pub const FAMILIES: [&str; 3] = ["cnn", "transformer", "rnn"];
 
+/// Model sizes of the built-in families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Size {
+    /// Half the widths of the default: the fastest to run.
+    Small,
+    /// The family's example case.
+    Default,
+    /// The sizes of the side-by-side benchmark: CNN 3×32×32 with two
+    /// conv+relu+maxpool blocks, Transformer seq 32 / d 64 / 4 heads /
+    /// 2 layers, LSTM seq 32 / input 16 / hidden 64, batch 32.
+    Large,
+}
+
+impl Size {
+    pub const ALL: [Size; 3] = [Size::Small, Size::Default, Size::Large];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Size::Small => "small",
+            Size::Default => "default",
+            Size::Large => "large",
+        }
+    }
+}
+
+impl std::str::FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Size::ALL
+            .into_iter()
+            .find(|z| z.name() == s)
+            .ok_or_else(|| format!("unknown size `{s}`: expected small, default or large"))
+    }
+}
+
 impl Case {
+    /// A built-in family's case at a size (`None` for an unknown family).
+    pub fn example_sized(family: &str, size: Size) -> Option<Case> {
+        let mut case = Case::example(family)?;
+        match (&mut case.model, size) {
+            (_, Size::Default) => {}
+            (ModelSpec::Cnn(c), Size::Small) => {
+                (c.height, c.width) = (8, 8);
+                c.blocks.iter_mut().for_each(|b| b.channels = 4);
+            }
+            (ModelSpec::Transformer(t), Size::Small) => {
+                t.d_model = 8;
+                t.seq_len = 4;
+            }
+            (ModelSpec::Rnn(r), Size::Small) => {
+                r.hidden = 8;
+                r.seq_len = 6;
+            }
+            (ModelSpec::Cnn(c), Size::Large) => {
+                (c.height, c.width) = (32, 32);
+                c.blocks = [16, 32]
+                    .map(|channels| ConvBlockSpec {
+                        channels,
+                        kernel: 3,
+                        batch_norm_eps: None,
+                        activation: Activation::Relu,
+                        residual: false,
+                        pool: Pool::Max,
+                    })
+                    .to_vec();
+            }
+            (ModelSpec::Transformer(t), Size::Large) => {
+                t.input = TokenOrContinuous::Tokens { vocab: 64 };
+                (t.seq_len, t.d_model, t.heads, t.layers) = (32, 64, 4, 2);
+            }
+            (ModelSpec::Rnn(r), Size::Large) => {
+                (r.seq_len, r.features, r.hidden) = (32, 16, 64);
+            }
+            (ModelSpec::Custom(_), _) => return None,
+        }
+        if size == Size::Large {
+            case.batch_size = 32;
+        }
+        Some(case)
+    }
+
     /// The default case of a built-in family (`None` for an unknown name).
     pub fn example(family: &str) -> Option<Case> {
         let (model, optimizer) = match family {

@@ -7,7 +7,7 @@ mod augment;
 mod data;
 mod diff;
 mod examples;
-pub use examples::FAMILIES;
+pub use examples::{Size, FAMILIES};
 mod loss;
 mod model;
 mod optim;

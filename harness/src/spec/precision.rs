@@ -75,6 +75,30 @@ impl Default for LossScaling {
     }
 }
 
+impl std::str::FromStr for Precision {
+    type Err = String;
+    /// The names of [`Precision::name`]; mixed precision gets dynamic loss scaling.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mixed = |compute| Precision::Mixed {
+            compute,
+            loss_scaling: LossScaling::default(),
+        };
+        Ok(match s {
+            "f32" => Precision::F32,
+            "f64" => Precision::F64,
+            "f16" => Precision::F16,
+            "bf16" => Precision::Bf16,
+            "mixed" | "mixed_f16" => mixed(HalfType::F16),
+            "mixed_bf16" => mixed(HalfType::Bf16),
+            _ => {
+                return Err(format!(
+                    "unknown precision `{s}`: expected f32, f64, f16, bf16, mixed_f16 or mixed_bf16"
+                ))
+            }
+        })
+    }
+}
+
 impl Precision {
     pub fn name(&self) -> &'static str {
         match self {

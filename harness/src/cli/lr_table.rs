@@ -1,0 +1,159 @@
+//! `nanhunt lr-table`: measured (and curvature-predicted) learning-rate
+//! thresholds per model family, as Markdown, CSV or JSON.
+
+use super::{load_case, Exit, LimitArgs};
+use nanhunt::campaign::write_atomic;
+use nanhunt::lrtable::{measure, Config, LrTable, LrTableOptions, DEFAULT_OPTIMIZERS, OPTIMIZERS};
+use nanhunt::spec::{DeviceSpec, Precision, Size, FAMILIES};
+use nanhunt::RunOptions;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Md,
+    Csv,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Built-in families (repeat or comma-separate); all by default.
+    #[arg(long, value_delimiter = ',', value_parser = FAMILIES, conflicts_with = "case")]
+    family: Vec<String>,
+    /// Model sizes: small, default, large (the side-by-side benchmark's).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "default",
+        conflicts_with = "case"
+    )]
+    size: Vec<Size>,
+    /// Measure this case's model, data and loss instead of a built-in family.
+    #[arg(long)]
+    case: Option<PathBuf>,
+    /// Optimizers: sgd, momentum (SGD, 0.9), adam, adamw, rmsprop.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_OPTIMIZERS, value_parser = OPTIMIZERS)]
+    optimizer: Vec<String>,
+    /// Precisions: f32, f64, f16, bf16, mixed_f16, mixed_bf16.
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    precision: Vec<Precision>,
+    /// Seeds per configuration (weights and data).
+    #[arg(long, default_value_t = LrTableOptions::default().seeds)]
+    seeds: usize,
+    /// Training steps per run.
+    #[arg(long, default_value_t = LrTableOptions::default().steps)]
+    steps: usize,
+    /// Bisection tolerance (and grid step), in decades of LR.
+    #[arg(long, default_value_t = LrTableOptions::default().tolerance)]
+    tolerance: f64,
+    /// Lowest and highest LR the search may try.
+    #[arg(long, default_value_t = LrTableOptions::default().min_lr)]
+    min_lr: f64,
+    #[arg(long, default_value_t = LrTableOptions::default().max_lr)]
+    max_lr: f64,
+    /// Train every step on the same batch (full-batch gradient descent).
+    #[arg(long)]
+    full_batch: bool,
+    /// Skip the curvature prediction.
+    #[arg(long)]
+    no_curvature: bool,
+    /// Parallel workers, one compute thread each (default: all cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    #[arg(long, value_enum, default_value_t = Format::Md)]
+    format: Format,
+    /// Write the table here (atomically) instead of standard output.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    let limits = args.limits.limits();
+    let jobs = match args.jobs {
+        Some(0) => anyhow::bail!("--jobs must be at least 1"),
+        Some(j) => j,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let configs = match &args.case {
+        Some(path) => {
+            let base = load_case(path, &limits)?;
+            let family = base.family().to_string();
+            let mut out = Vec::new();
+            for name in &args.optimizer {
+                for precision in &args.precision {
+                    let mut case = base.clone();
+                    case.optimizer = nanhunt::lrtable::optimizer_named(name)
+                        .expect("clap checked the optimizer name");
+                    case.precision = precision.clone();
+                    out.push(Config {
+                        family: family.clone(),
+                        size: "case".into(),
+                        optimizer: name.clone(),
+                        case,
+                    });
+                }
+            }
+            out
+        }
+        None => {
+            let families: Vec<String> = if args.family.is_empty() {
+                FAMILIES.iter().map(|f| f.to_string()).collect()
+            } else {
+                args.family.clone()
+            };
+            Config::builtin(&families, &args.size, &args.optimizer, &args.precision)?
+        }
+    };
+    let opts = LrTableOptions {
+        seeds: args.seeds,
+        steps: args.steps,
+        tolerance: args.tolerance,
+        min_lr: args.min_lr,
+        max_lr: args.max_lr,
+        start: {
+            // The default start, moved inside a narrower --min-lr/--max-lr.
+            let inside = |x: f64| x.max(args.min_lr).min(args.max_lr);
+            let (lo, hi) = LrTableOptions::default().start;
+            if inside(lo) < inside(hi) {
+                (inside(lo), inside(hi))
+            } else {
+                (args.min_lr, args.max_lr)
+            }
+        },
+        full_batch: args.full_batch,
+        curvature: !args.no_curvature,
+        jobs,
+        progress: !args.quiet,
+        run: RunOptions {
+            device: Some(args.device),
+            limits,
+            ..RunOptions::default()
+        },
+        ..LrTableOptions::default()
+    };
+    let table = measure(&configs, None, &opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let text = render(&table, args.format);
+    match &args.out {
+        Some(path) => {
+            write_atomic(path, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+            eprintln!("{} configurations: {}", table.rows.len(), path.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(Exit::Clean)
+}
+
+fn render(table: &LrTable, format: Format) -> String {
+    match format {
+        Format::Md => table.to_markdown(),
+        Format::Csv => table.to_csv(),
+        Format::Json => table.to_json(),
+    }
+}

@@ -1,0 +1,598 @@
+//! Safe learning-rate tables: for each configuration (family × size ×
+//! optimizer × precision) and seed, the LR at which training first diverges
+//! and first goes non-finite, found by bisection in log10(LR)
+//! ([`search`]), beside the divergence LR that the curvature at
+//! initialization predicts ([`curvature`]). Rendered by [`render`].
+//!
+//! Seeds run in parallel, one compute thread each; the table is the same
+//! for any number of workers.
+
+pub mod curvature;
+mod render;
+pub mod search;
+
+pub use curvature::{predicted_lr, sharpness, Curvature, PowerIteration};
+pub use search::{Grid, Probe, Range, Threshold};
+
+use crate::error::{Error, Result};
+use crate::models::{BuiltinFactory, ModelFactory};
+use crate::outcome::{FindingKind, Outcome};
+use crate::probe::DivergenceTracker;
+use crate::runner::{run_model, RunOptions};
+use crate::spec::{Case, OptimizerSpec, Precision, Size};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Optimizer names `lr-table` accepts, with their hyperparameters.
+pub const OPTIMIZERS: [&str; 5] = ["sgd", "momentum", "adam", "adamw", "rmsprop"];
+
+/// The optimizers `lr-table` measures unless told otherwise.
+pub const DEFAULT_OPTIMIZERS: &str = "sgd,adam,adamw";
+
+/// The optimizer of a name in [`OPTIMIZERS`] (PyTorch's defaults; `momentum`
+/// is SGD with momentum 0.9). The LR is set by the search.
+pub fn optimizer_named(name: &str) -> Option<OptimizerSpec> {
+    let sgd = |momentum| OptimizerSpec::Sgd {
+        lr: 1e-3,
+        momentum,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    Some(match name {
+        "sgd" => sgd(0.0),
+        "momentum" => sgd(0.9),
+        "adam" => OptimizerSpec::Adam {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        "adamw" => OptimizerSpec::Adamw {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        },
+        "rmsprop" => OptimizerSpec::Rmsprop {
+            lr: 1e-3,
+            alpha: 0.99,
+            eps: 1e-8,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        _ => return None,
+    })
+}
+
+/// One row of the table: a labelled base case (its LR is ignored).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub family: String,
+    pub size: String,
+    /// The optimizer's name in the table.
+    pub optimizer: String,
+    pub case: Case,
+}
+
+impl Config {
+    /// The configurations of built-in families: every family × size ×
+    /// optimizer × precision, from the family's example case.
+    pub fn builtin(
+        families: &[String],
+        sizes: &[Size],
+        optimizers: &[String],
+        precisions: &[Precision],
+    ) -> Result<Vec<Config>> {
+        let mut out = Vec::new();
+        for family in families {
+            for &size in sizes {
+                let base = Case::example_sized(family, size).ok_or_else(|| {
+                    Error::option("family", format!("unknown built-in family `{family}`"))
+                })?;
+                for name in optimizers {
+                    let optimizer = optimizer_named(name).ok_or_else(|| {
+                        Error::option(
+                            "optimizer",
+                            format!("unknown optimizer `{name}`: expected one of {OPTIMIZERS:?}"),
+                        )
+                    })?;
+                    for precision in precisions {
+                        let mut case = base.clone();
+                        case.optimizer = optimizer.clone();
+                        case.precision = precision.clone();
+                        out.push(Config {
+                            family: family.clone(),
+                            size: size.name().into(),
+                            optimizer: name.clone(),
+                            case,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// How to measure.
+#[derive(Clone, Debug)]
+pub struct LrTableOptions {
+    /// Seeds per configuration (case seeds 0..seeds: weights and data).
+    pub seeds: usize,
+    /// Training steps per run.
+    pub steps: usize,
+    /// Bisection tolerance and grid step, in decades of LR.
+    pub tolerance: f64,
+    /// The search starts from [start_lo, start_hi] and widens within [min_lr, max_lr].
+    pub start: (f64, f64),
+    pub min_lr: f64,
+    pub max_lr: f64,
+    /// Train every step on one batch (full-batch gradient descent).
+    pub full_batch: bool,
+    /// Estimate the sharpness at initialization and predict the divergence LR.
+    pub curvature: bool,
+    pub power: PowerIteration,
+    /// Worker threads (seeds run in parallel).
+    pub jobs: usize,
+    pub progress: bool,
+    pub run: RunOptions,
+}
+
+impl Default for LrTableOptions {
+    fn default() -> Self {
+        LrTableOptions {
+            seeds: 3,
+            steps: 50,
+            tolerance: 0.05,
+            start: (1e-4, 1e-1),
+            min_lr: 1e-8,
+            max_lr: 1e3,
+            full_batch: false,
+            curvature: true,
+            power: PowerIteration::default(),
+            jobs: 1,
+            progress: false,
+            run: RunOptions::default(),
+        }
+    }
+}
+
+impl LrTableOptions {
+    pub fn validate(&self) -> Result<()> {
+        let positive = |field: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::option(
+                    field,
+                    format!("must be positive and finite, got {v}"),
+                ))
+            }
+        };
+        positive("tolerance", self.tolerance)?;
+        if self.tolerance > 1.0 {
+            return Err(Error::option("tolerance", "must be at most 1 decade"));
+        }
+        for (field, v) in [
+            ("min_lr", self.min_lr),
+            ("max_lr", self.max_lr),
+            ("start", self.start.0),
+            ("start", self.start.1),
+        ] {
+            positive(field, v)?;
+        }
+        if self.min_lr >= self.max_lr {
+            return Err(Error::option(
+                "max_lr",
+                format!("must be above min_lr ({} >= {})", self.min_lr, self.max_lr),
+            ));
+        }
+        if !(self.min_lr <= self.start.0
+            && self.start.0 < self.start.1
+            && self.start.1 <= self.max_lr)
+        {
+            return Err(Error::option(
+                "start",
+                format!(
+                    "need min_lr <= start_lo < start_hi <= max_lr, got {} <= {} < {} <= {}",
+                    self.min_lr, self.start.0, self.start.1, self.max_lr
+                ),
+            ));
+        }
+        if self.seeds == 0 {
+            return Err(Error::option("seeds", "must be at least 1"));
+        }
+        if self.steps == 0 {
+            return Err(Error::option("steps", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn grid(&self) -> Grid {
+        Grid {
+            tolerance: self.tolerance,
+        }
+    }
+
+    fn range(&self) -> Range {
+        let g = self.grid();
+        Range {
+            start_lo: g.index(self.start.0),
+            start_hi: g.index(self.start.1),
+            floor: g.index(self.min_lr),
+            ceil: g.index(self.max_lr),
+        }
+    }
+
+    /// The case a seed runs (LR still to be set).
+    fn seed_case(&self, base: &Case, seed: usize) -> Case {
+        let mut case = base.clone();
+        case.seed = base.seed + seed as u64;
+        case.steps = self.steps;
+        case.data.full_batch |= self.full_batch;
+        case
+    }
+}
+
+/// What one seed of one configuration showed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub divergence: Threshold,
+    pub non_finite: Threshold,
+    pub runs: usize,
+    pub grid_runs: usize,
+    pub curvature: Option<Curvature>,
+}
+
+/// A threshold over seeds: the median (the lower one for an even count)
+/// and the extremes, each possibly outside the searched range.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub median: Threshold,
+    pub min: Threshold,
+    pub max: Threshold,
+}
+
+impl Spread {
+    fn of(mut values: Vec<Threshold>) -> Option<Spread> {
+        values.sort_by(|a, b| a.sort_key().total_cmp(&b.sort_key()));
+        Some(Spread {
+            median: *values.get((values.len().checked_sub(1)?) / 2)?,
+            min: *values.first()?,
+            max: *values.last()?,
+        })
+    }
+}
+
+/// The recommended LR: the largest 1-2-5 value at most a third of the
+/// largest LR that was stable (did not diverge) on every seed.
+pub const RECOMMENDATION_RULE: &str =
+    "largest 1-2-5 value ≤ ⅓ × the largest LR that stayed stable (no divergence) on every seed";
+const SAFETY: f64 = 3.0;
+
+fn round_down_125(x: f64) -> f64 {
+    let k = x.log10().floor();
+    let base = 10f64.powf(k);
+    let m = x / base;
+    let m = if m >= 5.0 - 1e-9 {
+        5.0
+    } else if m >= 2.0 - 1e-9 {
+        2.0
+    } else {
+        1.0
+    };
+    m * base
+}
+
+/// The recommended LR for these seeds (None when some seed diverged at
+/// every LR searched).
+pub fn recommend(seeds: &[SeedResult]) -> Option<f64> {
+    let stable = seeds
+        .iter()
+        .map(|s| s.divergence.stable())
+        .collect::<Option<Vec<f64>>>()?;
+    let lowest = stable.into_iter().reduce(f64::min)?;
+    Some(round_down_125(lowest / SAFETY))
+}
+
+/// One configuration's measurements.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub family: String,
+    pub size: String,
+    pub optimizer: String,
+    pub precision: String,
+    /// Why the configuration could not run (then nothing else is set).
+    pub error: Option<String>,
+    pub seeds: Vec<SeedResult>,
+    pub divergence: Option<Spread>,
+    pub non_finite: Option<Spread>,
+    pub recommended_lr: Option<f64>,
+    /// Median over seeds of the curvature's predicted divergence LR.
+    pub predicted_lr: Option<f64>,
+    pub prediction_rule: String,
+    /// Median measured divergence LR (bracket middle) / predicted LR.
+    pub measured_over_predicted: Option<f64>,
+    pub runs: usize,
+    pub grid_runs: usize,
+}
+
+impl Row {
+    fn new(config: &Config, seeds: std::result::Result<Vec<SeedResult>, String>) -> Row {
+        let mut row = Row {
+            family: config.family.clone(),
+            size: config.size.clone(),
+            optimizer: config.optimizer.clone(),
+            precision: config.case.precision.name().into(),
+            error: None,
+            seeds: Vec::new(),
+            divergence: None,
+            non_finite: None,
+            recommended_lr: None,
+            predicted_lr: None,
+            prediction_rule: curvature::prediction_rule(&config.case.optimizer).into(),
+            measured_over_predicted: None,
+            runs: 0,
+            grid_runs: 0,
+        };
+        let seeds = match seeds {
+            Ok(s) => s,
+            Err(e) => {
+                row.error = Some(e);
+                return row;
+            }
+        };
+        row.divergence = Spread::of(seeds.iter().map(|s| s.divergence).collect());
+        row.non_finite = Spread::of(seeds.iter().map(|s| s.non_finite).collect());
+        row.recommended_lr = recommend(&seeds);
+        row.predicted_lr = lower_median(
+            seeds
+                .iter()
+                .filter_map(|s| s.curvature.as_ref()?.predicted_lr)
+                .collect(),
+        );
+        let measured = lower_median(
+            seeds
+                .iter()
+                .filter_map(|s| s.divergence.estimate())
+                .collect(),
+        );
+        row.measured_over_predicted = match (measured, row.predicted_lr) {
+            (Some(m), Some(p)) => Some(m / p),
+            _ => None,
+        };
+        row.runs = seeds.iter().map(|s| s.runs).sum();
+        row.grid_runs = seeds.iter().map(|s| s.grid_runs).sum();
+        row.seeds = seeds;
+        row
+    }
+}
+
+fn lower_median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len().checked_sub(1)? / 2).copied()
+}
+
+/// The settings a table was measured with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub seeds: usize,
+    pub steps: usize,
+    pub tolerance_decades: f64,
+    pub min_lr: f64,
+    pub max_lr: f64,
+    pub full_batch: bool,
+    pub divergence: String,
+    pub recommendation_rule: String,
+}
+
+/// A measured table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LrTable {
+    pub settings: Settings,
+    pub rows: Vec<Row>,
+    /// Training runs made by the searches, in all.
+    pub runs: usize,
+    /// Training runs a grid sweep of the same resolution over the same
+    /// ranges would have made.
+    pub grid_runs: usize,
+}
+
+/// Trains `case` at the grid's LR and says whether it diverged / went non-finite.
+pub fn probe_at(
+    case: &Case,
+    lr: f64,
+    factory: &dyn ModelFactory,
+    opts: &RunOptions,
+) -> Result<Probe> {
+    let mut case = case.clone();
+    case.optimizer.set_lr(lr);
+    let opts = RunOptions {
+        watch_divergence: false,
+        dump: None,
+        ..opts.clone()
+    };
+    match run_model(&case, factory, &opts)? {
+        Outcome::Stable { trace } => {
+            let mut tracker = DivergenceTracker::new(case.divergence_factor);
+            let diverged = trace.losses.iter().any(|&l| tracker.push(l).is_some());
+            Ok(Probe {
+                non_finite: false,
+                diverged,
+            })
+        }
+        Outcome::Unstable { finding } => match finding.kind {
+            FindingKind::Nan
+            | FindingKind::Inf
+            | FindingKind::Overflow
+            | FindingKind::ScaleCollapse => Ok(Probe {
+                non_finite: true,
+                diverged: true,
+            }),
+            _ => Err(Error::invalid(
+                "data",
+                format!(
+                    "the run fails for a reason other than the learning rate: {}",
+                    finding.detail
+                ),
+            )),
+        },
+        Outcome::Rejected { reason } => Err(Error::invalid("case", reason)),
+    }
+}
+
+/// Measures one seed of a configuration: both thresholds, and the curvature.
+pub fn measure_seed(
+    base: &Case,
+    seed: usize,
+    factory: &dyn ModelFactory,
+    opts: &LrTableOptions,
+) -> Result<SeedResult> {
+    let case = opts.seed_case(base, seed);
+    let grid = opts.grid();
+    let curvature = if opts.curvature {
+        Some(sharpness(&case, factory, &opts.run, &opts.power)?)
+    } else {
+        None
+    };
+    let searched = search::search(grid, opts.range(), &mut |i| {
+        probe_at(&case, grid.lr(i), factory, &opts.run)
+    })?;
+    Ok(SeedResult {
+        seed: case.seed,
+        divergence: searched.divergence,
+        non_finite: searched.non_finite,
+        runs: searched.runs,
+        grid_runs: searched.grid_runs,
+        curvature,
+    })
+}
+
+/// Measures every configuration. `factory` builds the model of `custom`
+/// configurations (users' own families); built-in families need none.
+pub fn measure(
+    configs: &[Config],
+    factory: Option<&dyn ModelFactory>,
+    opts: &LrTableOptions,
+) -> Result<LrTable> {
+    opts.validate()?;
+    let builtins: Vec<Option<BuiltinFactory>> = configs
+        .iter()
+        .map(|c| BuiltinFactory::new(&c.case.model))
+        .collect();
+    for (c, b) in configs.iter().zip(&builtins) {
+        if b.is_none() && factory.is_none() {
+            return Err(Error::invalid(
+                "model.family",
+                format!(
+                    "configuration `{}` has a custom model: pass its factory",
+                    c.family
+                ),
+            ));
+        }
+    }
+    let items: Vec<(usize, usize)> = (0..configs.len())
+        .flat_map(|c| (0..opts.seeds).map(move |s| (c, s)))
+        .collect();
+    let results: Mutex<Vec<Option<Result<SeedResult>>>> =
+        Mutex::new(items.iter().map(|_| None).collect());
+    let next = AtomicUsize::new(0);
+    let bar = progress_bar(opts, items.len());
+    let work = || {
+        let pool = crate::campaign::one_thread_pool();
+        loop {
+            let k = next.fetch_add(1, Ordering::SeqCst);
+            let Some(&(c, seed)) = items.get(k) else {
+                break;
+            };
+            let config = &configs[c];
+            let factory: &dyn ModelFactory = match (&builtins[c], factory) {
+                (Some(b), _) => b,
+                (None, Some(f)) => f,
+                (None, None) => unreachable!("checked above"),
+            };
+            let r = pool.install(|| measure_seed(&config.case, seed, factory, opts));
+            if let Ok(s) = &r {
+                bar.set_message(format!(
+                    "{} {} {}: {} runs",
+                    config.family,
+                    config.optimizer,
+                    config.case.precision.name(),
+                    s.runs
+                ));
+            }
+            bar.inc(1);
+            results.lock().expect("no worker panics")[k] = Some(r);
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 0..opts.jobs.max(1).min(items.len().max(1)) {
+            s.spawn(work);
+        }
+    });
+    bar.finish_and_clear();
+    let mut results = results.into_inner().expect("no worker panics").into_iter();
+    let mut rows = Vec::new();
+    for config in configs {
+        let mut seeds = Ok(Vec::new());
+        for _ in 0..opts.seeds {
+            match results.next().flatten().expect("every item ran") {
+                Ok(s) => {
+                    if let Ok(v) = &mut seeds {
+                        v.push(s);
+                    }
+                }
+                // A configuration the case rules reject becomes a row that
+                // says why; anything else is an error of the whole table.
+                Err(e @ Error::InvalidCase { .. }) => {
+                    if seeds.is_ok() {
+                        seeds = Err(e.to_string());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        rows.push(Row::new(config, seeds));
+    }
+    Ok(LrTable {
+        settings: Settings {
+            seeds: opts.seeds,
+            steps: opts.steps,
+            tolerance_decades: opts.tolerance,
+            min_lr: opts.min_lr,
+            max_lr: opts.max_lr,
+            full_batch: opts.full_batch,
+            divergence: format!(
+                "smoothed loss > {} × its best within {} steps",
+                configs.first().map_or(4.0, |c| c.case.divergence_factor),
+                opts.steps
+            ),
+            recommendation_rule: RECOMMENDATION_RULE.into(),
+        },
+        runs: rows.iter().map(|r| r.runs).sum(),
+        grid_runs: rows.iter().map(|r| r.grid_runs).sum(),
+        rows,
+    })
+}
+
+fn progress_bar(opts: &LrTableOptions, items: usize) -> indicatif::ProgressBar {
+    if !opts.progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(items as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} seeds {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! The table as Markdown, CSV and JSON.
+
+use super::{LrTable, Row, Spread, Threshold};
+use std::fmt::Write;
+
+/// An LR with two significant digits: `1.1e-2`.
+pub fn lr(x: f64) -> String {
+    format!("{x:.1e}")
+}
+
+fn threshold(t: &Threshold) -> String {
+    match *t {
+        Threshold::Found { unstable, .. } => lr(unstable),
+        Threshold::BelowRange { min } => format!("<{}", lr(min)),
+        Threshold::AboveRange { max } => format!(">{}", lr(max)),
+    }
+}
+
+fn spread(s: &Option<Spread>) -> String {
+    match s {
+        Some(s) if s.min == s.max => threshold(&s.median),
+        Some(s) => format!(
+            "{} [{}, {}]",
+            threshold(&s.median),
+            threshold(&s.min),
+            threshold(&s.max)
+        ),
+        None => "–".into(),
+    }
+}
+
+fn opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "–".into(), f)
+}
+
+fn ratio(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+fn savings(table: &LrTable) -> String {
+    if table.runs == 0 {
+        return String::new();
+    }
+    format!(
+        "Training runs: {} by bisection; a grid sweep of the same resolution over the same ranges would take {} ({:.1}× as many).",
+        table.runs,
+        table.grid_runs,
+        table.grid_runs as f64 / table.runs as f64
+    )
+}
+
+impl LrTable {
+    pub fn to_markdown(&self) -> String {
+        let s = &self.settings;
+        let mut out = String::new();
+        out.push_str("# Learning-rate thresholds\n\n");
+        let _ = writeln!(
+            out,
+            "For each configuration and seed, bisection in log10(LR) to {} decades between {} and {}. \
+             *Diverges*: {}. *NaN/Inf*: the first non-finite value (or half-precision overflow) in any stage. \
+             Thresholds are the first unstable LR on the grid: median [min, max] over {} seeds{}. \
+             *Recommended*: {}. *Predicted*: the divergence LR a quadratic model gives for the sharpness at initialization \
+             (top Hessian eigenvalue by power iteration on finite-difference Hessian-vector products; \
+             Adam-type optimizers use the Hessian preconditioned by their second-moment estimate).\n",
+            s.tolerance_decades,
+            lr(s.min_lr),
+            lr(s.max_lr),
+            s.divergence,
+            s.seeds,
+            if s.full_batch { ", full-batch" } else { "" },
+            s.recommendation_rule,
+        );
+        out.push_str("| family | size | optimizer | precision | diverges at | NaN/Inf at | recommended | predicted | measured / predicted | runs (grid) |\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+        for r in &self.rows {
+            let cells = match &r.error {
+                Some(e) => format!("not runnable: {} | | | | | |", e.replace('|', "\\|")),
+                None => format!(
+                    "{} | {} | {} | {} | {} | {} ({})",
+                    spread(&r.divergence),
+                    spread(&r.non_finite),
+                    opt(r.recommended_lr, lr),
+                    opt(r.predicted_lr, lr),
+                    opt(r.measured_over_predicted, ratio),
+                    r.runs,
+                    r.grid_runs
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {cells} |",
+                r.family, r.size, r.optimizer, r.precision
+            );
+        }
+        out.push('\n');
+        out.push_str(&savings(self));
+        out.push('\n');
+        out
+    }
+
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(
+            "family,size,optimizer,precision,divergence_median,divergence_min,divergence_max,\
+             nan_median,nan_min,nan_max,recommended_lr,predicted_lr,prediction_rule,\
+             measured_over_predicted,runs,grid_runs,error\n",
+        );
+        let spread_cells = |s: &Option<Spread>| match s {
+            Some(s) => [s.median, s.min, s.max]
+                .map(|t| threshold_csv(&t))
+                .join(","),
+            None => ",,".into(),
+        };
+        for r in &self.rows {
+            let num = |x: Option<f64>| x.map_or_else(String::new, |v| format!("{v:e}"));
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                csv_field(&r.family),
+                csv_field(&r.size),
+                csv_field(&r.optimizer),
+                r.precision,
+                spread_cells(&r.divergence),
+                spread_cells(&r.non_finite),
+                num(r.recommended_lr),
+                num(r.predicted_lr),
+                csv_field(&r.prediction_rule),
+                num(r.measured_over_predicted),
+                r.runs,
+                r.grid_runs,
+                csv_field(r.error.as_deref().unwrap_or("")),
+            );
+        }
+        out
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a table always serializes") + "\n"
+    }
+}
+
+/// A threshold in CSV: the LR, or `<min` / `>max` outside the range.
+fn threshold_csv(t: &Threshold) -> String {
+    match *t {
+        Threshold::Found { unstable, .. } => format!("{unstable:e}"),
+        Threshold::BelowRange { min } => format!("<{min:e}"),
+        Threshold::AboveRange { max } => format!(">{max:e}"),
+    }
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+impl Row {
+    /// The row's configuration as `family/size/optimizer/precision`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            self.family, self.size, self.optimizer, self.precision
+        )
+    }
+}

@@ -1,0 +1,335 @@
+//! Threshold search on a log10 grid of learning rates: gallop outwards until
+//! one end is stable and the other is not, then bisect to one grid step.
+//!
+//! LR `i` of the grid is 10^(i·tolerance), so a bracket one index wide is
+//! the stated tolerance in decades and a grid sweep of the same resolution
+//! is "every index in the range". Every run is memoized by index and answers
+//! both questions (diverged? non-finite?), and the NaN search starts from
+//! the divergence bracket: a run that went non-finite has diverged, so the
+//! NaN threshold comes out at or above the divergence threshold by
+//! construction, even for a predicate that is not monotone in the LR.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What one training run at one LR showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// A NaN/Inf (or a half-precision overflow) appeared.
+    pub non_finite: bool,
+    /// The smoothed loss rose above the divergence factor × its best (or
+    /// the run went non-finite).
+    pub diverged: bool,
+}
+
+/// The log10 grid of learning rates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grid {
+    /// Grid step in decades.
+    pub tolerance: f64,
+}
+
+impl Grid {
+    pub fn lr(&self, index: i64) -> f64 {
+        10f64.powf(index as f64 * self.tolerance)
+    }
+
+    /// The grid index nearest to `lr`.
+    pub fn index(&self, lr: f64) -> i64 {
+        (lr.log10() / self.tolerance).round() as i64
+    }
+
+    /// Indices per decade (at least one).
+    fn decade(&self) -> i64 {
+        ((1.0 / self.tolerance).round() as i64).max(1)
+    }
+}
+
+/// Where a threshold lies: the first unstable LR and the stable LR one grid
+/// step below it, or outside the searched range.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Threshold {
+    Found {
+        stable: f64,
+        unstable: f64,
+    },
+    /// Unstable already at the lowest LR searched.
+    BelowRange {
+        min: f64,
+    },
+    /// Still stable at the highest LR searched.
+    AboveRange {
+        max: f64,
+    },
+}
+
+impl Threshold {
+    /// An order on thresholds: the first unstable LR, 0 below the range and
+    /// infinity above it.
+    pub fn sort_key(&self) -> f64 {
+        match *self {
+            Threshold::Found { unstable, .. } => unstable,
+            Threshold::BelowRange { .. } => 0.0,
+            Threshold::AboveRange { .. } => f64::INFINITY,
+        }
+    }
+
+    /// The largest LR seen stable (None below the range).
+    pub fn stable(&self) -> Option<f64> {
+        match *self {
+            Threshold::Found { stable, .. } => Some(stable),
+            Threshold::BelowRange { .. } => None,
+            Threshold::AboveRange { max } => Some(max),
+        }
+    }
+
+    /// The geometric middle of the bracket, the best point estimate.
+    pub fn estimate(&self) -> Option<f64> {
+        match *self {
+            Threshold::Found { stable, unstable } => Some((stable * unstable).sqrt()),
+            _ => None,
+        }
+    }
+}
+
+/// Where the search starts and how far it may go, as grid indices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Range {
+    pub start_lo: i64,
+    pub start_hi: i64,
+    pub floor: i64,
+    pub ceil: i64,
+}
+
+/// The result of searching both thresholds for one seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Searched {
+    pub divergence: Threshold,
+    pub non_finite: Threshold,
+    /// Training runs made (distinct LRs).
+    pub runs: usize,
+    /// Runs a grid sweep of the same resolution over the same range
+    /// (lowest to highest LR the search touched) would have made.
+    pub grid_runs: usize,
+}
+
+struct Memo<'a, E> {
+    eval: &'a mut dyn FnMut(i64) -> Result<Probe, E>,
+    seen: BTreeMap<i64, Probe>,
+}
+
+impl<E> Memo<'_, E> {
+    fn probe(&mut self, i: i64) -> Result<Probe, E> {
+        if let Some(p) = self.seen.get(&i) {
+            return Ok(*p);
+        }
+        let p = (self.eval)(i)?;
+        self.seen.insert(i, p);
+        Ok(p)
+    }
+
+    /// Searches the threshold of `unstable`, starting from the bracket
+    /// [lo, hi] and galloping outwards (1, 2, 4, … decades) while it does
+    /// not hold a stable low end and an unstable high end.
+    fn threshold(
+        &mut self,
+        unstable: fn(&Probe) -> bool,
+        grid: Grid,
+        (mut lo, mut hi): (i64, i64),
+        range: Range,
+    ) -> Result<Threshold, E> {
+        let mut stride = grid.decade();
+        while unstable(&self.probe(lo)?) {
+            hi = lo;
+            if lo <= range.floor {
+                return Ok(Threshold::BelowRange { min: grid.lr(lo) });
+            }
+            lo = (lo - stride).max(range.floor);
+            stride *= 2;
+        }
+        let mut stride = grid.decade();
+        // A run already known to be unstable above `lo` narrows the gallop.
+        if let Some((&i, _)) = self.seen.range(lo + 1..).find(|(_, p)| unstable(p)) {
+            hi = hi.min(i).max(lo + 1);
+        }
+        while !unstable(&self.probe(hi)?) {
+            lo = hi;
+            if hi >= range.ceil {
+                return Ok(Threshold::AboveRange { max: grid.lr(hi) });
+            }
+            hi = (hi + stride).min(range.ceil);
+            stride *= 2;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if unstable(&self.probe(mid)?) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Ok(Threshold::Found {
+            stable: grid.lr(lo),
+            unstable: grid.lr(hi),
+        })
+    }
+}
+
+/// Finds the divergence and the non-finite thresholds of one seed;
+/// `eval(i)` trains at the grid's LR `i`.
+pub fn search<E>(
+    grid: Grid,
+    range: Range,
+    eval: &mut dyn FnMut(i64) -> Result<Probe, E>,
+) -> Result<Searched, E> {
+    let mut memo = Memo {
+        eval,
+        seen: BTreeMap::new(),
+    };
+    let start = (range.start_lo, range.start_hi.max(range.start_lo + 1));
+    let divergence = memo.threshold(|p| p.diverged, grid, start, range)?;
+    let non_finite = match divergence {
+        // Stable at the ceiling means finite at the ceiling too.
+        Threshold::AboveRange { max } => Threshold::AboveRange { max },
+        Threshold::BelowRange { .. } => memo.threshold(
+            |p| p.non_finite,
+            grid,
+            (range.floor, range.floor + 1),
+            range,
+        )?,
+        Threshold::Found { stable, unstable } => memo.threshold(
+            |p| p.non_finite,
+            grid,
+            (grid.index(stable), grid.index(unstable)),
+            range,
+        )?,
+    };
+    let (lowest, highest) = match (memo.seen.keys().next(), memo.seen.keys().next_back()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => (0, -1),
+    };
+    Ok(Searched {
+        divergence,
+        non_finite,
+        runs: memo.seen.len(),
+        grid_runs: (highest - lowest + 1) as usize,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GRID: Grid = Grid { tolerance: 0.05 };
+    const RANGE: Range = Range {
+        start_lo: -80,
+        start_hi: -20,
+        floor: -160,
+        ceil: 60,
+    };
+
+    fn run(d: i64, n: i64) -> (Searched, Vec<i64>) {
+        let mut calls = Vec::new();
+        let s = search::<()>(GRID, RANGE, &mut |i| {
+            calls.push(i);
+            Ok(Probe {
+                diverged: i >= d,
+                non_finite: i >= n,
+            })
+        })
+        .unwrap();
+        (s, calls)
+    }
+
+    #[test]
+    fn monotone_thresholds_are_found_to_one_grid_step() {
+        let (s, calls) = run(-30, -10);
+        assert_eq!(
+            s.divergence,
+            Threshold::Found {
+                stable: GRID.lr(-31),
+                unstable: GRID.lr(-30)
+            }
+        );
+        assert_eq!(
+            s.non_finite,
+            Threshold::Found {
+                stable: GRID.lr(-11),
+                unstable: GRID.lr(-10)
+            }
+        );
+        // Every LR is run once.
+        let mut unique = calls.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), calls.len());
+        assert_eq!(s.runs, calls.len());
+        assert!(s.runs < s.grid_runs, "{} vs {}", s.runs, s.grid_runs);
+    }
+
+    #[test]
+    fn thresholds_outside_the_range_are_reported_as_such() {
+        let (s, _) = run(-1000, -1000);
+        assert_eq!(s.divergence, Threshold::BelowRange { min: GRID.lr(-160) });
+        assert_eq!(s.non_finite, Threshold::BelowRange { min: GRID.lr(-160) });
+        let (s, _) = run(1000, 1000);
+        assert_eq!(s.divergence, Threshold::AboveRange { max: GRID.lr(60) });
+        assert_eq!(s.non_finite, Threshold::AboveRange { max: GRID.lr(60) });
+        let (s, _) = run(0, 1000);
+        assert_eq!(s.non_finite, Threshold::AboveRange { max: GRID.lr(60) });
+    }
+
+    #[test]
+    fn grid_maps_lrs_to_indices_and_back() {
+        for i in [-160, -81, 0, 7, 60] {
+            assert_eq!(GRID.index(GRID.lr(i)), i);
+        }
+        assert!((GRID.lr(-60) - 1e-3).abs() < 1e-15);
+    }
+
+    proptest! {
+        // Monotone predicates: the bracket holds the true thresholds.
+        #[test]
+        fn monotone_predicates_are_bracketed(d in -200i64..100, gap in 0i64..100) {
+            let n = d + gap;
+            let (s, _) = run(d, n);
+            let clamp = |t: i64| t.clamp(RANGE.floor, RANGE.ceil + 1);
+            match s.divergence {
+                Threshold::Found { unstable, .. } => prop_assert_eq!(GRID.index(unstable), clamp(d)),
+                Threshold::BelowRange { .. } => prop_assert!(d <= RANGE.floor),
+                Threshold::AboveRange { .. } => prop_assert!(d > RANGE.ceil),
+            }
+            match s.non_finite {
+                Threshold::Found { unstable, .. } => prop_assert_eq!(GRID.index(unstable), clamp(n)),
+                Threshold::BelowRange { .. } => prop_assert!(n <= RANGE.floor),
+                Threshold::AboveRange { .. } => prop_assert!(n > RANGE.ceil),
+            }
+        }
+
+        // Any predicates at all (noisy, non-monotone), as long as a
+        // non-finite run counts as diverged: the NaN threshold is never
+        // below the divergence threshold, and brackets are one step wide
+        // with a stable low end and an unstable high end.
+        #[test]
+        fn nan_threshold_is_never_below_divergence(bits in proptest::collection::vec(0u8..4, 221)) {
+            let probe = |i: i64| {
+                let b = bits[(i - RANGE.floor) as usize];
+                Probe { non_finite: b == 3, diverged: b >= 2 }
+            };
+            let s = search::<()>(GRID, RANGE, &mut |i| Ok(probe(i))).unwrap();
+            prop_assert!(s.non_finite.sort_key() >= s.divergence.sort_key());
+            for (t, unstable) in [
+                (s.divergence, (|p: Probe| p.diverged) as fn(Probe) -> bool),
+                (s.non_finite, |p: Probe| p.non_finite),
+            ] {
+                if let Threshold::Found { stable, unstable: u } = t {
+                    prop_assert_eq!(GRID.index(u) - GRID.index(stable), 1);
+                    prop_assert!(!unstable(probe(GRID.index(stable))));
+                    prop_assert!(unstable(probe(GRID.index(u))));
+                }
+            }
+        }
+    }
+}
