@@ -12,6 +12,23 @@ pub fn apply_all(batch: &mut HostBatch, pipeline: &[Augment], seed: u64, step: u
     }
 }
 
+/// The largest input magnitude for which augmentations are documented to
+/// keep finite inputs finite.
+pub const DOCUMENTED_MAX_INPUT: f64 = 1e6;
+
+/// Whether an augmentation (with parameters `validate` accepts) is
+/// documented to keep every finite input with |x| ≤ [`DOCUMENTED_MAX_INPUT`]
+/// finite. The exceptions are the normalization traps: a per-sample eps
+/// below 1e-6 divides a constant sample by ~0, and a per-channel std below
+/// 1e-3 divides by ~0. The `augmentations` fuzz target checks this.
+pub fn documented_safe(aug: &Augment) -> bool {
+    match aug {
+        Augment::Normalize(NormalizeSpec::PerSample { eps }) => *eps >= 1e-6,
+        Augment::Normalize(NormalizeSpec::PerChannel { std, .. }) => std.iter().all(|&s| s >= 1e-3),
+        _ => true,
+    }
+}
+
 /// Applies one augmentation (index `i` of the pipeline) to the batch of `step`.
 pub fn apply(batch: &mut HostBatch, aug: &Augment, seed: u64, i: usize, step: usize) {
     let mut rng = Rng::keyed(seed, &format!("augment.{i}"), step as u64);

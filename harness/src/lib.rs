@@ -13,6 +13,8 @@ pub mod diagnose;
 pub mod dump;
 pub mod error;
 pub mod floats;
+#[cfg(feature = "arbitrary")]
+pub mod fuzzing;
 pub mod gradcheck;
 pub mod journal;
 pub mod localize;

@@ -9,6 +9,33 @@ use crate::models::layers::{log_softmax, sigmoid, softmax};
 use crate::spec::LossSpec;
 use candle_core::{Result, Tensor, D};
 
+/// The documented stable domain of a loss configuration: `Some(bound)` when
+/// the loss and its gradient stay finite in f32 for every logit with
+/// |z| ≤ bound and every valid target of the loss's kind; `None` when the
+/// configuration is documented as unsafe (an eps below its floor, or a
+/// formula that needs positive inputs). The `losses` fuzz target checks
+/// this documentation.
+///
+/// | loss | stable for |
+/// |---|---|
+/// | cross_entropy, nll, bce_with_logits | \|z\| ≤ 1e36 (stable log-sum-exp / softplus) |
+/// | naive_cross_entropy, bce, kl_div, log_one_minus | eps ≥ 1e-6, \|z\| ≤ 1e36 |
+/// | mse, huber | \|z\| ≤ 1e18 (the square must not overflow); root mse needs eps ≥ 1e-12 |
+/// | poisson_nll | log_input, z ≤ 80 (exp overflows at 88.7); not on raw inputs |
+pub fn stable_domain(spec: &LossSpec) -> Option<f64> {
+    const EPS_FLOOR: f64 = 1e-6;
+    match *spec {
+        LossSpec::CrossEntropy { .. } | LossSpec::Nll | LossSpec::BceWithLogits => Some(1e36),
+        LossSpec::NaiveCrossEntropy { eps }
+        | LossSpec::Bce { eps }
+        | LossSpec::KlDiv { eps }
+        | LossSpec::LogOneMinus { eps } => (eps >= EPS_FLOOR).then_some(1e36),
+        LossSpec::Mse { root, eps } => (!root || eps >= 1e-12).then_some(1e18),
+        LossSpec::Huber { .. } => Some(1e18),
+        LossSpec::PoissonNll { log_input, .. } => log_input.then_some(80.0),
+    }
+}
+
 /// The loss of `logits` against `targets` (both rows × classes, same dtype).
 pub fn loss(spec: &LossSpec, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let classes = logits.dim(D::Minus1)? as f64;

@@ -6,6 +6,8 @@ mod diagnose;
 mod example;
 mod fuzz;
 mod gradcheck;
+#[cfg(feature = "arbitrary")]
+mod import_artifact;
 mod lr_table;
 mod merge;
 mod minimize;
@@ -62,6 +64,9 @@ enum Command {
     Diagnose(diagnose::Args),
     /// Render a campaign's stability report (Markdown, JSON or self-contained HTML).
     Report(report::Args),
+    /// Turn a libFuzzer crash artifact of a `fuzz/` target into a case and, for training targets, a minimized reproducer.
+    #[cfg(feature = "arbitrary")]
+    ImportArtifact(import_artifact::Args),
     /// Measure the learning rates at which each model family diverges and goes NaN, with a curvature prediction.
     LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
@@ -81,6 +86,8 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Report(a) => report::main(a),
         Command::Diagnose(a) => diagnose::main(a),
         Command::LrTable(a) => lr_table::main(a),
+        #[cfg(feature = "arbitrary")]
+        Command::ImportArtifact(a) => import_artifact::main(a),
     }
 }
 
