@@ -4,6 +4,7 @@
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
@@ -12,6 +13,7 @@ mod campaign;
 mod cli;
 mod diagnose;
 mod dump;
+mod fuzz;
 mod lrtable;
 mod planted;
 mod report;
