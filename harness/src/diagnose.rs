@@ -261,6 +261,9 @@ pub struct Diagnosis {
     pub grad_norm_growth: Option<f64>,
     /// Ranked, best explanation first.
     pub causes: Vec<Cause>,
+    /// Step 5: the case compared step by step across devices (CPU and
+    /// CUDA, when CUDA is compiled in) or else across thread counts.
+    pub hardware: Option<crate::differential::Differential>,
     /// Training runs spent, the reproduction included.
     pub runs: usize,
 }
@@ -535,6 +538,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
                 batch_augmented: None,
                 grad_norm_growth: None,
                 causes: Vec::new(),
+                hardware: None,
                 runs,
             })
         }
@@ -609,7 +613,29 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             .cmp(&a.score)
             .then(a.article_step.cmp(&b.article_step))
     });
+
+    // Step 5, differential: where do devices (or thread counts) part ways?
+    use crate::differential::{compare, Arms, Tolerance};
+    let arms = match case.device {
+        DeviceSpec::Cuda(i) => Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(i)]),
+        DeviceSpec::Cpu if crate::device::cuda_compiled() => {
+            Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(0)])
+        }
+        DeviceSpec::Cpu => {
+            let n = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+            Arms::Threads(vec![1, n])
+        }
+    };
+    let hardware = compare(
+        &case,
+        Some(factory),
+        &arms,
+        Tolerance::default_for(&arms, &case),
+        &run_opts,
+    )?;
+    runs += hardware.arms.len();
     Ok(Diagnosis {
+        hardware: Some(hardware),
         finding: Some(finding),
         batch_raw: Some(scan_raw),
         batch_augmented: Some(scan_aug),

@@ -10,6 +10,7 @@ pub mod campaign;
 pub mod data;
 pub mod device;
 pub mod diagnose;
+pub mod differential;
 pub mod dump;
 pub mod error;
 pub mod floats;

@@ -149,8 +149,12 @@ fn snapshot_of(dump: &Dump, session: &Session) -> Result<Snapshot> {
         params.push(t.to_device(var.device())?.to_dtype(var.dtype())?);
     }
     let mut optimizer = crate::optim::Optimizer::new(&session.case().optimizer, names.len());
+    // Dumps load on the CPU; the state moves to the session's device.
+    let device = session.params().device().clone();
     optimizer.restore(dump.stats.resume.optimizer_steps, names, |n| {
-        dump.tensors.get(&format!("optimizer/{n}")).cloned()
+        dump.tensors
+            .get(&format!("optimizer/{n}"))
+            .and_then(|t| t.to_device(&device).ok())
     });
     Ok(Snapshot {
         params,

@@ -162,3 +162,32 @@ fn gradcheck_passes_on_every_example() {
         assert!(stdout(&out).contains("all gradients match"));
     }
 }
+
+#[test]
+fn diff_compares_threads_precisions_and_names_the_missing_cuda() {
+    let case = cases("valid/transformer.json");
+    let case = case.to_str().unwrap();
+    // One device, two thread counts: bit-identical.
+    let o = nanhunt(&["diff", case, "--threads", "1,2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("verdict: AGREE"));
+    // Pure bf16 leaves f64 beyond the loose tolerance: exit 1, the step named.
+    let o = nanhunt(&["diff", case, "--precisions", "f64,bf16", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(d["tolerance"]["name"], "loose");
+    assert_eq!(d["disagreements"][0]["arm"], "bf16");
+    assert!(d["disagreements"][0]["step"].as_u64().is_some());
+    // Without the cuda feature the device fails by name, exit 2.
+    if !nanhunt::device::cuda_compiled() {
+        let o = nanhunt(&["diff", case, "--devices", "cpu,cuda:0"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o).contains("built without CUDA support"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let o = nanhunt(&["diff", case]);
+    assert_eq!(o.status.code(), Some(2));
+}

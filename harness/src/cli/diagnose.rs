@@ -81,6 +81,30 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         ),
         None => println!("step 3, gradients: no norm history before the failure"),
     }
+    if let Some(h) = &d.hardware {
+        let arms: Vec<&str> = h.arms.iter().map(|a| a.label.as_str()).collect();
+        let verdict = if h.agrees() {
+            format!("agree within `{}`", h.tolerance.name)
+        } else {
+            let mut parts: Vec<String> = h
+                .disagreements
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{} leaves {} at step {} ({} rel. diff. {:.2e})",
+                        x.arm, h.reference, x.step, x.quantity, x.rel_diff
+                    )
+                })
+                .collect();
+            parts.extend(
+                h.one_sided
+                    .iter()
+                    .map(|o| format!("non-finite on {} only at step {}", o.arm, o.step)),
+            );
+            parts.join("; ")
+        };
+        println!("step 5, differential ({}): {verdict}", arms.join(" vs "));
+    }
     println!("ranked causes ({} training runs):", d.runs);
     for (i, c) in d.causes.iter().enumerate() {
         let tag = if c.verified() {

@@ -3,6 +3,7 @@
 //! 0 stable / nothing found, 1 unstable / findings, 2 usage or I/O error.
 
 mod diagnose;
+mod diff;
 mod example;
 mod fuzz;
 mod gradcheck;
@@ -67,6 +68,8 @@ enum Command {
     /// Turn a libFuzzer crash artifact of a `fuzz/` target into a case and, for training targets, a minimized reproducer.
     #[cfg(feature = "arbitrary")]
     ImportArtifact(import_artifact::Args),
+    /// Run a case on several devices, precisions or thread counts and report the first step where they disagree.
+    Diff(diff::Args),
     /// Measure the learning rates at which each model family diverges and goes NaN, with a curvature prediction.
     LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
@@ -86,6 +89,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Report(a) => report::main(a),
         Command::Diagnose(a) => diagnose::main(a),
         Command::LrTable(a) => lr_table::main(a),
+        Command::Diff(a) => diff::main(a),
         #[cfg(feature = "arbitrary")]
         Command::ImportArtifact(a) => import_artifact::main(a),
     }

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU smoke run, for a machine with an NVIDIA GPU and driver but no Rust:
+# run it from the repository root with the CUDA binary built by
+# scripts/build-cuda.sh, and the CUDA 13 libraries (libcublas.so.13,
+# libcublasLt.so.13, libcurand.so.10, libcudart.so.13, libnvrtc.so.13) on
+# LD_LIBRARY_PATH, e.g. from a PyTorch cu13 environment:
+#
+#   LD_LIBRARY_PATH=$(python3 -c 'import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],"cu13","lib"))') \
+#       scripts/gpu-smoke.sh target-cuda/release/nanhunt
+#
+# It prints the device (the article's step 5), runs every family forward and
+# backward on CUDA in f32, bf16 and f16, the CPU↔CUDA differential on each
+# family, a short campaign on CUDA and on CPU (runs per second of both), and
+# one LR table on CUDA. Well under 10 minutes on an H200. Exit status: the
+# number of failed checks.
+set -uo pipefail
+BIN="${1:-target-cuda/release/nanhunt}"
+DEV="${NANHUNT_DEVICE:-cuda:0}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+failed=0
+check() { # check NAME COMMAND... (exit 0 or 1 pass: stable or unstable; 2 is an error)
+    local name="$1"; shift
+    local out rc
+    out="$("$@" 2>&1)"; rc=$?
+    if [ "$rc" -le 1 ]; then
+        printf '  ok    %-34s %s\n' "$name" "$(echo "$out" | grep -m1 -E 'verdict|AGREE|DISAGREE|runs/s' || true)"
+    else
+        printf '  FAIL  %-34s exit %s: %s\n' "$name" "$rc" "$(echo "$out" | tail -3 | tr '\n' ' ')"
+        failed=$((failed + 1))
+    fi
+}
+with_precision() { # family precision steps → case file on $DEV (every command then runs there)
+    "$BIN" example --family "$1" | python3 -c "
+import json, sys
+c = json.load(sys.stdin)
+c['device'] = '$DEV'
+c['precision'] = {'f32': {'kind': 'f32'}, 'bf16': {'kind': 'bf16'}, 'f16': {'kind': 'f16'}}['$2']
+c['steps'] = $3
+print(json.dumps(c))" >"$WORK/$1-$2.json"
+    echo "$WORK/$1-$2.json"
+}
+
+echo "== device (step 5: suspect the hardware)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,compute_cap,temperature.gpu,power.draw \
+    --format=csv 2>&1 || echo "nvidia-smi unavailable"
+nproc; free -g | head -2
+
+echo "== every family, forward and backward on $DEV"
+for family in cnn transformer rnn; do
+    for precision in f32 bf16 f16; do
+        # candle has no bf16 convolution on CPU, but CUDA does: all nine run.
+        case_file="$(with_precision "$family" "$precision" 20)"
+        check "run $family $precision" "$BIN" run "$case_file"
+    done
+    check "gradcheck $family (f64)" "$BIN" gradcheck "$WORK/$family-f32.json"
+done
+
+echo "== differential: cpu vs $DEV"
+for family in cnn transformer rnn; do
+    check "diff $family f32" "$BIN" diff "$WORK/$family-f32.json" --devices "cpu,$DEV"
+    "$BIN" diff "$WORK/$family-f32.json" --devices "cpu,$DEV" | sed -n 's/^/      /p' | grep -E "max relative|first disagreement|non-finite" || true
+done
+check "diff transformer bf16" "$BIN" diff "$WORK/transformer-bf16.json" --devices "cpu,$DEV"
+
+echo "== commands on $DEV"
+check "diagnose transformer f16" "$BIN" diagnose "$WORK/transformer-f16.json"
+check "minimize transformer f16" "$BIN" minimize "$WORK/transformer-f16.json" --max-runs 40 --out "$WORK/repro.json"
+[ -f "$WORK/repro.json" ] && check "replay reproducer" "$BIN" replay "$WORK/repro.json"
+check "run --dump" "$BIN" run "$WORK/transformer-f16.json" --dump "$WORK/dump"
+[ -d "$WORK/dump" ] && check "replay dump" "$BIN" replay "$WORK/dump"
+
+echo "== campaign runs per second (clean data, 60 s each)"
+check "fuzz $DEV jobs 4" "$BIN" fuzz --device "$DEV" --clean-data --budget 60s --jobs 4 --seed 3 \
+    --minimize-runs 1 --quiet --out "$WORK/gpu-campaign"
+check "fuzz cpu jobs 2" "$BIN" fuzz --clean-data --budget 60s --jobs 2 --seed 3 \
+    --minimize-runs 1 --quiet --out "$WORK/cpu-campaign"
+for d in gpu-campaign cpu-campaign; do
+    python3 -c "import json; s=json.load(open('$WORK/$d/summary.json')); print('  $d:', s['runs_this_session'], 'runs,', round(s['runs_per_s'],1), 'runs/s')" 2>/dev/null || true
+done
+
+echo "== lr-table on $DEV"
+check "lr-table transformer adam" "$BIN" lr-table --family transformer --optimizer adam --seeds 2 \
+    --device "$DEV" --quiet --out "$WORK/lr.md"
+[ -f "$WORK/lr.md" ] && tail -4 "$WORK/lr.md"
+
+echo "== $failed failed checks"
+exit "$failed"
