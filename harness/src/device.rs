@@ -17,9 +17,19 @@ pub fn open(spec: DeviceSpec) -> Result<Device> {
                     reason: "this nanhunt was built without CUDA support; rebuild with `--features cuda`".into(),
                 });
             }
-            Device::new_cuda(i).map_err(|e| Error::Device {
-                device: spec.to_string(),
-                reason: e.to_string(),
+            Device::new_cuda(i).map_err(|e| {
+                // candle appends a backtrace when RUST_BACKTRACE is set: keep the sentence.
+                let message = e.to_string();
+                let first = message.lines().next().unwrap_or_default();
+                let hint = if first.contains("NO_DEVICE") || first.contains("INVALID_DEVICE") {
+                    " (no such GPU: check `nvidia-smi` and the NVIDIA driver)"
+                } else {
+                    ""
+                };
+                Error::Device {
+                    device: spec.to_string(),
+                    reason: format!("{first}{hint}"),
+                }
             })
         }
     }

@@ -1,0 +1,59 @@
+//! A learning-rate table for a user's own model family: a small MLP written
+//! against candle-nn's `VarBuilder`, measured with SGD, momentum and Adam.
+//!
+//! Run: `cargo run --release -p nanhunt --example user_lr_table`
+
+use candle_core::{Module, Tensor};
+use candle_nn::{linear, Linear, VarBuilder};
+use nanhunt::lrtable::{measure, optimizer_named, Config, LrTableOptions};
+use nanhunt::models::{Model, Tracer};
+use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, ModelSpec};
+
+struct Mlp {
+    hidden: Linear,
+    head: Linear,
+}
+
+impl Model for Mlp {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("hidden", self.hidden.forward(x)?.relu()?)?;
+        tr.record("head", self.head.forward(&h)?)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(Mlp {
+            hidden: linear(16, 64, vb.pp("hidden"))?,
+            head: linear(64, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut base = Case::example("cnn").expect("built-in example");
+    base.model = ModelSpec::Custom(CustomSpec {
+        name: "mlp".into(),
+        input: InputSpec::Vector { features: 16 },
+        outputs: 4,
+        init: InitSpec::default(),
+    });
+    let configs: Vec<Config> = ["sgd", "momentum", "adam"]
+        .into_iter()
+        .map(|name| {
+            let mut case = base.clone();
+            case.optimizer = optimizer_named(name).expect("a known optimizer");
+            Config {
+                family: "mlp".into(),
+                size: "16-64-4".into(),
+                optimizer: name.into(),
+                case,
+            }
+        })
+        .collect();
+    let opts = LrTableOptions {
+        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        progress: true,
+        ..LrTableOptions::default()
+    };
+    let table = measure(&configs, Some(&factory), &opts)?;
+    print!("{}", table.to_markdown());
+    Ok(())
+}
