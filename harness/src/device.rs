@@ -39,3 +39,10 @@ pub fn open(spec: DeviceSpec) -> Result<Device> {
 pub fn cuda_compiled() -> bool {
     candle_core::utils::cuda_is_available()
 }
+
+/// Whether a CUDA device can be opened here (a CUDA build on a machine
+/// without a GPU cannot): commands that add a CUDA comparison on their
+/// own (diagnose) ask this, not [`cuda_compiled`].
+pub fn cuda_usable() -> bool {
+    cuda_compiled() && Device::new_cuda(0).is_ok()
+}

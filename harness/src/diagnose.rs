@@ -482,7 +482,7 @@ fn variants(case: &Case) -> Vec<Variant> {
         DeviceSpec::Cuda(_) => out.push(variant(CauseKind::Device, "run on CPU", case, |c| {
             c.device = DeviceSpec::Cpu
         })),
-        DeviceSpec::Cpu if crate::device::cuda_compiled() => {
+        DeviceSpec::Cpu if crate::device::cuda_usable() => {
             out.push(variant(CauseKind::Device, "run on cuda:0", case, |c| {
                 c.device = DeviceSpec::Cuda(0)
             }))
@@ -618,7 +618,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     use crate::differential::{compare, Arms, Tolerance};
     let arms = match case.device {
         DeviceSpec::Cuda(i) => Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(i)]),
-        DeviceSpec::Cpu if crate::device::cuda_compiled() => {
+        DeviceSpec::Cpu if crate::device::cuda_usable() => {
             Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(0)])
         }
         DeviceSpec::Cpu => {
