@@ -117,37 +117,67 @@ pub fn scan_all(tensors: &[&Tensor]) -> Result<Vec<TensorScan>> {
     if on_device.is_empty() {
         return Ok(out);
     }
-    let mut rows = Vec::with_capacity(on_device.len());
-    for &i in &on_device {
-        rows.push(device_row(tensors[i])?);
-    }
-    let table = Tensor::stack(&rows, 0)?
-        .to_dtype(DType::F64)?
-        .to_vec2::<f64>()?;
+    let table = device_table(on_device.iter().map(|&i| tensors[i]))?;
     for (&i, r) in on_device.iter().zip(table) {
-        out[i] = TensorScan {
-            sum_sq: r[0],
-            nan: r[1] as usize,
-            inf: r[2] as usize,
-            max_abs: r[3],
-        };
+        out[i] = scan_of_row(&r);
     }
     Ok(out)
 }
 
-/// [Σx² over finite, #NaN, #Inf, max |x| over finite] computed on the device.
-fn device_row(t: &Tensor) -> Result<Tensor> {
-    let x = t.flatten_all()?.to_dtype(DType::F32)?;
+fn scan_of_row(r: &[f64]) -> TensorScan {
+    TensorScan {
+        sum_sq: r[0],
+        nan: r[1] as usize,
+        inf: r[2] as usize,
+        max_abs: r[3],
+    }
+}
+
+/// The rows of `device_row` for every tensor, stacked on the device and
+/// copied back at once: the one synchronization. Rows are f64 when a
+/// tensor is f64 (so a f64 loss comes back exact), f32 otherwise.
+fn device_table<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> Result<Vec<Vec<f64>>> {
+    let tensors: Vec<&Tensor> = tensors.collect();
+    let dtype = if tensors.iter().any(|t| t.dtype() == DType::F64) {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let rows = tensors
+        .iter()
+        .map(|t| device_row(t, dtype))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::stack(&rows, 0)?
+        .to_dtype(DType::F64)?
+        .to_vec2::<f64>()?)
+}
+
+/// One step's probe on an accelerator, in a single device→host copy: the
+/// loss value (exact, NaN and ±Inf included) and the scans of `tensors`.
+pub fn scan_step(loss: &Tensor, tensors: &[&Tensor]) -> Result<(f64, Vec<TensorScan>)> {
+    let table = device_table(std::iter::once(loss).chain(tensors.iter().copied()))?;
+    let loss_value = table[0][4];
+    Ok((
+        loss_value,
+        table[1..].iter().map(|r| scan_of_row(r)).collect(),
+    ))
+}
+
+/// [Σx² over finite, #NaN, #Inf, max |x| over finite, Σx over all entries]
+/// computed on the device (the last column is the value of a scalar).
+fn device_row(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let x = t.flatten_all()?.to_dtype(dtype)?;
     let zeros = x.zeros_like()?;
     let nan = x.ne(&x)?;
-    let inf = x.abs()?.eq(f32::INFINITY)?;
+    let inf = x.abs()?.eq(f64::INFINITY)?;
     let finite = (nan.add(&inf)?).eq(0u8)?;
     let xf = finite.where_cond(&x, &zeros)?;
     let row = [
         xf.sqr()?.sum_all()?,
-        nan.to_dtype(DType::F32)?.sum_all()?,
-        inf.to_dtype(DType::F32)?.sum_all()?,
+        nan.to_dtype(dtype)?.sum_all()?,
+        inf.to_dtype(dtype)?.sum_all()?,
         xf.abs()?.max_all()?,
+        x.sum_all()?,
     ];
     Ok(Tensor::stack(&row, 0)?)
 }
@@ -311,8 +341,19 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        let row = device_row(&t).unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(row, vec![14.0, 1.0, 1.0, 3.0]);
+        let row = device_row(&t, DType::F32)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(row[..4], [14.0, 1.0, 1.0, 3.0]);
+        assert!(row[4].is_nan(), "the raw sum keeps the NaN");
+        // The fused step scan returns a scalar loss exactly, sign and all.
+        let loss = Tensor::new(-0.1234567f64, &Device::Cpu).unwrap();
+        let (value, scans) = scan_step(&loss, &[&t]).unwrap();
+        assert_eq!(value, -0.1234567);
+        assert_eq!((scans[0].nan, scans[0].inf, scans[0].sum_sq), (1, 1, 14.0));
+        let inf = Tensor::new(f32::NEG_INFINITY, &Device::Cpu).unwrap();
+        assert_eq!(scan_step(&inf, &[]).unwrap().0, f64::NEG_INFINITY);
     }
 
     #[test]

@@ -33,6 +33,11 @@ pub struct RunOptions {
     /// caller judges divergence from the loss history (LR tables need both
     /// answers from one run).
     pub watch_divergence: bool,
+    /// Probe as on an accelerator even on the CPU: one device→host copy per
+    /// step, the update checked at the next step's copy. This is what
+    /// accelerators always do; on the CPU it exists so tests can check that
+    /// path (the CPU otherwise scans memory in place).
+    pub accelerator_probe: bool,
 }
 
 impl Default for RunOptions {
@@ -43,6 +48,7 @@ impl Default for RunOptions {
             limits: Limits::default(),
             dump: None,
             watch_divergence: true,
+            accelerator_probe: false,
         }
     }
 }
@@ -75,15 +81,23 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     if let Some(dir) = &opts.dump {
         dump::ensure_free(dir)?;
     }
+    let mut failed = None;
     for step in 0..case.steps {
         if let Some(finding) = session.step(step)? {
-            if let Some(dir) = &opts.dump {
-                session.write_dump(dir, &finding)?;
-            }
-            return Ok(Outcome::Unstable {
-                finding: Box::new(finding),
-            });
+            failed = Some(finding);
+            break;
         }
+    }
+    if failed.is_none() {
+        failed = session.finish()?;
+    }
+    if let Some(finding) = failed {
+        if let Some(dir) = &opts.dump {
+            session.write_dump(dir, &finding)?;
+        }
+        return Ok(Outcome::Unstable {
+            finding: Box::new(finding),
+        });
     }
     Ok(Outcome::Stable {
         trace: session.into_trace(),
@@ -153,6 +167,15 @@ pub struct Session<'a> {
     trace: Trace,
     probe: bool,
     watch_divergence: bool,
+    /// One host synchronization per step (accelerators; see RunOptions).
+    accelerator: bool,
+    /// Accelerator mode: the last completed step, its LR and the state
+    /// before it, whose update is checked at the next step's copy.
+    unchecked: Option<(usize, f64, Snapshot)>,
+    /// Device→host synchronizations made by the probe in accelerator mode.
+    syncs: u64,
+    /// Set by `step_inner` when its failure belongs to the previous step's update.
+    deferred_hit: bool,
     compute: DType,
     loss_dtype: DType,
     half: bool,
@@ -204,6 +227,10 @@ impl<'a> Session<'a> {
             trace: Trace::default(),
             probe: opts.probe,
             watch_divergence: opts.watch_divergence,
+            accelerator: opts.accelerator_probe || !device.is_cpu(),
+            unchecked: None,
+            syncs: 0,
+            deferred_hit: false,
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
@@ -425,8 +452,21 @@ impl<'a> Session<'a> {
             None
         };
         let Some(failure) = self.step_inner(step, lr, &mut Tracer::off(), false)? else {
+            if self.accelerator {
+                self.unchecked = before.map(|b| (step, lr, b));
+            }
             return Ok(None);
         };
+        if std::mem::take(&mut self.deferred_hit) {
+            // The previous step's update failed; this step's copy saw it.
+            let (prev, prev_lr, prev_before) = self
+                .unchecked
+                .take()
+                .expect("a deferred check follows a completed step");
+            let localized = self.localize(prev, prev_lr, &prev_before, &failure)?;
+            self.failed_before = Some(prev_before);
+            return Ok(Some(self.finding(prev, localized)));
+        }
         let failure = match before {
             Some(snapshot) => {
                 let localized = self.localize(step, lr, &snapshot, &failure)?;
@@ -436,6 +476,27 @@ impl<'a> Session<'a> {
             None => *failure,
         };
         Ok(Some(self.finding(step, failure)))
+    }
+
+    /// Ends a run: in accelerator mode the last step's update has not been
+    /// checked yet (one more synchronization). Returns its finding, if any.
+    pub fn finish(&mut self) -> Result<Option<Finding>> {
+        let Some((step, lr, before)) = self.unchecked.take() else {
+            return Ok(None);
+        };
+        self.syncs += 1;
+        let Some(failure) = self.check_update()? else {
+            return Ok(None);
+        };
+        let localized = self.localize(step, lr, &before, &failure)?;
+        self.failed_before = Some(before);
+        Ok(Some(self.finding(step, localized)))
+    }
+
+    /// Device→host synchronizations the probe made in accelerator mode
+    /// (one per step, one at `finish`, more only around a failure).
+    pub fn host_syncs(&self) -> u64 {
+        self.syncs
     }
 
     /// The state now (parameters copied, the rest cloned).
@@ -543,25 +604,34 @@ impl<'a> Session<'a> {
             logits,
             loss,
         } = self.forward_loss(&batch, tracer)?;
-        let loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        self.trace.losses.push(loss_value);
-        // In execution order the forward stages come first: a non-finite
-        // stage output is the producer even when a later op masked it
-        // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
-        if fine && localize::first_forward(tracer.records())?.is_some() {
-            return Ok(Some(Box::new(
-                self.forward_failure(&output, &logits, loss_value, tracer)?,
-            )));
-        }
-        if !loss_value.is_finite() {
-            return Ok(Some(Box::new(
-                self.forward_failure(&output, &logits, loss_value, tracer)?,
-            )));
+        // Accelerator mode reads the loss with the gradients, below.
+        let fast = self.accelerator && !fine;
+        let mut loss_value = f64::NAN;
+        if !fast {
+            loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            self.trace.losses.push(loss_value);
+            // In execution order the forward stages come first: a non-finite
+            // stage output is the producer even when a later op masked it
+            // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
+            if fine && localize::first_forward(tracer.records())?.is_some() {
+                return Ok(Some(Box::new(
+                    self.forward_failure(&output, &logits, loss_value, tracer)?,
+                )));
+            }
+            if !loss_value.is_finite() {
+                return Ok(Some(Box::new(
+                    self.forward_failure(&output, &logits, loss_value, tracer)?,
+                )));
+            }
         }
 
         // Backward.
         let scale = self.scaler.scale;
-        let scaled = if scale != 1.0 { (&loss * scale)? } else { loss };
+        let scaled = if scale != 1.0 {
+            (&loss * scale)?
+        } else {
+            loss.clone()
+        };
         let grad_store = scaled.backward()?;
         let mut grads = Vec::with_capacity(self.vars.len());
         for (var, name) in self.vars.iter().zip(&self.names) {
@@ -575,6 +645,39 @@ impl<'a> Session<'a> {
             }
         }
 
+        let mut fused = None;
+        if fast {
+            // The one synchronization of the step: the loss, the gradients
+            // and (for the previous step's update) parameters and optimizer
+            // state, reduced on the device and copied back together.
+            let n = grads.len();
+            let (value, scans, previous) = {
+                let mut tensors: Vec<&Tensor> = grads.iter().collect();
+                if self.probe && self.unchecked.is_some() {
+                    tensors.extend(self.update_tensors());
+                }
+                let (value, scans) = crate::probe::scan_step(&loss, &tensors)?;
+                let previous = match scans[n..].iter().position(|s| !s.is_finite()) {
+                    Some(i) => Some(self.update_failure(i, &scans[n + i], tensors[n + i])?),
+                    None => None,
+                };
+                (value, scans, previous)
+            };
+            self.syncs += 1;
+            if let Some(f) = previous {
+                self.trace.lrs.pop();
+                self.deferred_hit = true;
+                return Ok(Some(Box::new(f)));
+            }
+            loss_value = value;
+            self.trace.losses.push(loss_value);
+            if !loss_value.is_finite() {
+                return Ok(Some(Box::new(
+                    self.forward_failure(&output, &logits, loss_value, tracer)?,
+                )));
+            }
+            fused = Some(scans[..n].to_vec());
+        }
         let scaling = self.case.precision.loss_scaling().is_some();
         let needs_scan = self.probe
             || scale != 1.0
@@ -582,8 +685,10 @@ impl<'a> Session<'a> {
             || scaling;
         let mut norm = None;
         if needs_scan {
-            let refs: Vec<&Tensor> = grads.iter().collect();
-            let scans = scan_all(&refs)?;
+            let scans = match fused {
+                Some(scans) => scans,
+                None => scan_all(&grads.iter().collect::<Vec<_>>())?,
+            };
             let bad = scans.iter().position(|s| !s.is_finite());
             let verdict = if scaling {
                 self.scaler.update(bad.is_none())
@@ -647,7 +752,8 @@ impl<'a> Session<'a> {
 
         // Update.
         self.optimizer.step(&self.vars, &grads, lr)?;
-        if self.probe {
+        // Accelerator mode checks the update at the next step's copy.
+        if self.probe && !fast {
             if let Some(f) = self.check_update()? {
                 return Ok(Some(Box::new(f)));
             }
@@ -656,6 +762,13 @@ impl<'a> Session<'a> {
             return Ok(None);
         }
         if let Some(smoothed) = self.tracker.push(loss_value) {
+            // A failed update comes before divergence, as on the CPU path
+            // (an extra synchronization, only when the run is over anyway).
+            if self.probe && fast {
+                if let Some(f) = self.check_update()? {
+                    return Ok(Some(Box::new(f)));
+                }
+            }
             return Ok(Some(Box::new(Failure::new(
                 FindingKind::Divergence,
                 Phase::Update,
@@ -759,14 +872,25 @@ impl<'a> Session<'a> {
     }
 
     /// Scans parameters and optimizer state after an update.
-    fn check_update(&self) -> Result<Option<Failure>> {
-        let state: Vec<(usize, &'static str, &Tensor)> = self.optimizer.state_tensors().collect();
+    /// What an update changes: the parameters, then the optimizer state.
+    fn update_tensors(&self) -> Vec<&Tensor> {
         let mut tensors: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
-        tensors.extend(state.iter().map(|(_, _, t)| *t));
+        tensors.extend(self.optimizer.state_tensors().map(|(_, _, t)| t));
+        tensors
+    }
+
+    fn check_update(&self) -> Result<Option<Failure>> {
+        let tensors = self.update_tensors();
         let scans = scan_all(&tensors)?;
         let Some(i) = scans.iter().position(|s| !s.is_finite()) else {
             return Ok(None);
         };
+        Ok(Some(self.update_failure(i, &scans[i], tensors[i])?))
+    }
+
+    /// Tensor `i` of [`Self::update_tensors`] is not finite after the update.
+    fn update_failure(&self, i: usize, scan: &TensorScan, tensor: &Tensor) -> Result<Failure> {
+        let state: Vec<(usize, &'static str, &Tensor)> = self.optimizer.state_tensors().collect();
         let (stage, what) = if i < self.vars.len() {
             let name = &self.names[i];
             (format!("param.{name}"), format!("parameter `{name}`"))
@@ -778,13 +902,13 @@ impl<'a> Session<'a> {
                 format!("optimizer state `{name}`"),
             )
         };
-        Ok(Some(self.tensor_failure(
-            &scans[i],
+        self.tensor_failure(
+            scan,
             Phase::Update,
             stage,
             format!("{what} is not finite after the update"),
-            tensors[i],
-        )?))
+            tensor,
+        )
     }
 
     fn kind_of_value(&self, v: f64) -> FindingKind {

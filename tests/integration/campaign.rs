@@ -291,3 +291,43 @@ fn the_checked_in_reproducers_still_reproduce() {
     );
     nanhunt::regression::assert_dir_reproduces(&dir, None);
 }
+
+/// The accelerator probe (one device→host copy per step, updates checked
+/// at the next step's copy), forced on the CPU, finds what the in-place CPU
+/// probe finds: the same signature at the same step, for every reproducer,
+/// with one synchronization per step.
+#[test]
+fn the_one_copy_per_step_probe_finds_what_the_cpu_probe_finds() {
+    use nanhunt::models::BuiltinFactory;
+    use nanhunt::runner::Session;
+    let dir = root().join("corpora/repro");
+    let accel = nanhunt::RunOptions {
+        accelerator_probe: true,
+        ..nanhunt::RunOptions::default()
+    };
+    for file in nanhunt::regression::reproducer_files(&dir).unwrap() {
+        let repro = nanhunt::repro::Reproducer::load(&file).unwrap();
+        let f = nanhunt::run_with_options(&repro.case, &accel).unwrap();
+        let f = f
+            .finding()
+            .unwrap_or_else(|| panic!("{}: stable", file.display()));
+        assert_eq!(
+            (&f.signature, f.step),
+            (&repro.expected.signature, repro.expected.step),
+            "{}",
+            file.display()
+        );
+    }
+    // A stable run: one synchronization per step and one at the end, and
+    // the same loss history, bit for bit.
+    let case = nanhunt::Case::example("transformer").unwrap();
+    let factory = BuiltinFactory::new(&case.model).unwrap();
+    let mut session = Session::new(&case, &factory, &accel).unwrap();
+    for step in 0..case.steps {
+        assert!(session.step(step).unwrap().is_none());
+    }
+    assert!(session.finish().unwrap().is_none());
+    assert_eq!(session.host_syncs(), case.steps as u64 + 1);
+    let cpu = nanhunt::run(&case).unwrap();
+    assert_eq!(session.trace().losses, cpu.trace().unwrap().losses);
+}

@@ -306,3 +306,36 @@ fn built_models_have_the_parameter_count_the_spec_predicts() {
         assert_eq!(s.params().count(), c.model.param_count(), "{family}");
     }
 }
+
+#[test]
+fn the_accelerator_probe_reports_a_failed_update_at_its_own_step() {
+    // Adam with eps 0: a parameter whose gradient is 0 gets 0/0 at step 0.
+    // The accelerator probe sees it at step 1's copy (or at finish) and must
+    // still name step 0 and the same producer as the in-place probe.
+    let mut case = example("transformer");
+    if let OptimizerSpec::Adam { eps, .. } = &mut case.optimizer {
+        *eps = 0.0;
+    }
+    // Embedding rows of tokens no batch uses get a zero gradient.
+    if let ModelSpec::Transformer(t) = &mut case.model {
+        t.input = TokenOrContinuous::Tokens { vocab: 1024 };
+    }
+    case.steps = 6;
+    let cpu = finding(&case);
+    assert_eq!(cpu.phase, Phase::Update, "{}", cpu.detail);
+    let accel = RunOptions {
+        accelerator_probe: true,
+        ..RunOptions::default()
+    };
+    for steps in [6, cpu.step + 1] {
+        case.steps = steps;
+        let f = run_with_options(&case, &accel).unwrap();
+        let f = f.finding().expect("unstable");
+        assert_eq!(
+            (f.step, &f.stage, &f.detail, &f.signature),
+            (cpu.step, &cpu.stage, &cpu.detail, &cpu.signature)
+        );
+        assert_eq!(f.trace.losses, cpu.trace.losses);
+        assert_eq!(f.trace.lrs, cpu.trace.lrs);
+    }
+}
