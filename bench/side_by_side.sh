@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark: the same three models and the fuzz workload in
+# PyTorch (bench/pytorch_bench.py) and in nanhunt (harness/examples/
+# side_by_side.rs), both at one compute thread, run in one go, with the
+# nanhunt/PyTorch speed ratio per model and for the fuzz workload, and
+# PyTorch's detect_anomaly overhead beside nanhunt's probe overhead.
+#
+#   bench/side_by_side.sh [STEPS]      (PYTHON: a python with torch; default python3)
+#
+# PyTorch is not a dependency of the project or of CI (`pip install torch`
+# from PyPI brings CUDA wheels, about 3 GB); install it where you run this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${1:-30}"
+PYTHON="${PYTHON:-python3}"
+OUT="$(mktemp)"
+trap 'rm -f "$OUT"' EXIT
+cargo build --quiet --release -p nanhunt --example side_by_side
+RAYON_NUM_THREADS=1 target/release/examples/side_by_side "$STEPS" >>"$OUT"
+OMP_NUM_THREADS=1 "$PYTHON" bench/pytorch_bench.py "$STEPS" >>"$OUT"
+python3 - "$OUT" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["framework"], r["family"]): r for r in rows}
+print("| model | nanhunt ms/step | PyTorch ms/step | speed nanhunt/PyTorch | nanhunt probe overhead | PyTorch detect_anomaly overhead |")
+print("|---|---|---|---|---|---|")
+for f in ["cnn", "transformer", "rnn"]:
+    n, p = by[("nanhunt", f)], by[("pytorch", f)]
+    print(f"| {f} | {n['ms_per_step']:.2f} | {p['ms_per_step']:.2f} | {p['ms_per_step'] / n['ms_per_step']:.2f}x "
+          f"| {100 * n['probe_overhead']:+.1f}% | {100 * p['detect_anomaly_overhead']:+.0f}% |")
+n, p = by[("nanhunt", "fuzz_cnn_5_steps")], by[("pytorch", "fuzz_cnn_5_steps")]
+print(f"| fuzz workload (fresh 5-step CNN runs) | {n['steps_per_s']:.1f} steps/s | {p['steps_per_s']:.1f} steps/s "
+      f"| {n['steps_per_s'] / p['steps_per_s']:.2f}x | | |")
+PY
