@@ -278,13 +278,6 @@ fn reproduce(
     }))
 }
 
-pub(crate) fn one_thread_pool() -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("a one-thread pool can always be built")
-}
-
 /// Runs a campaign to its budget; see the module docs.
 pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     let out = &opts.out;
@@ -363,7 +356,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     let started = Instant::now();
     // Findings whose minimization a killed session did not finish.
     for (index, signature, case) in pending {
-        let pool = one_thread_pool();
+        let pool = crate::device::cpu_pool(1);
         if let Some(entry) = pool.install(|| reproduce(&case, &signature, opts, index))? {
             let mut st = state.lock().expect("campaign state poisoned");
             st.journal.append(&entry)?;
@@ -379,7 +372,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.max(1) {
             scope.spawn(|| {
-                let pool = one_thread_pool();
+                let pool = crate::device::cpu_pool(1);
                 let result = pool.install(|| {
                     worker(
                         opts,

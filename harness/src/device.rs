@@ -35,6 +35,16 @@ pub fn open(spec: DeviceSpec) -> Result<Device> {
     }
 }
 
+/// A rayon pool of `threads` threads: candle's CPU ops run in the pool they
+/// are called from, so `pool.install` bounds a run's compute threads
+/// (campaign and table workers use one each; `diff --threads` compares counts).
+pub fn cpu_pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("the OS can start the pool's threads")
+}
+
 /// Whether this build can run on CUDA at all.
 pub fn cuda_compiled() -> bool {
     candle_core::utils::cuda_is_available()

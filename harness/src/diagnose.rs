@@ -13,6 +13,7 @@
 //! produced.
 
 use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
+use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
 use crate::models::ModelFactory;
 use crate::outcome::{Finding, FindingKind, Outcome, Phase};
@@ -506,13 +507,28 @@ fn set_gain(c: &mut Case, gain: f64) {
 
 fn run_variant(v: &Variant, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
     if v.one_thread {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("a one-thread pool can always be built");
-        pool.install(|| run_model(&v.case, factory, opts))
+        crate::device::cpu_pool(1).install(|| run_model(&v.case, factory, opts))
     } else {
         run_model(&v.case, factory, opts)
+    }
+}
+
+/// The differential arm that already ran a variant's case: the one-thread
+/// arm, or the arm on the variant's device.
+fn arm_for<'d>(v: &Variant, hardware: &'d Differential) -> Option<&'d ArmRun> {
+    hardware.arms.iter().find(|a| {
+        if v.one_thread {
+            a.threads == Some(1)
+        } else {
+            v.kind == CauseKind::Device && a.threads.is_none() && a.device == v.case.device
+        }
+    })
+}
+
+fn arm_text(a: &ArmRun) -> String {
+    match &a.signature {
+        Some(s) => format!("unstable: {}", s.slug()),
+        None => "stable".into(),
     }
 }
 
@@ -574,15 +590,45 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         device: None,
         ..opts.clone()
     };
+    // Step 5, differential: where do devices (or thread counts) part ways?
+    // Its arms also answer the device and thread variants below.
+    let arms = match case.device {
+        DeviceSpec::Cuda(i) => Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(i)]),
+        DeviceSpec::Cpu if crate::device::cuda_usable() => {
+            Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(0)])
+        }
+        DeviceSpec::Cpu => {
+            let n = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+            Arms::Threads(vec![1, n])
+        }
+    };
+    let hardware = compare(
+        &case,
+        Some(factory),
+        &arms,
+        Tolerance::default_for(&arms, &case),
+        &run_opts,
+    )?;
+    runs += hardware.arms.len();
+
     let mut causes: Vec<Cause> = Vec::new();
     for v in variants(&case) {
-        let outcome = run_variant(&v, factory, &run_opts)?;
-        runs += 1;
+        let (verified, result) = match arm_for(&v, &hardware) {
+            Some(arm) => (arm.verdict == "stable", arm_text(arm)),
+            None => {
+                let outcome = run_variant(&v, factory, &run_opts)?;
+                runs += 1;
+                (
+                    matches!(outcome, Outcome::Stable { .. }),
+                    result_text(&outcome),
+                )
+            }
+        };
         let fix = Fix {
             description: v.description.clone(),
             changes: case_diff(&case, &v.case),
-            verified: matches!(outcome, Outcome::Stable { .. }),
-            result: result_text(&outcome),
+            verified,
+            result,
         };
         match causes.iter_mut().find(|c| c.kind == v.kind) {
             Some(c) => c.fixes.push(fix),
@@ -614,26 +660,6 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             .then(a.article_step.cmp(&b.article_step))
     });
 
-    // Step 5, differential: where do devices (or thread counts) part ways?
-    use crate::differential::{compare, Arms, Tolerance};
-    let arms = match case.device {
-        DeviceSpec::Cuda(i) => Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(i)]),
-        DeviceSpec::Cpu if crate::device::cuda_usable() => {
-            Arms::Devices(vec![DeviceSpec::Cpu, DeviceSpec::Cuda(0)])
-        }
-        DeviceSpec::Cpu => {
-            let n = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-            Arms::Threads(vec![1, n])
-        }
-    };
-    let hardware = compare(
-        &case,
-        Some(factory),
-        &arms,
-        Tolerance::default_for(&arms, &case),
-        &run_opts,
-    )?;
-    runs += hardware.arms.len();
     Ok(Diagnosis {
         hardware: Some(hardware),
         finding: Some(finding),

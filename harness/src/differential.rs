@@ -5,7 +5,7 @@
 //! NaN/Inf that appears on some arms only.
 
 use crate::error::{Error, Result};
-use crate::models::{BuiltinFactory, ModelFactory};
+use crate::models::{factory_for, BuiltinFactory, ModelFactory};
 use crate::outcome::{FindingKind, Outcome, Signature, Trace};
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, DeviceSpec, Precision};
@@ -93,6 +93,10 @@ impl Tolerance {
 #[derive(Clone, Debug, Serialize)]
 pub struct ArmRun {
     pub label: String,
+    /// Where the arm ran, and in how many compute threads (None: the
+    /// process's default pool).
+    pub device: DeviceSpec,
+    pub threads: Option<usize>,
     pub verdict: String,
     /// The first finding, if any.
     pub signature: Option<Signature>,
@@ -197,11 +201,7 @@ fn run_arm(
         ..opts.clone()
     };
     let outcome = match threads {
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .map_err(|e| Error::option("threads", e.to_string()))?
-            .install(|| run_model(case, factory, &opts))?,
+        Some(n) => crate::device::cpu_pool(n).install(|| run_model(case, factory, &opts))?,
         None => run_model(case, factory, &opts)?,
     };
     let empty = Trace::default();
@@ -233,6 +233,8 @@ fn run_arm(
     };
     Ok(ArmRun {
         label,
+        device: case.device,
+        threads,
         verdict: outcome.verdict().into(),
         signature,
         finding_step,
@@ -258,16 +260,7 @@ pub fn compare(
         ));
     }
     let builtin = BuiltinFactory::new(&case.model);
-    let factory: &dyn ModelFactory = match (&builtin, factory) {
-        (_, Some(f)) => f,
-        (Some(b), None) => b,
-        (None, None) => {
-            return Err(Error::invalid(
-                "model.family",
-                "a `custom` model needs its factory",
-            ))
-        }
-    };
+    let factory = factory_for(case, factory, &builtin)?;
     let runs = cases
         .into_iter()
         .map(|(label, c, threads)| run_arm(label, &c, threads, factory, opts))

@@ -4,7 +4,7 @@
 
 use crate::dump::Dump;
 use crate::error::{Error, Result};
-use crate::models::{BuiltinFactory, ModelFactory};
+use crate::models::{factory_for, BuiltinFactory, ModelFactory};
 use crate::outcome::{Finding, Outcome, Signature};
 use crate::repro::Reproducer;
 use crate::runner::{run_model, RunOptions, Session, Snapshot};
@@ -85,24 +85,6 @@ pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Resu
         replay_dump(path, factory)
     } else {
         replay_reproducer(&Reproducer::load(path)?, factory)
-    }
-}
-
-fn factory_for<'a>(
-    case: &crate::spec::Case,
-    given: Option<&'a dyn ModelFactory>,
-    builtin: &'a Option<BuiltinFactory>,
-) -> Result<&'a dyn ModelFactory> {
-    match (given, builtin) {
-        (Some(f), _) => Ok(f),
-        (None, Some(b)) => Ok(b),
-        (None, None) => Err(Error::invalid(
-            "model.family",
-            format!(
-                "`{}` is a custom model: replay it through the library with its factory",
-                case.family()
-            ),
-        )),
     }
 }
 

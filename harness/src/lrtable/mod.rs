@@ -503,7 +503,7 @@ pub fn measure(
     let next = AtomicUsize::new(0);
     let bar = progress_bar(opts, items.len());
     let work = || {
-        let pool = crate::campaign::one_thread_pool();
+        let pool = crate::device::cpu_pool(1);
         loop {
             let k = next.fetch_add(1, Ordering::SeqCst);
             let Some(&(c, seed)) = items.get(k) else {

@@ -148,6 +148,27 @@ impl BuiltinFactory {
     }
 }
 
+/// The factory to build a case's model with: the caller's, else the
+/// built-in family's (`builtin` is `BuiltinFactory::new(&case.model)`); a
+/// `custom` model without a factory is an error naming the field.
+pub fn factory_for<'a>(
+    case: &crate::spec::Case,
+    given: Option<&'a dyn ModelFactory>,
+    builtin: &'a Option<BuiltinFactory>,
+) -> crate::error::Result<&'a dyn ModelFactory> {
+    match (given, builtin) {
+        (Some(f), _) => Ok(f),
+        (None, Some(b)) => Ok(b),
+        (None, None) => Err(crate::error::Error::invalid(
+            "model.family",
+            format!(
+                "`{}` is a custom model: run it through the library with its factory",
+                case.family()
+            ),
+        )),
+    }
+}
+
 impl ModelFactory for BuiltinFactory {
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>> {
         Ok(match &self.spec {
