@@ -51,6 +51,20 @@ fn nan_in_the_data() {
     let d = diagnosis(c);
     assert_first(&d, CauseKind::Data);
     assert!(d.batch_raw.as_ref().unwrap().nan > 0);
+    // Step 5 compared thread counts on the CPU (bit-identical); the thread
+    // cause reports what its one-thread arm did.
+    let hw = d.hardware.as_ref().expect("step 5 ran");
+    assert_eq!(hw.arms[0].threads, Some(1));
+    assert!(hw.agrees(), "{:?}", hw.disagreements);
+    let threads = d
+        .causes
+        .iter()
+        .find(|c| c.kind == CauseKind::Threads)
+        .unwrap();
+    assert_eq!(
+        threads.fixes[0].result,
+        format!("unstable: {}", d.finding.as_ref().unwrap().signature.slug())
+    );
 }
 
 #[test]
