@@ -6,7 +6,7 @@
 //! fuzz workload (fresh 5-step CNN runs). One JSON object per line. Run
 //! with RAYON_NUM_THREADS=1 for one compute thread.
 //!
-//! `cargo run --release -p nanhunt --example side_by_side -- [STEPS]`
+//! `cargo run --release -p nanhunt --example side_by_side -- [STEPS] [FAMILY]`
 
 use nanhunt::lrtable::optimizer_named;
 use nanhunt::models::BuiltinFactory;
@@ -75,12 +75,18 @@ fn step_times(case: &Case, steps: usize) -> anyhow::Result<(f64, f64)> {
 }
 
 fn main() -> anyhow::Result<()> {
+    nanhunt::device::retain_freed_memory(); // as the nanhunt binary does
     let steps: usize = std::env::args()
         .nth(1)
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(30);
+    // An optional family name runs that family's step alone (for profiling).
+    let only = std::env::args().nth(2);
     for family in ["cnn", "transformer", "rnn"] {
+        if only.as_deref().is_some_and(|f| f != family) {
+            continue;
+        }
         let c = case(family, 0);
         let step = step_time(&c, steps)?;
         let (on, off) = step_times(&c, steps)?;
@@ -89,6 +95,9 @@ fn main() -> anyhow::Result<()> {
             step * 1e3,
             on / off - 1.0
         );
+    }
+    if only.is_some() {
+        return Ok(());
     }
     // Fuzz workload: a fresh session (model creation included), 5 steps, repeated.
     let started = Instant::now();

@@ -18,6 +18,7 @@ pub mod floats;
 pub mod fuzzing;
 pub mod gradcheck;
 pub mod journal;
+pub mod kernels;
 pub mod localize;
 pub mod losses;
 pub mod lrtable;

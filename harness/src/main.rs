@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    nanhunt::device::retain_freed_memory();
     match cli::main() {
         Ok(code) => code.into(),
         Err(e) => {

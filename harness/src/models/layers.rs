@@ -1,10 +1,16 @@
 //! Layers and ops whose gradients pass the finite-difference check.
 //!
-//! Several candle ops are avoided on purpose (measured on candle 0.11.1, CPU):
+//! Convolution, pooling, layer-norm, softmax and the RNN cells run on the
+//! fused CPU kernels of `crate::kernels` where those apply, and on the
+//! compositions of candle ops in [`reference`] otherwise. Several candle ops
+//! are avoided on purpose (measured on candle 0.11.1, CPU):
 //! `candle_nn::ops::layer_norm` gives no gradient to input, weight or bias;
 //! `max_pool2d` gives wrong input gradients; `softmax_last_dim` gives no
-//! gradient. The versions here are compositions of ops with correct backward
-//! passes, and `tests` keeps the gradient check on them.
+//! gradient. `gradcheck::tests` keeps the gradient check on both versions.
+
+pub mod reference;
+
+use crate::kernels::{self, PoolKind};
 
 use crate::spec::{Activation, InitSpec};
 use candle_core::{DType, Result, Tensor, D};
@@ -28,20 +34,26 @@ impl Linear {
         Ok(Linear { w, b })
     }
 
-    /// x: (..., fan_in) → (..., fan_out).
+    /// x: (..., fan_in) → (..., fan_out). Leading dimensions are folded
+    /// into rows so that this is one matrix product whose weight gradient is
+    /// one product too (a broadcast batched product would form one weight
+    /// gradient per batch element and then sum them).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match x.rank() {
-            2 => x.matmul(&self.w.t()?)?,
-            _ => x.broadcast_matmul(&self.w.t()?)?,
-        };
-        y.broadcast_add(&self.b)
+        let dims = x.dims();
+        let rows = x.reshape(((), dims[dims.len() - 1]))?;
+        let y = kernels::linear(&rows, &self.w, &self.b)?;
+        if dims.len() == 2 {
+            return Ok(y);
+        }
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("rank >= 1") = self.b.dim(0)?;
+        y.reshape(out)
     }
 }
 
 pub struct Conv2d {
     w: Tensor,
     b: Tensor,
-    padding: usize,
 }
 
 impl Conv2d {
@@ -60,17 +72,12 @@ impl Conv2d {
             weight_init(init, fan_in, fan_out),
         )?;
         let b = vb.get_with_hints(out_ch, "bias", Init::Const(0.0))?;
-        Ok(Conv2d {
-            w,
-            b,
-            padding: kernel / 2,
-        })
+        Ok(Conv2d { w, b })
     }
 
     /// Same-padded, stride-1 convolution: (B, C, H, W) → (B, out, H, W).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv2d(&self.w, self.padding, 1, 1, 1)?;
-        y.broadcast_add(&self.b.reshape((1, (), 1, 1))?)
+        kernels::conv2d(x, &self.w, &self.b)
     }
 }
 
@@ -89,11 +96,7 @@ impl LayerNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed.broadcast_mul(&self.w)?.broadcast_add(&self.b)
+        kernels::layer_norm(x, &self.w, &self.b, self.eps)
     }
 }
 
@@ -130,7 +133,7 @@ fn channel_mean(x: &Tensor) -> Result<Tensor> {
 
 pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     match act {
-        Activation::Relu => x.relu(),
+        Activation::Relu => kernels::relu(x),
         Activation::Gelu => x.gelu_erf(),
         Activation::Tanh => x.tanh(),
         Activation::Sigmoid => sigmoid(x),
@@ -145,11 +148,9 @@ pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
     ((x * 0.5)?.tanh()? + 1.0)? * 0.5
 }
 
-/// Softmax over the last dimension with the (detached) row max subtracted.
+/// Softmax over the last dimension with the row max subtracted.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    kernels::softmax_last_dim(x)
 }
 
 /// log(softmax(x)) via log-sum-exp with the max subtracted: finite for any finite x.
@@ -160,25 +161,13 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     shifted.broadcast_sub(&lse)
 }
 
-/// 2×2, stride-2 max pooling by reshaping into windows (odd edges dropped, as
-/// PyTorch does). The backward of `max` routes the gradient to the maximum.
+/// 2×2, stride-2 max pooling (odd edges dropped, as PyTorch does).
 pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
-    windows2x2(x)?.max(5)?.max(3)
+    kernels::pool2x2(x, PoolKind::Max)
 }
 
 pub fn avg_pool2x2(x: &Tensor) -> Result<Tensor> {
-    windows2x2(x)?.mean(5)?.mean(3)
-}
-
-fn windows2x2(x: &Tensor) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    let (h2, w2) = (h / 2, w / 2);
-    let x = if h % 2 == 1 || w % 2 == 1 {
-        x.narrow(2, 0, 2 * h2)?.narrow(3, 0, 2 * w2)?.contiguous()?
-    } else {
-        x.clone()
-    };
-    x.reshape((b, c, h2, 2, w2, 2))
+    kernels::pool2x2(x, PoolKind::Avg)
 }
 
 /// Global average pooling: (B, C, H, W) → (B, C).

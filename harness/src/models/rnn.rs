@@ -2,8 +2,9 @@
 //! parameterization (input and hidden projections each with a bias), and a
 //! linear head on the last hidden state of the top layer.
 
-use super::layers::{sigmoid, Linear};
+use super::layers::Linear;
 use super::{Model, Tracer};
+use crate::kernels;
 use crate::spec::{CellKind, RnnSpec};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -49,17 +50,20 @@ impl Rnn {
         })
     }
 
-    /// Runs one layer over the sequence; returns every hidden state (B, S, H).
-    fn layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let (b, s, _) = x.dims3()?;
+    /// Runs one layer over the sequence of inputs (B, features) and returns
+    /// every hidden state. Steps stay separate tensors: a per-step slice of
+    /// one (B, S, ·) tensor would have a backward pass that materializes the
+    /// whole tensor's gradient at every step (quadratic in the length).
+    fn layer(&self, l: &Layer, xs: &[Tensor], tr: &mut Tracer) -> Result<Vec<Tensor>> {
+        let Some(first) = xs.first() else {
+            return Ok(Vec::new());
+        };
         let hd = self.hidden;
-        // Input projections of all time steps in one matmul.
-        let xw = l.input.forward(x)?;
-        let mut h = Tensor::zeros((b, hd), x.dtype(), x.device())?;
+        let mut h = Tensor::zeros((first.dim(0)?, hd), first.dtype(), first.device())?;
         let mut c = h.clone();
-        let mut outputs = Vec::with_capacity(s);
-        for t in 0..s {
-            let xt = xw.narrow(1, t, 1)?.squeeze(1)?;
+        let mut outputs = Vec::with_capacity(xs.len());
+        for (t, x) in xs.iter().enumerate() {
+            let xt = l.input.forward(x)?;
             let hw = l.hidden.forward(&h)?;
             match self.cell {
                 CellKind::Rnn => {
@@ -68,39 +72,38 @@ impl Rnn {
                 }
                 CellKind::Lstm => {
                     let gates = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
-                    let i = sigmoid(&gates.narrow(1, 0, hd)?)?;
-                    let f = sigmoid(&gates.narrow(1, hd, hd)?)?;
-                    let g = gates.narrow(1, 2 * hd, hd)?.tanh()?;
-                    let o = sigmoid(&gates.narrow(1, 3 * hd, hd)?)?;
-                    c = tr.record_with(|| format!("{}.t{t}.c", l.name), ((f * &c)? + (i * g)?)?)?;
-                    h = (o * c.tanh()?)?;
+                    c = tr.record_with(
+                        || format!("{}.t{t}.c", l.name),
+                        kernels::lstm_c(&gates, &c)?,
+                    )?;
+                    h = kernels::lstm_h(&gates, &c)?;
                 }
                 CellKind::Gru => {
                     let rz = (xt.narrow(1, 0, 2 * hd)? + hw.narrow(1, 0, 2 * hd)?)?;
                     let rz = tr.record_with(|| format!("{}.t{t}.gates", l.name), rz)?;
-                    let r = sigmoid(&rz.narrow(1, 0, hd)?)?;
-                    let z = sigmoid(&rz.narrow(1, hd, hd)?)?;
-                    let n =
-                        (xt.narrow(1, 2 * hd, hd)? + (r * hw.narrow(1, 2 * hd, hd)?)?)?.tanh()?;
-                    // h' = (1 - z) n + z h = n + z (h - n)
-                    h = (&n + (z * (&h - &n)?)?)?;
+                    let n = kernels::gru_n(&rz, &xt, &hw)?;
+                    h = kernels::gru_h(&rz, &n, &h)?;
                 }
             }
             h = tr.record_with(|| format!("{}.t{t}.h", l.name), h)?;
             outputs.push(h.clone());
         }
-        Tensor::stack(&outputs, 1)
+        Ok(outputs)
     }
 }
 
 impl Model for Rnn {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let mut x = input.clone();
+        let steps = input.dim(1)?;
+        let mut xs = (0..steps)
+            .map(|t| input.narrow(1, t, 1)?.squeeze(1))
+            .collect::<Result<Vec<_>>>()?;
         for l in &self.layers {
-            x = self.layer(l, &x, tr)?;
+            xs = self.layer(l, &xs, tr)?;
         }
-        let s = x.dim(1)?;
-        let last = x.narrow(1, s - 1, 1)?.squeeze(1)?;
-        tr.record("head.linear", self.head.forward(&last)?)
+        let last = xs
+            .last()
+            .ok_or_else(|| candle_core::Error::Msg("rnn: empty sequence".into()))?;
+        tr.record("head.linear", self.head.forward(last)?)
     }
 }

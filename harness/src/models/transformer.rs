@@ -124,7 +124,8 @@ impl Transformer {
         let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
         let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
         let (q, k, v) = (split(q)?, split(k)?, split(v)?);
-        let raw = q.matmul(&k.t()?.contiguous()?)?;
+        // k's transpose is a strided view the matrix product reads directly.
+        let raw = q.matmul(&k.t()?)?;
         let scores = match self.scale {
             Some(scale) => (raw * scale)?,
             None => raw,

@@ -1,0 +1,368 @@
+//! The element-wise halves of the LSTM and GRU cells (the matrix products
+//! stay in candle), each one op forward and one op backward instead of a
+//! dozen small candle ops per time step. Gate layouts follow PyTorch:
+//! LSTM (i, f, g, o), GRU (r, z, n).
+//!
+//! The cell is split where the tracer records a stage (the LSTM's `c`
+//! before `h` is computed from it), so a traced step computes the same
+//! values through the same ops as an untraced one.
+
+use super::{fused_for, slice, unpack, with_real, Real};
+use crate::models::layers::reference;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+
+/// LSTM cell state: `σ(f)·c_prev + σ(i)·tanh(g)` from gates (B, 4H).
+pub fn lstm_c(gates: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
+    if !fused_for(gates) {
+        return reference::lstm_c(gates, c_prev);
+    }
+    gates
+        .contiguous()?
+        .apply_op2(&c_prev.contiguous()?, Cell::LstmC)
+}
+
+/// LSTM hidden state: `σ(o)·tanh(c)`.
+pub fn lstm_h(gates: &Tensor, c: &Tensor) -> Result<Tensor> {
+    if !fused_for(gates) {
+        return reference::lstm_h(gates, c);
+    }
+    gates.contiguous()?.apply_op2(&c.contiguous()?, Cell::LstmH)
+}
+
+/// GRU candidate: `tanh(x_n + σ(r)·h_n)`, from the summed r/z
+/// pre-activations (B, 2H) and both projections (B, 3H).
+pub fn gru_n(rz: &Tensor, xw: &Tensor, hw: &Tensor) -> Result<Tensor> {
+    if !fused_for(rz) {
+        return reference::gru_n(rz, xw, hw);
+    }
+    rz.contiguous()?
+        .apply_op3(&xw.contiguous()?, &hw.contiguous()?, GruN)
+}
+
+/// GRU hidden state: `n + σ(z)·(h_prev - n)`.
+pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
+    if !fused_for(rz) {
+        return reference::gru_h(rz, n, h_prev);
+    }
+    rz.contiguous()?
+        .apply_op3(&n.contiguous()?, &h_prev.contiguous()?, GruH)
+}
+
+/// σ(x) = (1 + tanh(x/2))/2, as `layers::sigmoid`: no overflow for any x.
+fn sigmoid<T: Real>(x: T) -> T {
+    let half = T::from(0.5).expect("0.5 is representable");
+    half + half * (half * x).tanh_fast()
+}
+
+fn rows(l: &Layout, what: &str) -> Result<(usize, usize)> {
+    match *l.dims() {
+        [b, w] => Ok((b, w)),
+        ref other => candle_core::bail!("rnn cell: {what} must be 2-D, got {other:?}"),
+    }
+}
+
+/// The two-input LSTM ops (gates, state) → (B, H).
+#[derive(Clone, Copy)]
+enum Cell {
+    LstmC,
+    LstmH,
+}
+
+impl Cell {
+    fn forward<T: Real>(self, gates: &[T], state: &[T], h: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(state.len());
+        for (g, s) in gates.chunks_exact(4 * h).zip(state.chunks_exact(h)) {
+            let (i, rest) = g.split_at(h);
+            let (f, rest) = rest.split_at(h);
+            let (gg, o) = rest.split_at(h);
+            match self {
+                Cell::LstmC => {
+                    out.extend(
+                        i.iter().zip(f).zip(gg).zip(s).map(|(((&i, &f), &g), &c)| {
+                            sigmoid(f) * c + sigmoid(i) * g.tanh_fast()
+                        }),
+                    )
+                }
+                Cell::LstmH => {
+                    out.extend(o.iter().zip(s).map(|(&o, &c)| sigmoid(o) * c.tanh_fast()))
+                }
+            }
+        }
+        out
+    }
+
+    /// [dgates (B·4H) | dstate (B·H)] from the output gradient `dy`.
+    fn backward<T: Real>(self, gates: &[T], state: &[T], dy: &[T], h: usize) -> Vec<T> {
+        let b = state.len() / h;
+        let mut out = vec![T::zero(); b * 5 * h];
+        let (dg, ds) = out.split_at_mut(b * 4 * h);
+        let one = T::one();
+        let rows = gates
+            .chunks_exact(4 * h)
+            .zip(state.chunks_exact(h))
+            .zip(dy.chunks_exact(h))
+            .zip(dg.chunks_exact_mut(4 * h).zip(ds.chunks_exact_mut(h)));
+        for (((g, s), d), (dgr, dsr)) in rows {
+            let (i, rest) = g.split_at(h);
+            let (f, rest) = rest.split_at(h);
+            let (gg, o) = rest.split_at(h);
+            let (di, rest) = dgr.split_at_mut(h);
+            let (df, rest) = rest.split_at_mut(h);
+            let (dgg, d_o) = rest.split_at_mut(h);
+            match self {
+                Cell::LstmC => {
+                    for j in 0..h {
+                        let (si, sf, tg) = (sigmoid(i[j]), sigmoid(f[j]), gg[j].tanh_fast());
+                        di[j] = d[j] * tg * si * (one - si);
+                        df[j] = d[j] * s[j] * sf * (one - sf);
+                        dgg[j] = d[j] * si * (one - tg * tg);
+                        dsr[j] = d[j] * sf;
+                    }
+                }
+                Cell::LstmH => {
+                    for j in 0..h {
+                        let (so, tc) = (sigmoid(o[j]), s[j].tanh_fast());
+                        d_o[j] = d[j] * tc * so * (one - so);
+                        dsr[j] = d[j] * so * (one - tc * tc);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl CustomOp2 for Cell {
+    fn name(&self) -> &'static str {
+        match self {
+            Cell::LstmC => "nanhunt-lstm-c",
+            Cell::LstmH => "nanhunt-lstm-h",
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, h) = rows(l2, "state")?;
+        with_real!(s1, T => {
+            let out = self.forward::<T>(slice(s1, l1)?, slice(s2, l2)?, h);
+            Ok((T::to_cpu_storage_owned(out), l2.shape().clone()))
+        })
+    }
+
+    fn bwd(
+        &self,
+        gates: &Tensor,
+        state: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let packed = gates.apply_op3_no_bwd(state, &grad, &CellGrad(*self))?;
+        let [dg, ds] = unpack(&packed, [gates.shape(), state.shape()])?;
+        Ok((Some(dg), Some(ds)))
+    }
+}
+
+/// (gates, state, dy) → [dgates | dstate].
+struct CellGrad(Cell);
+
+impl CustomOp3 for CellGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-lstm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, h) = rows(l2, "state")?;
+        with_real!(s1, T => {
+            let out = self.0.backward::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, h);
+            let len = out.len();
+            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+        })
+    }
+}
+
+/// (rz, xw, hw) → n.
+struct GruN;
+
+impl CustomOp3 for GruN {
+    fn name(&self) -> &'static str {
+        "nanhunt-gru-n"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h2) = rows(l1, "rz")?;
+        let h = h2 / 2;
+        with_real!(s1, T => {
+            let (rz, xw, hw) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut n = Vec::with_capacity(b * h);
+            for r in 0..b {
+                for j in 0..h {
+                    let reset = sigmoid(rz[r * 2 * h + j]);
+                    n.push((xw[r * 3 * h + 2 * h + j] + reset * hw[r * 3 * h + 2 * h + j]).tanh_fast());
+                }
+            }
+            Ok((T::to_cpu_storage_owned(n), Shape::from((b, h))))
+        })
+    }
+
+    fn bwd(
+        &self,
+        rz: &Tensor,
+        xw: &Tensor,
+        hw: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let ng = Tensor::cat(&[res, &grad.contiguous()?], 1)?;
+        let packed = rz.apply_op3_no_bwd(hw, &ng, &GruNGrad)?;
+        let [drz, dxw, dhw] = unpack(&packed, [rz.shape(), xw.shape(), hw.shape()])?;
+        Ok((Some(drz), Some(dxw), Some(dhw)))
+    }
+}
+
+/// (rz, hw, [n | dn]) → [drz | dxw | dhw].
+struct GruNGrad;
+
+impl CustomOp3 for GruNGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-gru-n-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h2) = rows(l1, "rz")?;
+        let h = h2 / 2;
+        with_real!(s1, T => {
+            let (rz, hw, ng) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut out = vec![T::zero(); b * 8 * h];
+            let (drz, rest) = out.split_at_mut(b * 2 * h);
+            let (dxw, dhw) = rest.split_at_mut(b * 3 * h);
+            for r in 0..b {
+                for j in 0..h {
+                    let (n, dn) = (ng[r * 2 * h + j], ng[r * 2 * h + h + j]);
+                    let reset = sigmoid(rz[r * 2 * h + j]);
+                    let hn = hw[r * 3 * h + 2 * h + j];
+                    let dpre = dn * (T::one() - n * n);
+                    dxw[r * 3 * h + 2 * h + j] = dpre;
+                    dhw[r * 3 * h + 2 * h + j] = dpre * reset;
+                    drz[r * 2 * h + j] = dpre * hn * reset * (T::one() - reset);
+                }
+            }
+            let len = out.len();
+            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+        })
+    }
+}
+
+/// (rz, n, h_prev) → h.
+struct GruH;
+
+impl CustomOp3 for GruH {
+    fn name(&self) -> &'static str {
+        "nanhunt-gru-h"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h) = rows(l2, "n")?;
+        with_real!(s1, T => {
+            let (rz, n, hp) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut out = Vec::with_capacity(b * h);
+            for r in 0..b {
+                for j in 0..h {
+                    let z = sigmoid(rz[r * 2 * h + h + j]);
+                    let (nn, hh) = (n[r * h + j], hp[r * h + j]);
+                    out.push(nn + z * (hh - nn));
+                }
+            }
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, h))))
+        })
+    }
+
+    fn bwd(
+        &self,
+        rz: &Tensor,
+        n: &Tensor,
+        h_prev: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let nh = Tensor::cat(&[n, h_prev], 1)?;
+        let packed = rz.apply_op3_no_bwd(&nh, &grad.contiguous()?, &GruHGrad)?;
+        let [drz, dn, dh] = unpack(&packed, [rz.shape(), n.shape(), h_prev.shape()])?;
+        Ok((Some(drz), Some(dn), Some(dh)))
+    }
+}
+
+/// (rz, [n | h_prev], dh') → [drz | dn | dh_prev].
+struct GruHGrad;
+
+impl CustomOp3 for GruHGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-gru-h-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, h) = rows(l3, "gradient")?;
+        with_real!(s1, T => {
+            let (rz, nh, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut out = vec![T::zero(); b * 4 * h];
+            let (drz, rest) = out.split_at_mut(b * 2 * h);
+            let (dn, dh) = rest.split_at_mut(b * h);
+            for r in 0..b {
+                for j in 0..h {
+                    let z = sigmoid(rz[r * 2 * h + h + j]);
+                    let (nn, hh, d) = (nh[r * 2 * h + j], nh[r * 2 * h + h + j], g[r * h + j]);
+                    drz[r * 2 * h + h + j] = d * (hh - nn) * z * (T::one() - z);
+                    dn[r * h + j] = d * (T::one() - z);
+                    dh[r * h + j] = d * z;
+                }
+            }
+            let len = out.len();
+            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! A safe wrapper over the `gemm` crate (the matrix product candle itself
+//! uses on the CPU) for the kernels' row-major and transposed operands.
+
+use super::Real;
+use gemm::Parallelism;
+
+/// A matrix view: element (i, j) is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// A row-major (rows × cols) matrix.
+    pub fn rows(data: &'a [T], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `cols` columns.
+    pub fn transposed(data: &'a [T], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: cols,
+        }
+    }
+
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst (m×n, row-major) = a (m×k) · b (k×n)`, or `dst += a · b` when
+/// `accumulate`. Runs on the current rayon pool's threads.
+pub(crate) fn matmul<T: Real>(
+    (m, n, k): (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    dst: &mut [T],
+    accumulate: bool,
+) {
+    assert!(
+        a.fits(m, k) && b.fits(k, n) && dst.len() >= m * n,
+        "matmul operands too short"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst[..m * n].iter_mut().for_each(|d| *d = T::zero());
+        }
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: `fits` bounds every element the product reads, `dst` holds
+    // m×n elements at row stride n, and the three buffers do not alias
+    // (`dst` is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}

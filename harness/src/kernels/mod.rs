@@ -1,0 +1,217 @@
+//! Fused CPU kernels for the ops where candle's own CPU backward is slow:
+//! the linear map, convolution, ReLU, 2×2 pooling, layer-norm, softmax and
+//! the LSTM/GRU cells.
+//!
+//! Each kernel is a candle custom op whose backward is another fused op, so
+//! a training step stays one candle graph (the probe, tracer and localizer
+//! see the same tensors as before) but the backward pass runs a handful of
+//! tight loops and matrix products instead of dozens of strided candle ops.
+//!
+//! The model zoo calls the functions here; each picks the fused kernel for
+//! f32/f64 tensors on the CPU and the reference composition of candle ops
+//! (`models::layers::reference`) otherwise: on CUDA (the kernels have no
+//! device code) and for f16/bf16, whose rounding after every op is part of
+//! what a half-precision case tests. `tests` checks every kernel against its
+//! reference to a named tolerance and with the finite-difference check.
+//! [`with_kernels`] or `NANHUNT_KERNELS=reference` selects the reference
+//! composition everywhere (benchmarks, differential checks).
+
+mod activation;
+mod cell;
+mod conv;
+mod gemm;
+mod linear;
+mod norm;
+mod pool;
+mod softmax;
+
+pub use activation::relu;
+pub use cell::{gru_h, gru_n, lstm_c, lstm_h};
+pub use conv::conv2d;
+pub use linear::linear;
+pub use norm::layer_norm;
+pub use pool::{pool2x2, PoolKind};
+pub use softmax::softmax_last_dim;
+
+use candle_core::{CpuStorage, DType, Layout, Result, Tensor, WithDType};
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// Which implementation the zoo's ops use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// Fused kernels where they apply (f32/f64 on the CPU).
+    Fused,
+    /// candle op compositions everywhere.
+    Reference,
+}
+
+thread_local! {
+    static SCOPED: Cell<Option<Kernels>> = const { Cell::new(None) };
+}
+
+/// The process default: `NANHUNT_KERNELS=reference` or fused.
+fn process_default() -> Kernels {
+    static DEFAULT: OnceLock<Kernels> = OnceLock::new();
+    *DEFAULT.get_or_init(|| match std::env::var("NANHUNT_KERNELS").as_deref() {
+        Ok("reference") => Kernels::Reference,
+        _ => Kernels::Fused,
+    })
+}
+
+/// The kernels the current thread's model code uses.
+pub fn current() -> Kernels {
+    SCOPED.with(Cell::get).unwrap_or_else(process_default)
+}
+
+/// Runs `f` with the zoo's ops on `kernels` on this thread (the model's
+/// forward pass and the backward pass both run on the calling thread).
+pub fn with_kernels<R>(kernels: Kernels, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Kernels>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SCOPED.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SCOPED.with(|s| s.replace(Some(kernels))));
+    f()
+}
+
+/// How far a fused kernel may be from its reference composition: the
+/// largest absolute difference over any output or gradient element,
+/// relative to the largest magnitude of that tensor. f64 leaves room for
+/// summation order only; f32 for summation order over a few hundred terms
+/// (a 3×3×16 convolution patch, a row of 64).
+pub const TOLERANCE_F64: f64 = 1e-12;
+pub const TOLERANCE_F32: f64 = 1e-5;
+
+/// The named tolerance for a dtype (`None`: no fused kernel for it).
+pub fn tolerance(dtype: DType) -> Option<f64> {
+    match dtype {
+        DType::F64 => Some(TOLERANCE_F64),
+        DType::F32 => Some(TOLERANCE_F32),
+        _ => None,
+    }
+}
+
+/// Whether the fused kernel applies to `t`.
+pub(crate) fn fused_for(t: &Tensor) -> bool {
+    current() == Kernels::Fused
+        && t.device().is_cpu()
+        && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+/// The floats the kernels are written for.
+pub(crate) trait Real:
+    num_traits::Float
+    + WithDType
+    + std::iter::Sum
+    + std::ops::AddAssign
+    + std::ops::DivAssign
+    + Send
+    + Sync
+    + 'static
+{
+    /// tanh, to a few ulp (libm's `tanhf` took over a third of an LSTM step).
+    fn tanh_fast(self) -> Self;
+}
+
+impl Real for f32 {
+    fn tanh_fast(self) -> Self {
+        tanh_f32(self)
+    }
+}
+
+impl Real for f64 {
+    fn tanh_fast(self) -> Self {
+        self.tanh()
+    }
+}
+
+/// tanh(x) for f32 as Eigen's odd rational minimax approximation p(x)/q(x)
+/// of degrees 13/6 (also used by XLA and ONNX Runtime), clamped where tanh
+/// is within 4.6 ulp of ±1: at most 5.8 ulp from f64 tanh (`tests`). NaN stays NaN.
+#[allow(clippy::excessive_precision)] // the published coefficients, verbatim
+#[inline]
+pub(crate) fn tanh_f32(x: f32) -> f32 {
+    const CLAMP: f32 = 7.90531110763549805;
+    // Branch-free (selects, not jumps) so that loops over it vectorize;
+    // plain multiply-adds because `mul_add` is a library call without +fma.
+    let xc = x.clamp(-CLAMP, CLAMP); // NaN stays NaN
+    let x2 = xc * xc;
+    let mut p = x2 * -2.76076847742355e-16 + 2.00018790482477e-13;
+    p = p * x2 + -8.60467152213735e-11;
+    p = p * x2 + 5.12229709037114e-08;
+    p = p * x2 + 1.48572235717979e-05;
+    p = p * x2 + 6.37261928875436e-04;
+    p = p * x2 + 4.89352455891786e-03;
+    let mut q = x2 * 1.19825839466702e-06 + 1.18534705686654e-04;
+    q = q * x2 + 2.26843463243900e-03;
+    q = q * x2 + 4.89352518554385e-03;
+    let r = xc * (p / q); // p/q first: x·p would lose tiny x to underflow
+                          // Beyond the clamp tanh is within 4.6 ulp of ±1 and saturates, as
+                          // libm's does; a NaN fails both comparisons and stays NaN.
+    if x > CLAMP {
+        1.0
+    } else if x < -CLAMP {
+        -1.0
+    } else {
+        r
+    }
+}
+
+/// The contiguous elements of a custom op's input.
+pub(crate) fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
+    let data = s.as_slice::<T>()?;
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("fused kernel: input is not contiguous"),
+    }
+}
+
+/// Splits a flat tensor into consecutive pieces of the given shapes (the
+/// packed outputs of the fused backward ops).
+pub(crate) fn unpack<const N: usize>(
+    packed: &Tensor,
+    shapes: [&candle_core::Shape; N],
+) -> Result<[Tensor; N]> {
+    let mut start = 0;
+    let mut out = Vec::with_capacity(N);
+    for shape in shapes {
+        let n = shape.elem_count();
+        out.push(packed.narrow(0, start, n)?.reshape(shape)?);
+        start += n;
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N pieces were pushed")))
+}
+
+/// Calls `$body` with `$T` bound to the element type of `$storage`
+/// (f32 or f64; other dtypes never reach a fused kernel).
+macro_rules! with_real {
+    ($storage:expr, $T:ident => $body:expr) => {
+        match $storage {
+            candle_core::CpuStorage::F32(_) => {
+                #[allow(unused_imports)]
+                use num_traits::{One as _, Zero as _};
+                type $T = f32;
+                $body
+            }
+            candle_core::CpuStorage::F64(_) => {
+                #[allow(unused_imports)]
+                use num_traits::{One as _, Zero as _};
+                type $T = f64;
+                $body
+            }
+            other => candle_core::bail!(
+                "fused kernel: unsupported dtype {:?}",
+                candle_core::backend::BackendStorage::dtype(other)
+            ),
+        }
+    };
+}
+pub(crate) use with_real;
+
+#[cfg(test)]
+mod tests;

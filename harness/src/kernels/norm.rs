@@ -1,0 +1,137 @@
+//! Layer normalization over the last dimension with its affine weight and
+//! bias, forward and backward each one pass over the rows.
+
+use super::{fused_for, slice, unpack, with_real, Real};
+use crate::models::layers::reference;
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+
+/// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    if !fused_for(x) {
+        return reference::layer_norm(x, w, b, eps);
+    }
+    x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, LayerNorm { eps })
+}
+
+struct LayerNorm {
+    eps: f64,
+}
+
+/// A row's mean and 1/sqrt(var + eps).
+fn moments<T: Real>(row: &[T], eps: f64) -> (T, T) {
+    let n = T::from(row.len()).expect("row length is representable");
+    let mean = row.iter().copied().sum::<T>() / n;
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / n;
+    let eps = T::from(eps).expect("eps is representable");
+    (mean, T::one() / (var + eps).sqrt())
+}
+
+fn last_dim(l: &Layout) -> Result<usize> {
+    match l.dims().last() {
+        Some(&d) if d > 0 => Ok(d),
+        _ => candle_core::bail!("layer_norm: input needs a non-empty last dimension"),
+    }
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "nanhunt-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1)?;
+        with_real!(s1, T => {
+            let (x, w, b) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut y = Vec::with_capacity(x.len());
+            for row in x.chunks_exact(d) {
+                let (mean, rstd) = moments(row, self.eps);
+                y.extend(row.iter().zip(w).zip(b).map(|((&v, &wi), &bi)| (v - mean) * rstd * wi + bi));
+            }
+            Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
+        })
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let packed = x.apply_op3_no_bwd(w, &grad, &LayerNormGrad { eps: self.eps })?;
+        let [dx, dw, db] = unpack(&packed, [x.shape(), w.shape(), b.shape()])?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// (x, w, grad) → [dx | dw | db], packed flat.
+struct LayerNormGrad {
+    eps: f64,
+}
+
+impl LayerNormGrad {
+    fn compute<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
+        let n = T::from(d).expect("row length is representable");
+        let mut out = vec![T::zero(); x.len() + 2 * d];
+        let (dx, dwb) = out.split_at_mut(x.len());
+        let (dw, db) = dwb.split_at_mut(d);
+        for ((row, grow), dxrow) in x
+            .chunks_exact(d)
+            .zip(g.chunks_exact(d))
+            .zip(dx.chunks_exact_mut(d))
+        {
+            let (mean, rstd) = moments(row, self.eps);
+            // With x̂ = (x - mean)·rstd and ĝ = g·w:
+            // dx = rstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ·x̂)).
+            let (mut sum_g, mut sum_gx) = (T::zero(), T::zero());
+            for i in 0..d {
+                let xhat = (row[i] - mean) * rstd;
+                let gh = grow[i] * w[i];
+                sum_g += gh;
+                sum_gx += gh * xhat;
+                dw[i] += grow[i] * xhat;
+                db[i] += grow[i];
+            }
+            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+            for i in 0..d {
+                let xhat = (row[i] - mean) * rstd;
+                dxrow[i] = rstd * (grow[i] * w[i] - mean_g - xhat * mean_gx);
+            }
+        }
+        out
+    }
+}
+
+impl CustomOp3 for LayerNormGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-layer-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1)?;
+        with_real!(s1, T => {
+            let out = self.compute::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, d);
+            let len = out.len();
+            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+        })
+    }
+}

@@ -1,0 +1,299 @@
+//! Every fused kernel against its reference composition (values and the
+//! gradients of every input, to the named tolerance, in f32 and f64), the
+//! finite-difference check on both versions, and the edge cases the
+//! reference defines: odd sizes, even kernels, NaN and -inf inputs.
+
+use super::*;
+use crate::gradcheck::{check_function, TensorCheck};
+use crate::rng::Rng;
+use candle_core::{Device, Var};
+
+fn randn(seed: u64, shape: &[usize], dtype: DType) -> Tensor {
+    let mut rng = Rng::keyed(seed, "kernels.test", 0);
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+type Op = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// The output and the gradient of Σ w·y with respect to every input.
+fn value_and_grads(kernels: Kernels, f: &Op, inputs: &[Tensor]) -> (Tensor, Vec<Tensor>) {
+    with_kernels(kernels, || {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| Var::from_tensor(t).unwrap())
+            .collect();
+        let xs: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let y = f(&xs).unwrap();
+        let w = randn(99, y.dims(), y.dtype());
+        let grads = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let gs = xs
+            .iter()
+            .map(|x| grads.get(x).expect("every input gets a gradient").clone())
+            .collect();
+        (y, gs)
+    })
+}
+
+/// max |a - b| / max |b|, in f64.
+fn scaled_error(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims());
+    let a = a
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    let b = b
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-300);
+    a.iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// Fused and reference agree to the named tolerance in f32 and f64, and
+/// the fused op really is a different graph (it ran a fused kernel).
+fn matches_reference(what: &str, f: &Op, shapes: &[&[usize]]) {
+    for dtype in [DType::F64, DType::F32] {
+        let inputs: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| randn(i as u64 + 1, s, dtype))
+            .collect();
+        let (yf, gf) = value_and_grads(Kernels::Fused, f, &inputs);
+        let (yr, gr) = value_and_grads(Kernels::Reference, f, &inputs);
+        let tol = tolerance(dtype).unwrap();
+        let err = scaled_error(&yf, &yr);
+        assert!(
+            err <= tol,
+            "{what} {dtype:?}: output differs by {err:e} > {tol:e}"
+        );
+        for (i, (a, b)) in gf.iter().zip(&gr).enumerate() {
+            let err = scaled_error(a, b);
+            assert!(
+                err <= tol,
+                "{what} {dtype:?}: gradient {i} differs by {err:e} > {tol:e}"
+            );
+        }
+    }
+}
+
+fn assert_passes(what: &str, checks: &[TensorCheck]) {
+    for c in checks {
+        assert!(
+            c.passed,
+            "{what}: {} failed (has gradient: {}, max rel err {:e})",
+            c.name, c.has_gradient, c.max_rel_err
+        );
+    }
+}
+
+/// The finite-difference check passes on both implementations.
+fn gradchecks(what: &str, f: &Op, shapes: &[&[usize]]) {
+    let inputs: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| randn(i as u64 + 10, s, DType::F64))
+        .collect();
+    for kernels in [Kernels::Fused, Kernels::Reference] {
+        let checks = with_kernels(kernels, || check_function(f, &inputs, 0).unwrap());
+        assert_passes(&format!("{what} ({kernels:?})"), &checks);
+    }
+}
+
+#[test]
+fn linear_matches_reference_and_gradchecks() {
+    let lin: &Op = &|xs| linear(&xs[0], &xs[1], &xs[2]);
+    matches_reference("linear", lin, &[&[7, 5], &[3, 5], &[3]]);
+    gradchecks("linear", lin, &[&[4, 3], &[2, 3], &[2]]);
+}
+
+fn conv(xs: &[Tensor]) -> Result<Tensor> {
+    conv2d(&xs[0], &xs[1], &xs[2])
+}
+
+#[test]
+fn conv2d_matches_reference_and_gradchecks() {
+    // kernels 1, 2 (even: the output grows by one), 3 and 5 (wider than the
+    // 4-pixel side, so whole rows of the patch are padding)
+    for (k, side) in [(1, 5), (2, 5), (3, 6), (5, 4)] {
+        let x: &[usize] = &[2, 3, side, side + 1];
+        let w: &[usize] = &[4, 3, k, k];
+        matches_reference(&format!("conv2d k={k}"), &conv, &[x, w, &[4]]);
+    }
+    gradchecks("conv2d", &conv, &[&[2, 2, 4, 5], &[3, 2, 3, 3], &[3]]);
+    gradchecks("conv2d k=2", &conv, &[&[1, 2, 3, 3], &[2, 2, 2, 2], &[2]]);
+}
+
+#[test]
+fn conv2d_on_data_gives_no_input_gradient_but_the_same_weight_gradient() {
+    let x = randn(1, &[2, 3, 8, 8], DType::F32); // data: not a variable
+    let w = Var::from_tensor(&randn(2, &[4, 3, 3, 3], DType::F32)).unwrap();
+    let b = Var::from_tensor(&randn(3, &[4], DType::F32)).unwrap();
+    let grads_of = |kernels| {
+        with_kernels(kernels, || {
+            let y = conv2d(&x, w.as_tensor(), b.as_tensor()).unwrap();
+            y.sqr().unwrap().sum_all().unwrap().backward().unwrap()
+        })
+    };
+    let (fused, reference) = (grads_of(Kernels::Fused), grads_of(Kernels::Reference));
+    assert!(fused.get(&x).is_none(), "no gradient for the data input");
+    for t in [w.as_tensor(), b.as_tensor()] {
+        let err = scaled_error(fused.get(t).unwrap(), reference.get(t).unwrap());
+        assert!(
+            err <= TOLERANCE_F32,
+            "parameter gradient differs by {err:e}"
+        );
+    }
+}
+
+#[test]
+fn pooling_matches_reference_and_gradchecks() {
+    let max: &Op = &|xs| pool2x2(&xs[0], PoolKind::Max);
+    let avg: &Op = &|xs| pool2x2(&xs[0], PoolKind::Avg);
+    for shape in [&[2, 3, 6, 8][..], &[1, 2, 5, 7]] {
+        matches_reference("max_pool", max, &[shape]);
+        matches_reference("avg_pool", avg, &[shape]);
+    }
+    gradchecks("max_pool", max, &[&[1, 2, 5, 6]]);
+    gradchecks("avg_pool", avg, &[&[1, 2, 5, 6]]);
+}
+
+#[test]
+fn max_pool_propagates_nan_and_gives_ties_one_gradient() {
+    let x = Tensor::new(&[[[[1f32, f32::NAN], [3., 2.]]]], &Device::Cpu).unwrap();
+    let y = pool2x2(&x, PoolKind::Max).unwrap();
+    assert!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0].is_nan());
+    // a window of equal values: the gradient goes to the first (PyTorch's rule)
+    let tie = Var::new(&[[[[2f64, 2.], [2., 2.]]]], &Device::Cpu).unwrap();
+    let g = pool2x2(tie.as_tensor(), PoolKind::Max)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g = g.get(tie.as_tensor()).unwrap().flatten_all().unwrap();
+    assert_eq!(g.to_vec1::<f64>().unwrap(), [1.0, 0.0, 0.0, 0.0]);
+}
+
+#[test]
+fn layer_norm_matches_reference_and_gradchecks() {
+    let ln: &Op = &|xs| layer_norm(&xs[0], &xs[1], &xs[2], 1e-5);
+    matches_reference("layer_norm", ln, &[&[2, 5, 16], &[16], &[16]]);
+    gradchecks("layer_norm", ln, &[&[2, 3, 6], &[6], &[6]]);
+}
+
+#[test]
+fn softmax_matches_reference_gradchecks_and_keeps_masked_rows() {
+    let sm: &Op = &|xs| softmax_last_dim(&xs[0]);
+    matches_reference("softmax", sm, &[&[2, 4, 7, 7]]);
+    gradchecks("softmax", sm, &[&[3, 5]]);
+    let inf = f32::INFINITY;
+    let x = Tensor::new(
+        &[
+            [0f32, -inf, 1.],
+            [-inf, -inf, -inf],
+            [f32::NAN, 0., 0.],
+            [inf, 0., 0.],
+        ],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let row = |k| {
+        with_kernels(k, || {
+            softmax_last_dim(&x).unwrap().to_vec2::<f32>().unwrap()
+        })
+    };
+    let (fused, reference) = (row(Kernels::Fused), row(Kernels::Reference));
+    assert_eq!(fused[0][1], 0.0, "a masked entry gets no weight");
+    for (f, r) in fused.iter().zip(&reference).skip(1) {
+        // all -inf, NaN and +inf rows: NaN in both
+        assert_eq!(
+            f.iter().map(|v| v.is_nan()).collect::<Vec<_>>(),
+            r.iter().map(|v| v.is_nan()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn lstm_cell_matches_reference_and_gradchecks() {
+    let c: &Op = &|xs| lstm_c(&xs[0], &xs[1]);
+    let h: &Op = &|xs| lstm_h(&xs[0], &xs[1]);
+    for (name, op) in [("lstm_c", c), ("lstm_h", h)] {
+        matches_reference(name, op, &[&[3, 20], &[3, 5]]);
+        gradchecks(name, op, &[&[2, 12], &[2, 3]]);
+    }
+}
+
+#[test]
+fn gru_cell_matches_reference_and_gradchecks() {
+    let n: &Op = &|xs| gru_n(&xs[0], &xs[1], &xs[2]);
+    let h: &Op = &|xs| gru_h(&xs[0], &xs[1], &xs[2]);
+    matches_reference("gru_n", n, &[&[3, 10], &[3, 15], &[3, 15]]);
+    matches_reference("gru_h", h, &[&[3, 10], &[3, 5], &[3, 5]]);
+    gradchecks("gru_n", n, &[&[2, 6], &[2, 9], &[2, 9]]);
+    gradchecks("gru_h", h, &[&[2, 6], &[2, 3], &[2, 3]]);
+}
+
+#[test]
+fn reference_is_used_for_half_precision_and_under_the_switch() {
+    let x = randn(1, &[2, 8], DType::F16);
+    assert!(!fused_for(&x), "f16 keeps the reference composition");
+    let x = randn(1, &[2, 8], DType::F32);
+    assert!(fused_for(&x));
+    assert!(!with_kernels(Kernels::Reference, || fused_for(&x)));
+    assert!(fused_for(&x), "the switch is scoped");
+}
+
+#[test]
+fn tanh_f32_is_within_a_few_ulp_everywhere() {
+    // every 97th f32 bit pattern over [-10, 10], plus the specials (worst
+    // measured: 5.8 ulp near 5.76, where an ulp is 6e-8)
+    let (mut worst_ulp, mut at) = (0f64, 0f32);
+    let mut bits = 0u32;
+    while bits < 0x4120_0000 {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            let exact = (x as f64).tanh();
+            let ulp = (exact as f32).abs().max(f32::MIN_POSITIVE);
+            let ulp = (f32::from_bits(ulp.to_bits() + 1) - ulp) as f64;
+            let err = (tanh_f32(x) as f64 - exact).abs() / ulp;
+            if err > worst_ulp {
+                (worst_ulp, at) = (err, x);
+            }
+        }
+        bits += 97;
+    }
+    assert!(worst_ulp <= 7.0, "tanh_f32 is {worst_ulp} ulp off at {at}");
+    assert!(tanh_f32(f32::NAN).is_nan());
+    assert_eq!(tanh_f32(f32::INFINITY), 1.0);
+    assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
+    assert_eq!(tanh_f32(0.0), 0.0);
+}
+
+#[test]
+fn relu_matches_reference_and_gradchecks() {
+    let r: &Op = &|xs| relu(&xs[0]);
+    matches_reference("relu", r, &[&[3, 4, 5]]);
+    gradchecks("relu", r, &[&[4, 6]]);
+    // candle's semantics, kept: relu(NaN) = 0, and the gradient at 0 is 1
+    let x = Var::new(&[f32::NAN, 0.0, -1.0, 2.0], &Device::Cpu).unwrap();
+    let y = relu(x.as_tensor()).unwrap();
+    assert_eq!(y.to_vec1::<f32>().unwrap(), [0.0, 0.0, 0.0, 2.0]);
+    let g = y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(
+        g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap(),
+        [0.0, 1.0, 0.0, 1.0]
+    );
+}

@@ -1,0 +1,89 @@
+//! The reference compositions of candle ops for the layers that have fused
+//! kernels (`crate::kernels`): used on CUDA, for f16/bf16, under
+//! `NANHUNT_KERNELS=reference`, and as the fused kernels' test oracle. Each
+//! uses only candle ops whose backward passes pass the gradient check.
+
+use super::sigmoid;
+use candle_core::{Result, Tensor, D};
+
+/// x (N, in) · wᵀ + b.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)?.broadcast_add(b)
+}
+
+/// Same-padded (k/2), stride-1 convolution plus bias.
+pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (.., k, _) = w.dims4()?;
+    let y = x.conv2d(w, k / 2, 1, 1, 1)?;
+    y.broadcast_add(&b.reshape((1, (), 1, 1))?)
+}
+
+/// 2×2 max pooling by reshaping into windows; the backward of `max`
+/// routes the gradient to the maximum.
+pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    windows2x2(x)?.max(5)?.max(3)
+}
+
+pub fn avg_pool2x2(x: &Tensor) -> Result<Tensor> {
+    windows2x2(x)?.mean(5)?.mean(3)
+}
+
+fn windows2x2(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let (h2, w2) = (h / 2, w / 2);
+    let x = if h % 2 == 1 || w % 2 == 1 {
+        x.narrow(2, 0, 2 * h2)?.narrow(3, 0, 2 * w2)?.contiguous()?
+    } else {
+        x.clone()
+    };
+    x.reshape((b, c, h2, 2, w2, 2))
+}
+
+/// Layer normalization over the last dimension with affine weight and bias.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centered = x.broadcast_sub(&mean)?;
+    let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.broadcast_mul(w)?.broadcast_add(b)
+}
+
+/// Softmax over the last dimension with the (detached) row max subtracted.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+fn gate(gates: &Tensor, index: usize, h: usize) -> Result<Tensor> {
+    gates.narrow(1, index * h, h)
+}
+
+/// LSTM cell state from gates (B, 4H) in PyTorch's (i, f, g, o) order.
+pub fn lstm_c(gates: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
+    let h = c_prev.dim(1)?;
+    let i = sigmoid(&gate(gates, 0, h)?)?;
+    let f = sigmoid(&gate(gates, 1, h)?)?;
+    let g = gate(gates, 2, h)?.tanh()?;
+    (f * c_prev)? + (i * g)?
+}
+
+/// LSTM hidden state σ(o)·tanh(c).
+pub fn lstm_h(gates: &Tensor, c: &Tensor) -> Result<Tensor> {
+    let h = c.dim(1)?;
+    sigmoid(&gate(gates, 3, h)?)? * c.tanh()?
+}
+
+/// GRU candidate tanh(x_n + σ(r)·h_n) in PyTorch's (r, z, n) order.
+pub fn gru_n(rz: &Tensor, xw: &Tensor, hw: &Tensor) -> Result<Tensor> {
+    let h = rz.dim(1)? / 2;
+    let r = sigmoid(&gate(rz, 0, h)?)?;
+    (gate(xw, 2, h)? + (r * gate(hw, 2, h)?)?)?.tanh()
+}
+
+/// GRU hidden state (1 - z)·n + z·h = n + z·(h - n).
+pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
+    let h = n.dim(1)?;
+    let z = sigmoid(&gate(rz, 1, h)?)?;
+    n + (z * (h_prev - n)?)?
+}
