@@ -11,12 +11,12 @@
 use crate::error::{Error, Result};
 use crate::journal::{Entry, Journal};
 use crate::minimize::{minimize, MinimizeOptions};
-use crate::models::BuiltinFactory;
-use crate::outcome::{Outcome, Signature};
+use crate::outcome::Signature;
 use crate::rng::Rng;
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::*;
 use crate::strategy::{generate, StrategyOptions};
+use crate::workers::{Executor, ReproduceJob, RunResult, Workers};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -107,6 +107,8 @@ pub struct CampaignOptions {
     pub minimize_runs: usize,
     /// Draw a progress bar on stderr (when it is a terminal).
     pub progress: bool,
+    /// Threads, or one child process per worker (isolates crashes).
+    pub workers: Workers,
 }
 
 impl Default for CampaignOptions {
@@ -123,6 +125,7 @@ impl Default for CampaignOptions {
             shard: Shard::default(),
             minimize_runs: 150,
             progress: false,
+            workers: Workers::Threads,
         }
     }
 }
@@ -249,26 +252,22 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
 }
 
 /// Minimizes a finding and writes its reproducer; returns the journal entry.
-fn reproduce(
-    case: &Case,
-    signature: &Signature,
-    opts: &CampaignOptions,
-    index: u64,
-) -> Result<Option<Entry>> {
+pub(crate) fn reproduce(job: &ReproduceJob) -> Result<Option<Entry>> {
     let m = minimize(
-        case,
+        &job.case,
         None,
         &MinimizeOptions {
-            max_runs: opts.minimize_runs,
+            max_runs: job.minimize_runs,
             run: RunOptions::default(),
         },
     )?;
-    let Some(m) = m.filter(|m| &m.signature == signature) else {
+    let Some(m) = m.filter(|m| m.signature == job.signature) else {
         return Ok(None); // not reproducible from a fresh start: nothing to write
     };
-    let repro = m.reproducer(case, format!("campaign seed {} run {index}", opts.seed));
+    let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
+    let repro = m.reproducer(&job.case, provenance);
     let file = reproducer_name(&m.signature, &m.case);
-    write_atomic(&opts.out.join(REPRO_DIR).join(&file), &repro.to_json())?;
+    write_atomic(&job.out.join(REPRO_DIR).join(&file), &repro.to_json())?;
     Ok(Some(Entry::Reproducer {
         signature: m.signature,
         file,
@@ -276,6 +275,22 @@ fn reproduce(
         before: m.before,
         after: m.after,
     }))
+}
+
+fn reproduce_job(
+    case: &Case,
+    signature: &Signature,
+    opts: &CampaignOptions,
+    index: u64,
+) -> ReproduceJob {
+    ReproduceJob {
+        index,
+        case: case.clone(),
+        signature: signature.clone(),
+        out: opts.out.clone(),
+        minimize_runs: opts.minimize_runs,
+        campaign_seed: opts.seed,
+    }
 }
 
 /// Runs a campaign to its budget; see the module docs.
@@ -355,9 +370,11 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
 
     let started = Instant::now();
     // Findings whose minimization a killed session did not finish.
+    let mut executor = Executor::new(&opts.workers);
     for (index, signature, case) in pending {
         let pool = crate::device::cpu_pool(1);
-        if let Some(entry) = pool.install(|| reproduce(&case, &signature, opts, index))? {
+        let job = reproduce_job(&case, &signature, opts, index);
+        if let Some(entry) = pool.install(|| executor.reproduce(&job))? {
             let mut st = state.lock().expect("campaign state poisoned");
             st.journal.append(&entry)?;
             st.entries.push(entry);
@@ -460,6 +477,7 @@ fn worker(
     started: Instant,
     progress: &indicatif::ProgressBar,
 ) -> Result<()> {
+    let mut executor = Executor::new(&opts.workers);
     loop {
         if stop.load(Ordering::SeqCst) || opts.budget.is_some_and(|b| started.elapsed() >= b) {
             return Ok(());
@@ -480,30 +498,14 @@ fn worker(
             (index, case_for(index, opts, &st.found))
         };
         let t0 = Instant::now();
-        let factory = BuiltinFactory::new(&case.model).expect("built-in family");
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_model(&case, &factory, &RunOptions::default())
-        }));
+        let RunResult {
+            verdict,
+            signature,
+            step,
+            losses,
+            message,
+        } = executor.run(index, &case)?;
         let millis = t0.elapsed().as_millis() as u64;
-        let losses: Vec<f64> = match &outcome {
-            Ok(Ok(o)) => o
-                .trace()
-                .map(|t| t.losses.iter().map(|&l| l as f32 as f64).collect())
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        };
-        let (verdict, signature, step, message) = match outcome {
-            Ok(Ok(Outcome::Stable { .. })) => ("stable", None, None, None),
-            Ok(Ok(Outcome::Unstable { finding })) => (
-                "unstable",
-                Some(finding.signature.clone()),
-                Some(finding.step),
-                None,
-            ),
-            Ok(Ok(Outcome::Rejected { reason })) => ("rejected", None, None, Some(reason)),
-            Ok(Err(e)) => ("error", None, None, Some(e.to_string())),
-            Err(_) => ("panic", None, None, Some("the run panicked".to_string())),
-        };
         let entry = Entry::Run {
             index,
             family: case.family().to_string(),
@@ -512,7 +514,7 @@ fn worker(
             precision: case.precision.name().to_string(),
             device: case.device.to_string(),
             losses,
-            verdict: verdict.to_string(),
+            verdict: verdict.clone(),
             signature: signature.clone(),
             step,
             lr: case.optimizer.lr(),
@@ -551,7 +553,7 @@ fn worker(
             new
         };
         if let Some(sig) = new_finding {
-            if let Some(entry) = reproduce(&case, &sig, opts, index)? {
+            if let Some(entry) = executor.reproduce(&reproduce_job(&case, &sig, opts, index))? {
                 let mut st = state.lock().expect("campaign state poisoned");
                 st.journal.append(&entry)?;
                 st.entries.push(entry);

@@ -38,6 +38,7 @@ pub mod scaler;
 pub mod spec;
 pub mod state;
 pub mod strategy;
+pub mod workers;
 
 pub use error::{Error, Result};
 pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};

@@ -146,6 +146,84 @@ fn a_campaign_killed_with_sigkill_resumes_without_loss_or_duplicates() {
     );
 }
 
+/// The run entries by index, without their timings.
+fn runs_by_index(entries: &[Entry]) -> BTreeMap<u64, Entry> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Run { index, .. } => {
+                let mut e = e.clone();
+                if let Entry::Run { millis, .. } = &mut e {
+                    *millis = 0;
+                }
+                Some((*index, e))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn process_and_thread_workers_journal_the_same_runs_and_reproducers() {
+    let (p, t) = (scratch("workers-processes"), scratch("workers-threads"));
+    assert!(fuzz(&p, &["--workers", "processes"])
+        .status
+        .code()
+        .is_some());
+    assert!(fuzz(&t, &["--workers", "threads"]).status.code().is_some());
+    let (jp, jt) = (journal(&p), journal(&t));
+    assert_eq!(runs_by_index(&jp).len(), RUNS as usize);
+    // compared as JSON, where NaN losses are equal
+    let json = |j: &[Entry]| -> Vec<String> {
+        runs_by_index(j)
+            .values()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect()
+    };
+    assert_eq!(json(&jp), json(&jt));
+    assert_eq!(reproducer_files(&p), reproducer_files(&t));
+}
+
+#[test]
+fn a_worker_process_that_aborts_is_journaled_as_a_crash_and_replaced() {
+    let dir = scratch("workers-abort");
+    let out = Command::new(binary())
+        .args([
+            "fuzz",
+            "--runs",
+            "8",
+            "--seed",
+            "5",
+            "--quiet",
+            "--minimize-runs",
+            "10",
+        ])
+        .args(["--workers", "processes", "--out", dir.to_str().unwrap()])
+        .env(nanhunt::workers::ABORT_INDEX_ENV, "3")
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let runs = runs_by_index(&journal(&dir));
+    assert_eq!(runs.len(), 8, "every run is journaled, the crashed one too");
+    for (index, entry) in runs {
+        let Entry::Run {
+            verdict, message, ..
+        } = entry
+        else {
+            unreachable!()
+        };
+        if index == 3 {
+            assert_eq!(verdict, "crash");
+            assert!(message.unwrap().contains("SIGABRT"));
+        } else {
+            assert_ne!(verdict, "crash", "run {index}: a fresh worker took over");
+        }
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["errors"], 1);
+}
+
 #[test]
 fn an_existing_campaign_needs_resume_and_matching_options() {
     let dir = scratch("campaign-options");

@@ -6,6 +6,7 @@ use nanhunt::campaign::{
 };
 use nanhunt::spec::{DeviceSpec, FAMILIES};
 use nanhunt::strategy::StrategyOptions;
+use nanhunt::workers::Workers;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +25,11 @@ pub struct Args {
     /// Parallel workers (one compute thread each).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Run each worker's cases in a child process (isolates a case that
+    /// aborts or runs out of memory: it is journaled as a crash) or in a
+    /// thread of this process.
+    #[arg(long, value_enum, default_value_t = WorkerKind::Processes)]
+    workers: WorkerKind,
     /// Campaign seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -50,6 +56,12 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum WorkerKind {
+    Processes,
+    Threads,
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
@@ -82,6 +94,14 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         shard: args.shard,
         minimize_runs: args.minimize_runs,
         progress: !args.quiet,
+        workers: match args.workers {
+            WorkerKind::Threads => Workers::Threads,
+            WorkerKind::Processes => Workers::Processes {
+                exe: std::env::current_exe().map_err(|e| {
+                    anyhow::anyhow!("cannot find the nanhunt executable for worker processes: {e}")
+                })?,
+            },
+        },
     };
     let summary = run_campaign(&opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     print_summary(&summary, &args.out);

@@ -74,6 +74,9 @@ enum Command {
     LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
+    /// A campaign's worker process: JSON requests on stdin, responses on stdout.
+    #[command(hide = true)]
+    Worker,
 }
 
 pub fn main() -> anyhow::Result<Exit> {
@@ -81,6 +84,10 @@ pub fn main() -> anyhow::Result<Exit> {
     match cli.command {
         Command::Example(a) => example::main(a),
         Command::Fuzz(a) => fuzz::main(a),
+        Command::Worker => {
+            nanhunt::workers::serve(std::io::stdin().lock(), std::io::stdout().lock())?;
+            Ok(Exit::Clean)
+        }
         Command::Minimize(a) => minimize::main(a),
         Command::Merge(a) => merge::main(a),
         Command::Run(a) => run::main(a),

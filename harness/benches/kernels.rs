@@ -1,0 +1,128 @@
+//! Each fused kernel against its reference composition of candle ops:
+//! forward and backward of Σ w·f(inputs), at the sizes of the `--size
+//! large` cases (batch 32). The ratio of the two lines of a kernel is its
+//! speed-up; run with RAYON_NUM_THREADS=1 for the one-thread figures.
+
+use candle_core::{Device, Result, Tensor, Var};
+use criterion::{criterion_group, BenchmarkId, Criterion};
+use nanhunt::kernels::{self, Kernels, PoolKind};
+use nanhunt::rng::Rng;
+
+fn randn(seed: u64, shape: &[usize]) -> Tensor {
+    let mut rng = Rng::keyed(seed, "bench.kernels", 0);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+type Op = fn(&[Tensor]) -> Result<Tensor>;
+
+/// (name, op, input shapes, whether the first input is data: no gradient)
+fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
+    vec![
+        (
+            "linear 1024x64->64",
+            |x| kernels::linear(&x[0], &x[1], &x[2]),
+            vec![vec![1024, 64], vec![64, 64], vec![64]],
+            false,
+        ),
+        (
+            "conv2d 16->32 on 16x16",
+            |x| kernels::conv2d(&x[0], &x[1], &x[2]),
+            vec![vec![32, 16, 16, 16], vec![32, 16, 3, 3], vec![32]],
+            false,
+        ),
+        (
+            "conv2d 3->16 on 32x32 data",
+            |x| kernels::conv2d(&x[0], &x[1], &x[2]),
+            vec![vec![32, 3, 32, 32], vec![16, 3, 3, 3], vec![16]],
+            true,
+        ),
+        (
+            "relu 32x16x32x32",
+            |x| kernels::relu(&x[0]),
+            vec![vec![32, 16, 32, 32]],
+            false,
+        ),
+        (
+            "max_pool 32x16x32x32",
+            |x| kernels::pool2x2(&x[0], PoolKind::Max),
+            vec![vec![32, 16, 32, 32]],
+            false,
+        ),
+        (
+            "layer_norm 32x32x64",
+            |x| kernels::layer_norm(&x[0], &x[1], &x[2], 1e-5),
+            vec![vec![32, 32, 64], vec![64], vec![64]],
+            false,
+        ),
+        (
+            "softmax 32x4x32x32",
+            |x| kernels::softmax_last_dim(&x[0]),
+            vec![vec![32, 4, 32, 32]],
+            false,
+        ),
+        (
+            "lstm cell 32x64",
+            |x| kernels::lstm_h(&x[0], &kernels::lstm_c(&x[0], &x[1])?),
+            vec![vec![32, 256], vec![32, 64]],
+            false,
+        ),
+        (
+            "gru cell 32x64",
+            |x| {
+                let n = kernels::gru_n(&x[0], &x[1], &x[2])?;
+                kernels::gru_h(&x[0], &n, &x[3])
+            },
+            vec![vec![32, 128], vec![32, 192], vec![32, 192], vec![32, 64]],
+            false,
+        ),
+    ]
+}
+
+fn forward_backward(c: &mut Criterion) {
+    nanhunt::device::retain_freed_memory(); // as the nanhunt binary does
+    let mut group = c.benchmark_group("kernel");
+    for (name, op, shapes, data_first) in cases() {
+        let inputs: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let t = randn(i as u64, s);
+                if i == 0 && data_first {
+                    t
+                } else {
+                    Var::from_tensor(&t).unwrap().as_tensor().clone()
+                }
+            })
+            .collect();
+        let weights = op(&inputs).map(|y| randn(99, y.dims())).unwrap();
+        for k in [Kernels::Fused, Kernels::Reference] {
+            let label = if k == Kernels::Fused {
+                "fused"
+            } else {
+                "reference"
+            };
+            group.bench_function(BenchmarkId::new(name, label), |b| {
+                b.iter(|| {
+                    kernels::with_kernels(k, || {
+                        let y = op(&inputs).unwrap();
+                        (y * &weights)
+                            .unwrap()
+                            .sum_all()
+                            .unwrap()
+                            .backward()
+                            .unwrap()
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(2));
+    targets = forward_backward
+}
