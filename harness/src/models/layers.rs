@@ -134,7 +134,7 @@ fn channel_mean(x: &Tensor) -> Result<Tensor> {
 pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     match act {
         Activation::Relu => kernels::relu(x),
-        Activation::Gelu => x.gelu_erf(),
+        Activation::Gelu => kernels::gelu(x),
         Activation::Tanh => x.tanh(),
         Activation::Sigmoid => sigmoid(x),
         // relu(x) - 0.01 relu(-x): exact gradients on both sides of 0.

@@ -4,6 +4,7 @@
 
 use super::layers::{self, LayerNorm, Linear};
 use super::{Model, Tracer};
+use crate::kernels;
 use crate::spec::{AttentionScale, HeadKind, NormPlacement, TokenOrContinuous, TransformerSpec};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -154,7 +155,7 @@ impl Transformer {
     fn mlp(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let h = tr.record_with(
             || format!("{}.mlp.fc1", l.name),
-            l.fc1.forward(x)?.gelu_erf()?,
+            kernels::gelu(&l.fc1.forward(x)?)?,
         )?;
         let out = tr.record_with(|| format!("{}.mlp.fc2", l.name), l.fc2.forward(&h)?)?;
         Ok(out)
