@@ -103,12 +103,14 @@ impl Cell {
             .zip(dy.chunks_exact(h))
             .zip(dg.chunks_exact_mut(4 * h).zip(ds.chunks_exact_mut(h)));
         for (((g, s), d), (dgr, dsr)) in rows {
-            let (i, rest) = g.split_at(h);
-            let (f, rest) = rest.split_at(h);
-            let (gg, o) = rest.split_at(h);
+            // Every slice re-cut to exactly h, so that the loops below carry
+            // no bounds checks and vectorize.
+            let (i, f, gg, o) = (&g[..h], &g[h..2 * h], &g[2 * h..3 * h], &g[3 * h..4 * h]);
+            let (s, d, dsr) = (&s[..h], &d[..h], &mut dsr[..h]);
             let (di, rest) = dgr.split_at_mut(h);
             let (df, rest) = rest.split_at_mut(h);
             let (dgg, d_o) = rest.split_at_mut(h);
+            let (df, dgg, d_o) = (&mut df[..h], &mut dgg[..h], &mut d_o[..h]);
             match self {
                 Cell::LstmC => {
                     for j in 0..h {

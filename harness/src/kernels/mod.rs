@@ -180,11 +180,11 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
     q = q * x2 + 4.89352518554385e-03;
     let r = xc * (p / q); // p/q first: x·p would lose tiny x to underflow
                           // Beyond the clamp tanh is within 4.6 ulp of ±1 and saturates, as
-                          // libm's does; a NaN fails both comparisons and stays NaN.
-    if x > CLAMP {
-        1.0
-    } else if x < -CLAMP {
-        -1.0
+                          // libm's does. Written as a blend, not an early return, so that loops
+                          // over it vectorize; a NaN fails the comparison and stays NaN.
+    let saturated = 1.0f32.copysign(x);
+    if x.abs() > CLAMP {
+        saturated
     } else {
         r
     }
