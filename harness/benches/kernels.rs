@@ -64,7 +64,10 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
         ),
         (
             "lstm cell 32x64",
-            |x| kernels::lstm_h(&x[0], &kernels::lstm_c(&x[0], &x[1])?),
+            |x| {
+                let act = kernels::lstm_activate(&x[0])?;
+                kernels::lstm_h(&act, &kernels::lstm_c(&act, &x[1])?)
+            },
             vec![vec![32, 256], vec![32, 64]],
             false,
         ),

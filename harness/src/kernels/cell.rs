@@ -3,30 +3,43 @@
 //! dozen small candle ops per time step. Gate layouts follow PyTorch:
 //! LSTM (i, f, g, o), GRU (r, z, n).
 //!
-//! The cell is split where the tracer records a stage (the LSTM's `c`
-//! before `h` is computed from it), so a traced step computes the same
-//! values through the same ops as an untraced one.
+//! The LSTM's gate nonlinearities are one op (`lstm_activate`), so that the
+//! cell updates and every backward pass work from the activated gates with
+//! no transcendental function but tanh(c). The cell is split where the
+//! tracer records a stage (the LSTM's `c` before `h` is computed from it),
+//! so a traced step computes the same values through the same ops as an
+//! untraced one.
 
 use super::{fused_for, slice, unpack, with_real, Real};
 use crate::models::layers::reference;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType,
+};
 
-/// LSTM cell state: `σ(f)·c_prev + σ(i)·tanh(g)` from gates (B, 4H).
-pub fn lstm_c(gates: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
+/// The activated LSTM gates [σ(i), σ(f), tanh(g), σ(o)] of the
+/// pre-activations (B, 4H).
+pub fn lstm_activate(gates: &Tensor) -> Result<Tensor> {
     if !fused_for(gates) {
-        return reference::lstm_c(gates, c_prev);
+        return reference::lstm_activate(gates);
     }
-    gates
-        .contiguous()?
+    gates.contiguous()?.apply_op1(LstmActivate)
+}
+
+/// LSTM cell state `f·c_prev + i·g` from the activated gates.
+pub fn lstm_c(act: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
+    if !fused_for(act) {
+        return reference::lstm_c(act, c_prev);
+    }
+    act.contiguous()?
         .apply_op2(&c_prev.contiguous()?, Cell::LstmC)
 }
 
-/// LSTM hidden state: `σ(o)·tanh(c)`.
-pub fn lstm_h(gates: &Tensor, c: &Tensor) -> Result<Tensor> {
-    if !fused_for(gates) {
-        return reference::lstm_h(gates, c);
+/// LSTM hidden state `o·tanh(c)` from the activated gates.
+pub fn lstm_h(act: &Tensor, c: &Tensor) -> Result<Tensor> {
+    if !fused_for(act) {
+        return reference::lstm_h(act, c);
     }
-    gates.contiguous()?.apply_op2(&c.contiguous()?, Cell::LstmH)
+    act.contiguous()?.apply_op2(&c.contiguous()?, Cell::LstmH)
 }
 
 /// GRU candidate: `tanh(x_n + σ(r)·h_n)`, from the summed r/z
@@ -61,7 +74,70 @@ fn rows(l: &Layout, what: &str) -> Result<(usize, usize)> {
     }
 }
 
-/// The two-input LSTM ops (gates, state) → (B, H).
+/// σ on the i, f and o quarters of each row, tanh on the g quarter.
+struct LstmActivate;
+
+impl CustomOp1 for LstmActivate {
+    fn name(&self) -> &'static str {
+        "nanhunt-lstm-activate"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, w) = rows(l, "gates")?;
+        let h = w / 4;
+        with_real!(s, T => {
+            let mut act: Vec<T> = slice::<T>(s, l)?.to_vec();
+            for row in act.chunks_exact_mut(4 * h) {
+                let (sig, rest) = row.split_at_mut(2 * h);
+                let (g, o) = rest.split_at_mut(h);
+                sig.iter_mut().chain(o.iter_mut()).for_each(|v| *v = sigmoid(*v));
+                g.iter_mut().for_each(|v| *v = v.tanh_fast());
+            }
+            Ok((T::to_cpu_storage_owned(act), l.shape().clone()))
+        })
+    }
+
+    fn bwd(&self, _gates: &Tensor, act: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(act.apply_op2_no_bwd(
+            &grad.contiguous()?,
+            &LstmActivateGrad,
+        )?))
+    }
+}
+
+/// (act, dact) → dgates: a(1 - a) on the σ quarters, 1 - a² on tanh's.
+struct LstmActivateGrad;
+
+impl CustomOp2 for LstmActivateGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-lstm-activate-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, w) = rows(l1, "gates")?;
+        let h = w / 4;
+        with_real!(s1, T => {
+            let (act, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
+            let one = T::one();
+            let mut d = Vec::with_capacity(act.len());
+            for (a, g) in act.chunks_exact(4 * h).zip(g.chunks_exact(4 * h)) {
+                let sig = |(&a, &g): (&T, &T)| g * a * (one - a);
+                d.extend(a[..2 * h].iter().zip(&g[..2 * h]).map(sig));
+                d.extend(a[2 * h..3 * h].iter().zip(&g[2 * h..3 * h]).map(|(&a, &g)| g * (one - a * a)));
+                d.extend(a[3 * h..].iter().zip(&g[3 * h..]).map(sig));
+            }
+            Ok((T::to_cpu_storage_owned(d), l1.shape().clone()))
+        })
+    }
+}
+
+/// The two-input LSTM ops (activated gates, state) → (B, H).
 #[derive(Clone, Copy)]
 enum Cell {
     LstmC,
@@ -69,63 +145,58 @@ enum Cell {
 }
 
 impl Cell {
-    fn forward<T: Real>(self, gates: &[T], state: &[T], h: usize) -> Vec<T> {
+    fn forward<T: Real>(self, act: &[T], state: &[T], h: usize) -> Vec<T> {
         let mut out = Vec::with_capacity(state.len());
-        for (g, s) in gates.chunks_exact(4 * h).zip(state.chunks_exact(h)) {
-            let (i, rest) = g.split_at(h);
-            let (f, rest) = rest.split_at(h);
-            let (gg, o) = rest.split_at(h);
+        for (a, s) in act.chunks_exact(4 * h).zip(state.chunks_exact(h)) {
+            let (i, f, g, o) = (&a[..h], &a[h..2 * h], &a[2 * h..3 * h], &a[3 * h..4 * h]);
             match self {
-                Cell::LstmC => {
-                    out.extend(
-                        i.iter().zip(f).zip(gg).zip(s).map(|(((&i, &f), &g), &c)| {
-                            sigmoid(f) * c + sigmoid(i) * g.tanh_fast()
-                        }),
-                    )
-                }
-                Cell::LstmH => {
-                    out.extend(o.iter().zip(s).map(|(&o, &c)| sigmoid(o) * c.tanh_fast()))
-                }
+                Cell::LstmC => out.extend(
+                    i.iter()
+                        .zip(f)
+                        .zip(g)
+                        .zip(s)
+                        .map(|(((&i, &f), &g), &c)| f * c + i * g),
+                ),
+                Cell::LstmH => out.extend(o.iter().zip(s).map(|(&o, &c)| o * c.tanh_fast())),
             }
         }
         out
     }
 
-    /// [dgates (B·4H) | dstate (B·H)] from the output gradient `dy`.
-    fn backward<T: Real>(self, gates: &[T], state: &[T], dy: &[T], h: usize) -> Vec<T> {
+    /// [dact (B·4H) | dstate (B·H)] from the output gradient `dy`.
+    fn backward<T: Real>(self, act: &[T], state: &[T], dy: &[T], h: usize) -> Vec<T> {
         let b = state.len() / h;
         let mut out = vec![T::zero(); b * 5 * h];
-        let (dg, ds) = out.split_at_mut(b * 4 * h);
+        let (da, ds) = out.split_at_mut(b * 4 * h);
         let one = T::one();
-        let rows = gates
+        let rows = act
             .chunks_exact(4 * h)
             .zip(state.chunks_exact(h))
             .zip(dy.chunks_exact(h))
-            .zip(dg.chunks_exact_mut(4 * h).zip(ds.chunks_exact_mut(h)));
-        for (((g, s), d), (dgr, dsr)) in rows {
+            .zip(da.chunks_exact_mut(4 * h).zip(ds.chunks_exact_mut(h)));
+        for (((a, s), d), (dar, dsr)) in rows {
             // Every slice re-cut to exactly h, so that the loops below carry
             // no bounds checks and vectorize.
-            let (i, f, gg, o) = (&g[..h], &g[h..2 * h], &g[2 * h..3 * h], &g[3 * h..4 * h]);
+            let (i, f, g, o) = (&a[..h], &a[h..2 * h], &a[2 * h..3 * h], &a[3 * h..4 * h]);
             let (s, d, dsr) = (&s[..h], &d[..h], &mut dsr[..h]);
-            let (di, rest) = dgr.split_at_mut(h);
+            let (di, rest) = dar.split_at_mut(h);
             let (df, rest) = rest.split_at_mut(h);
-            let (dgg, d_o) = rest.split_at_mut(h);
-            let (df, dgg, d_o) = (&mut df[..h], &mut dgg[..h], &mut d_o[..h]);
+            let (dg, d_o) = rest.split_at_mut(h);
+            let (df, dg, d_o) = (&mut df[..h], &mut dg[..h], &mut d_o[..h]);
             match self {
                 Cell::LstmC => {
                     for j in 0..h {
-                        let (si, sf, tg) = (sigmoid(i[j]), sigmoid(f[j]), gg[j].tanh_fast());
-                        di[j] = d[j] * tg * si * (one - si);
-                        df[j] = d[j] * s[j] * sf * (one - sf);
-                        dgg[j] = d[j] * si * (one - tg * tg);
-                        dsr[j] = d[j] * sf;
+                        di[j] = d[j] * g[j];
+                        df[j] = d[j] * s[j];
+                        dg[j] = d[j] * i[j];
+                        dsr[j] = d[j] * f[j];
                     }
                 }
                 Cell::LstmH => {
                     for j in 0..h {
-                        let (so, tc) = (sigmoid(o[j]), s[j].tanh_fast());
-                        d_o[j] = d[j] * tc * so * (one - so);
-                        dsr[j] = d[j] * so * (one - tc * tc);
+                        let tc = s[j].tanh_fast();
+                        d_o[j] = d[j] * tc;
+                        dsr[j] = d[j] * o[j] * (one - tc * tc);
                     }
                 }
             }

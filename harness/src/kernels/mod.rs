@@ -26,7 +26,7 @@ mod pool;
 mod softmax;
 
 pub use activation::{gelu, relu};
-pub use cell::{gru_h, gru_n, lstm_c, lstm_h};
+pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
 pub use linear::linear;
 pub use norm::layer_norm;

@@ -232,8 +232,11 @@ fn softmax_matches_reference_gradchecks_and_keeps_masked_rows() {
 
 #[test]
 fn lstm_cell_matches_reference_and_gradchecks() {
-    let c: &Op = &|xs| lstm_c(&xs[0], &xs[1]);
-    let h: &Op = &|xs| lstm_h(&xs[0], &xs[1]);
+    let a: &Op = &|xs| lstm_activate(&xs[0]);
+    matches_reference("lstm_activate", a, &[&[3, 20]]);
+    gradchecks("lstm_activate", a, &[&[2, 12]]);
+    let c: &Op = &|xs| lstm_c(&lstm_activate(&xs[0])?, &xs[1]);
+    let h: &Op = &|xs| lstm_h(&lstm_activate(&xs[0])?, &xs[1]);
     for (name, op) in [("lstm_c", c), ("lstm_h", h)] {
         matches_reference(name, op, &[&[3, 20], &[3, 5]]);
         gradchecks(name, op, &[&[2, 12], &[2, 3]]);

@@ -72,11 +72,10 @@ impl Rnn {
                 }
                 CellKind::Lstm => {
                     let gates = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
-                    c = tr.record_with(
-                        || format!("{}.t{t}.c", l.name),
-                        kernels::lstm_c(&gates, &c)?,
-                    )?;
-                    h = kernels::lstm_h(&gates, &c)?;
+                    let act = kernels::lstm_activate(&gates)?;
+                    c = tr
+                        .record_with(|| format!("{}.t{t}.c", l.name), kernels::lstm_c(&act, &c)?)?;
+                    h = kernels::lstm_h(&act, &c)?;
                 }
                 CellKind::Gru => {
                     let rz = (xt.narrow(1, 0, 2 * hd)? + hw.narrow(1, 0, 2 * hd)?)?;

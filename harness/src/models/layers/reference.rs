@@ -59,19 +59,30 @@ fn gate(gates: &Tensor, index: usize, h: usize) -> Result<Tensor> {
     gates.narrow(1, index * h, h)
 }
 
-/// LSTM cell state from gates (B, 4H) in PyTorch's (i, f, g, o) order.
-pub fn lstm_c(gates: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
-    let h = c_prev.dim(1)?;
-    let i = sigmoid(&gate(gates, 0, h)?)?;
-    let f = sigmoid(&gate(gates, 1, h)?)?;
-    let g = gate(gates, 2, h)?.tanh()?;
-    (f * c_prev)? + (i * g)?
+/// The activated LSTM gates [σ(i), σ(f), tanh(g), σ(o)] of (B, 4H)
+/// pre-activations in PyTorch's (i, f, g, o) order.
+pub fn lstm_activate(gates: &Tensor) -> Result<Tensor> {
+    let h = gates.dim(1)? / 4;
+    Tensor::cat(
+        &[
+            sigmoid(&gates.narrow(1, 0, 2 * h)?)?,
+            gate(gates, 2, h)?.tanh()?,
+            sigmoid(&gate(gates, 3, h)?)?,
+        ],
+        1,
+    )
 }
 
-/// LSTM hidden state σ(o)·tanh(c).
-pub fn lstm_h(gates: &Tensor, c: &Tensor) -> Result<Tensor> {
+/// LSTM cell state f·c_prev + i·g from the activated gates.
+pub fn lstm_c(act: &Tensor, c_prev: &Tensor) -> Result<Tensor> {
+    let h = c_prev.dim(1)?;
+    (gate(act, 1, h)? * c_prev)? + (gate(act, 0, h)? * gate(act, 2, h)?)?
+}
+
+/// LSTM hidden state o·tanh(c) from the activated gates.
+pub fn lstm_h(act: &Tensor, c: &Tensor) -> Result<Tensor> {
     let h = c.dim(1)?;
-    sigmoid(&gate(gates, 3, h)?)? * c.tanh()?
+    gate(act, 3, h)? * c.tanh()?
 }
 
 /// GRU candidate tanh(x_n + σ(r)·h_n) in PyTorch's (r, z, n) order.
