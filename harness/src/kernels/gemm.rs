@@ -39,14 +39,31 @@ impl<'a, T> Mat<'a, T> {
 /// `dst (m×n, row-major) = a (m×k) · b (k×n)`, or `dst += a · b` when
 /// `accumulate`. Runs on the current rayon pool's threads.
 pub(crate) fn matmul<T: Real>(
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     a: Mat<T>,
     b: Mat<T>,
     dst: &mut [T],
     accumulate: bool,
 ) {
+    let n = dims.1;
+    matmul_strided(dims, a, b, dst, n, accumulate, T::one());
+}
+
+/// `dst = scale · a · b` (or `dst += scale · a · b`) into an m×n block of
+/// `dst` whose rows are `dst_rs` elements apart (one head's columns of a
+/// (S, D) matrix, say).
+pub(crate) fn matmul_strided<T: Real>(
+    (m, n, k): (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    dst: &mut [T],
+    dst_rs: usize,
+    accumulate: bool,
+    scale: T,
+) {
+    let dst_fits = m == 0 || n == 0 || (m - 1) * dst_rs + n <= dst.len();
     assert!(
-        a.fits(m, k) && b.fits(k, n) && dst.len() >= m * n,
+        a.fits(m, k) && b.fits(k, n) && dst_fits && dst_rs >= n,
         "matmul operands too short"
     );
     if m == 0 || n == 0 {
@@ -54,7 +71,11 @@ pub(crate) fn matmul<T: Real>(
     }
     if k == 0 {
         if !accumulate {
-            dst[..m * n].iter_mut().for_each(|d| *d = T::zero());
+            for row in 0..m {
+                dst[row * dst_rs..row * dst_rs + n]
+                    .iter_mut()
+                    .for_each(|d| *d = T::zero());
+            }
         }
         return;
     }
@@ -64,9 +85,9 @@ pub(crate) fn matmul<T: Real>(
     } else {
         Parallelism::None
     };
-    // SAFETY: `fits` bounds every element the product reads, `dst` holds
-    // m×n elements at row stride n, and the three buffers do not alias
-    // (`dst` is borrowed mutably).
+    // SAFETY: `fits` bounds every element the product reads, `dst_fits`
+    // every element it writes (rows `dst_rs` apart, n wide), and the three
+    // buffers do not alias (`dst` is borrowed mutably).
     unsafe {
         gemm::gemm(
             m,
@@ -74,7 +95,7 @@ pub(crate) fn matmul<T: Real>(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            dst_rs as isize,
             accumulate,
             a.data.as_ptr(),
             a.cs as isize,
@@ -83,7 +104,7 @@ pub(crate) fn matmul<T: Real>(
             b.cs as isize,
             b.rs as isize,
             T::one(),
-            T::one(),
+            scale,
             false,
             false,
             false,

@@ -1,6 +1,6 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm,
-//! softmax and the LSTM/GRU cells.
+//! softmax, attention's two products and the LSTM/GRU cells.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
 //! a training step stays one candle graph (the probe, tracer and localizer
@@ -17,6 +17,7 @@
 //! composition everywhere (benchmarks, differential checks).
 
 mod activation;
+mod attention;
 mod cell;
 mod conv;
 mod gemm;
@@ -26,6 +27,7 @@ mod pool;
 mod softmax;
 
 pub use activation::{gelu, relu};
+pub use attention::{attention_context, attention_scores};
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
 pub use linear::linear;
@@ -135,6 +137,11 @@ impl Real for f64 {
     fn erf_fast(self) -> Self {
         libm::erf(self)
     }
+}
+
+/// `v` in the kernel's float type.
+pub(crate) fn real<T: Real>(v: f64) -> T {
+    T::from(v).expect("every f64 converts to f32 or f64")
 }
 
 /// erf(x) for f32 as Eigen's odd rational approximation (also XLA's),

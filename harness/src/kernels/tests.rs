@@ -192,6 +192,22 @@ fn max_pool_propagates_nan_and_gives_ties_one_gradient() {
 }
 
 #[test]
+fn attention_products_match_reference_and_gradcheck() {
+    for (heads, scale) in [(2, Some(0.7)), (1, None), (3, Some(1.0))] {
+        let sc: &Op = &move |xs| attention_scores(&xs[0], &xs[1], heads, scale);
+        let ctx: &Op = &move |xs| {
+            let p = softmax_last_dim(&attention_scores(&xs[0], &xs[0], heads, None)?)?;
+            attention_context(&p, &xs[1], heads)
+        };
+        let d = 2 * heads;
+        matches_reference("attention_scores", sc, &[&[2, 5, 3 * d], &[2, 5, 3 * d]]);
+        matches_reference("attention_context", ctx, &[&[2, 5, 3 * d], &[2, 5, 3 * d]]);
+        gradchecks("attention_scores", sc, &[&[2, 3, d], &[2, 3, d]]);
+        gradchecks("attention_context", ctx, &[&[2, 3, d], &[2, 3, d]]);
+    }
+}
+
+#[test]
 fn layer_norm_matches_reference_and_gradchecks() {
     let ln: &Op = &|xs| layer_norm(&xs[0], &xs[1], &xs[2], 1e-5);
     matches_reference("layer_norm", ln, &[&[2, 5, 16], &[16], &[16]]);

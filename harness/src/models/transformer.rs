@@ -114,23 +114,11 @@ impl Transformer {
     }
 
     fn attention(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let (b, s, d) = x.dims3()?;
-        let hd = d / self.heads;
-        let split = |t: Tensor| -> Result<Tensor> {
-            t.reshape((b, s, self.heads, hd))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
+        let s = x.dim(1)?;
         let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
         let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
         let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
-        let (q, k, v) = (split(q)?, split(k)?, split(v)?);
-        // k's transpose is a strided view the matrix product reads directly.
-        let raw = q.matmul(&k.t()?)?;
-        let scores = match self.scale {
-            Some(scale) => (raw * scale)?,
-            None => raw,
-        };
+        let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
         let mut scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
         if self.causal {
             let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
@@ -143,11 +131,7 @@ impl Transformer {
             || format!("{}.attn.softmax", l.name),
             layers::softmax(&scores)?,
         )?;
-        let ctx = probs
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((b, s, d))?;
+        let ctx = kernels::attention_context(&probs, &v, self.heads)?;
         let out = tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)?;
         Ok(out)
     }

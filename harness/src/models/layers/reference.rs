@@ -48,6 +48,39 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     normed.broadcast_mul(w)?.broadcast_add(b)
 }
 
+/// (B, S, D) → (B, heads, S, D/heads), contiguous.
+fn split_heads(t: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, s, d) = t.dims3()?;
+    t.reshape((b, s, heads, d / heads))?
+        .transpose(1, 2)?
+        .contiguous()
+}
+
+/// Attention scores (B, heads, S, S) = scale · q_h · k_hᵀ.
+pub fn attention_scores(
+    q: &Tensor,
+    k: &Tensor,
+    heads: usize,
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let (q, k) = (split_heads(q, heads)?, split_heads(k, heads)?);
+    // k's transpose is a strided view the matrix product reads directly.
+    let raw = q.matmul(&k.t()?)?;
+    match scale {
+        Some(scale) => raw * scale,
+        None => Ok(raw),
+    }
+}
+
+/// Attention context (B, S, D) = p_h · v_h with the heads merged back.
+pub fn attention_context(p: &Tensor, v: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, s, d) = v.dims3()?;
+    p.matmul(&split_heads(v, heads)?)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((b, s, d))
+}
+
 /// Softmax over the last dimension with the (detached) row max subtracted.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
