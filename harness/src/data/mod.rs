@@ -116,11 +116,17 @@ impl Generator {
             }
             _ => {
                 let mut values = Vec::with_capacity(batch_size * n);
+                let (mut draws, mut scratch) = (vec![0.0; n], Vec::with_capacity(n));
                 for _ in 0..batch_size {
                     let class = rng.below(self.classes);
                     labels.push(class as i64);
-                    for &t in &self.templates[class] {
-                        let noise = self.data.noise * draw(&mut rng, self.data.distribution);
+                    match self.data.distribution {
+                        // the same draws as `draw`, in bulk
+                        Distribution::Normal => rng.fill_normal(&mut draws, &mut scratch),
+                        other => draws.iter_mut().for_each(|d| *d = draw(&mut rng, other)),
+                    }
+                    for (&t, &d) in self.templates[class].iter().zip(&draws) {
+                        let noise = self.data.noise * d;
                         values.push((self.data.scale * (t + noise) + self.data.offset) as f32);
                     }
                 }
