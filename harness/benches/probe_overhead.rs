@@ -1,11 +1,12 @@
 //! The probe's overhead as a ratio measured in one run: steps with the probe
 //! on and off are interleaved (so machine noise hits both alike), and the
 //! medians are compared. Run: `cargo bench -p nanhunt --bench probe_overhead`
-//! (set RAYON_NUM_THREADS=1 for the single-thread figure).
+//! (set RAYON_NUM_THREADS=1 for the single-thread figure). Each family runs
+//! at its default size and at `--size large` (the side-by-side models).
 
 use nanhunt::models::BuiltinFactory;
 use nanhunt::runner::Session;
-use nanhunt::spec::FAMILIES;
+use nanhunt::spec::{Size, FAMILIES};
 use nanhunt::{Case, Limits, RunOptions};
 use std::time::Instant;
 
@@ -23,15 +24,17 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    nanhunt::device::retain_freed_memory(); // as the nanhunt binary does
     println!(
-        "{:12} {:>12} {:>12} {:>9}",
+        "{:20} {:>12} {:>12} {:>9}",
         "family", "probe on", "probe off", "overhead"
     );
-    for family in FAMILIES {
+    let sizes = [Size::Default, Size::Large];
+    for (family, size) in FAMILIES.iter().flat_map(|f| sizes.map(|s| (*f, s))) {
         if !filter.is_empty() && !filter.iter().any(|f| family.contains(f.as_str())) {
             continue;
         }
-        let mut case = Case::example(family).unwrap();
+        let mut case = Case::example_sized(family, size).unwrap();
         case.steps = 100_000;
         let factory = BuiltinFactory::new(&case.model).unwrap();
         let session = |probe| {
@@ -54,8 +57,16 @@ fn main() {
             }
         }
         let (m_on, m_off) = (median(&mut t_on), median(&mut t_off));
+        let name = format!(
+            "{family} ({})",
+            if size == Size::Large {
+                "large"
+            } else {
+                "default"
+            }
+        );
         println!(
-            "{family:12} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}%",
+            "{name:20} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}%",
             (m_on / m_off - 1.0) * 100.0
         );
     }

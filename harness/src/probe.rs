@@ -81,6 +81,54 @@ fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
     s
 }
 
+/// Whether every f32 is finite, from the bits alone: an all-ones exponent
+/// plus one exponent step carries into the sign bit. Integer lanes with no
+/// float compare, so the loop vectorizes fully (the probe's update check
+/// reads every parameter and optimizer-state value each step).
+fn all_finite_f32(values: &[f32]) -> bool {
+    let acc = values.iter().fold(0u32, |acc, v| {
+        acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
+    });
+    acc & 0x8000_0000 == 0
+}
+
+fn all_finite_f64(values: &[f64]) -> bool {
+    let acc = values.iter().fold(0u64, |acc, v| {
+        acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
+    });
+    acc & 0x8000_0000_0000_0000 == 0
+}
+
+/// Whether a contiguous f32/f64 CPU tensor is all finite; `None` for the
+/// others.
+fn finite_cpu(t: &Tensor) -> Option<bool> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return None;
+    };
+    let (start, end) = layout.contiguous_offsets()?;
+    match t.dtype() {
+        DType::F32 => Some(all_finite_f32(&cpu.as_slice::<f32>().ok()?[start..end])),
+        DType::F64 => Some(all_finite_f64(&cpu.as_slice::<f64>().ok()?[start..end])),
+        _ => None,
+    }
+}
+
+/// The index of the first tensor holding a NaN or an infinity, if any
+/// (finiteness only; [`scan_all`] gives the statistics).
+pub fn first_non_finite(tensors: &[&Tensor]) -> Result<Option<usize>> {
+    for (i, t) in tensors.iter().enumerate() {
+        let finite = match finite_cpu(t) {
+            Some(f) => f,
+            None => scan_all(&[t])?[0].is_finite(),
+        };
+        if !finite {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
 /// Scans a CPU tensor in place; `None` when it is not a contiguous float CPU tensor.
 fn scan_cpu(t: &Tensor) -> Option<TensorScan> {
     let (storage, layout) = t.storage_and_layout();
@@ -307,6 +355,35 @@ impl DivergenceTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bit_test_finds_exactly_the_non_finite_values() {
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+        ];
+        assert!(all_finite_f32(&specials));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
+            let mut v = specials.to_vec();
+            v.insert(3, bad);
+            assert!(!all_finite_f32(&v), "{bad}");
+            let v64: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+            assert!(!all_finite_f64(&v64), "{bad}");
+        }
+        assert!(all_finite_f64(&[f64::MAX, f64::MIN, 5e-324, -0.0]));
+        let t = Tensor::new(&[[1f32, 2.], [3., f32::NAN]], &candle_core::Device::Cpu).unwrap();
+        let ok = Tensor::new(&[1f32, 2.], &candle_core::Device::Cpu).unwrap();
+        assert_eq!(first_non_finite(&[&ok, &t]).unwrap(), Some(1));
+        assert_eq!(first_non_finite(&[&ok, &ok]).unwrap(), None);
+        let half = ok.to_dtype(DType::F16).unwrap();
+        assert_eq!(first_non_finite(&[&half]).unwrap(), None);
+    }
     use candle_core::Device;
 
     #[test]

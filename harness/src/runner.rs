@@ -881,11 +881,12 @@ impl<'a> Session<'a> {
 
     fn check_update(&self) -> Result<Option<Failure>> {
         let tensors = self.update_tensors();
-        let scans = scan_all(&tensors)?;
-        let Some(i) = scans.iter().position(|s| !s.is_finite()) else {
+        // Finiteness from the bits first; statistics only for a failure.
+        let Some(i) = crate::probe::first_non_finite(&tensors)? else {
             return Ok(None);
         };
-        Ok(Some(self.update_failure(i, &scans[i], tensors[i])?))
+        let scan = scan_all(&[tensors[i]])?[0];
+        Ok(Some(self.update_failure(i, &scan, tensors[i])?))
     }
 
     /// Tensor `i` of [`Self::update_tensors`] is not finite after the update.
