@@ -45,6 +45,26 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             false,
         ),
         (
+            "gelu 32x32x128",
+            |x| kernels::gelu(&x[0]),
+            vec![vec![32, 32, 128]],
+            false,
+        ),
+        (
+            "attention scores+context 32x32x64, 4 heads",
+            |x| {
+                let p = kernels::softmax_last_dim(&kernels::attention_scores(
+                    &x[0],
+                    &x[1],
+                    4,
+                    Some(0.25),
+                )?)?;
+                kernels::attention_context(&p, &x[2], 4)
+            },
+            vec![vec![32, 32, 64], vec![32, 32, 64], vec![32, 32, 64]],
+            false,
+        ),
+        (
             "max_pool 32x16x32x32",
             |x| kernels::pool2x2(&x[0], PoolKind::Max),
             vec![vec![32, 16, 32, 32]],
