@@ -10,7 +10,7 @@
 //! so a traced step computes the same values through the same ops as an
 //! untraced one.
 
-use super::{fused_for, slice, unpack, with_real, Real};
+use super::{fused_for, real, slice, unpack, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType,
@@ -63,7 +63,7 @@ pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
 
 /// σ(x) = (1 + tanh(x/2))/2, as `layers::sigmoid`: no overflow for any x.
 fn sigmoid<T: Real>(x: T) -> T {
-    let half = T::from(0.5).expect("0.5 is representable");
+    let half: T = real(0.5);
     half + half * (half * x).tanh_fast()
 }
 

@@ -1,7 +1,7 @@
 //! Layer normalization over the last dimension with its affine weight and
 //! bias, forward and backward each one pass over the rows.
 
-use super::{fused_for, slice, unpack, with_real, Real};
+use super::{fused_for, real, slice, unpack, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
@@ -20,10 +20,10 @@ struct LayerNorm {
 
 /// A row's mean and 1/sqrt(var + eps).
 fn moments<T: Real>(row: &[T], eps: f64) -> (T, T) {
-    let n = T::from(row.len()).expect("row length is representable");
+    let n: T = real(row.len() as f64);
     let mean = row.iter().copied().sum::<T>() / n;
     let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / n;
-    let eps = T::from(eps).expect("eps is representable");
+    let eps: T = real(eps);
     (mean, T::one() / (var + eps).sqrt())
 }
 
@@ -82,7 +82,7 @@ struct LayerNormGrad {
 
 impl LayerNormGrad {
     fn compute<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
-        let n = T::from(d).expect("row length is representable");
+        let n: T = real(d as f64);
         let mut out = vec![T::zero(); x.len() + 2 * d];
         let (dx, dwb) = out.split_at_mut(x.len());
         let (dw, db) = dwb.split_at_mut(d);

@@ -2,7 +2,7 @@
 //! does) with index-based backward passes: the max-pool gradient goes to
 //! the first maximum of each window, found again from the input.
 
-use super::{fused_for, slice, with_real, Real};
+use super::{fused_for, real, slice, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
@@ -70,7 +70,7 @@ fn windows<T: Real>(plane: &[T], h: usize, w: usize, mut f: impl FnMut(usize, us
 
 impl Pool {
     fn forward<T: Real>(&self, x: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
-        let quarter = T::from(0.25).expect("0.25 is representable");
+        let quarter: T = real(0.25);
         let mut y = Vec::with_capacity(planes * (h / 2) * (w / 2));
         for plane in x.chunks_exact(h * w) {
             windows(plane, h, w, |_, _, v| {
@@ -116,7 +116,7 @@ struct PoolGrad {
 impl PoolGrad {
     fn compute<T: Real>(&self, x: &[T], g: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
         let (h2, w2) = (h / 2, w / 2);
-        let quarter = T::from(0.25).expect("0.25 is representable");
+        let quarter: T = real(0.25);
         let mut dx = vec![T::zero(); planes * h * w];
         for ((plane, gp), dp) in x
             .chunks_exact(h * w)
