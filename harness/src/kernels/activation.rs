@@ -15,7 +15,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
         return x.relu();
     }
-    x.contiguous()?.apply_op1(Pointwise(Activation::Relu))
+    x.contiguous()?.apply_op1(Pointwise(Relu))
 }
 
 /// GELU with the exact erf form: x·(1 + erf(x/√2))/2.
@@ -23,68 +23,77 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
         return x.gelu_erf();
     }
-    x.contiguous()?.apply_op1(Pointwise(Activation::Gelu))
+    x.contiguous()?.apply_op1(Pointwise(Gelu))
+}
+
+/// An element-wise activation: its value and its slope. A type per
+/// activation (not an enum matched per element), so that each op's loop
+/// is compiled for one function and vectorizes.
+trait Activation: Copy + Send + Sync + 'static {
+    const NAME: &'static str;
+    const GRAD_NAME: &'static str;
+    fn value<T: Real>(x: T) -> T;
+    fn slope<T: Real>(x: T) -> T;
 }
 
 #[derive(Clone, Copy)]
-enum Activation {
-    Relu,
-    Gelu,
-}
+struct Relu;
 
-impl Activation {
-    fn value<T: Real>(self, x: T) -> T {
-        match self {
-            Activation::Relu => {
-                if x > T::zero() {
-                    x
-                } else {
-                    T::zero()
-                }
-            }
-            Activation::Gelu => {
-                let half: T = real(0.5);
-                half * x * (T::one() + (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast())
-            }
+impl Activation for Relu {
+    const NAME: &'static str = "nanhunt-relu";
+    const GRAD_NAME: &'static str = "nanhunt-relu-grad";
+
+    fn value<T: Real>(x: T) -> T {
+        if x > T::zero() {
+            x
+        } else {
+            T::zero()
         }
     }
 
-    /// dy/dx: for ReLU 1 where x ≥ 0 (candle's choice at 0); for GELU
-    /// (1 + erf(x/√2))/2 + x·φ(x), φ the standard normal density.
-    fn slope<T: Real>(self, x: T) -> T {
-        match self {
-            Activation::Relu => {
-                if x >= T::zero() {
-                    T::one()
-                } else {
-                    T::zero()
-                }
-            }
-            Activation::Gelu => {
-                let half: T = real(0.5);
-                let erf = (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast();
-                let inv_sqrt_2pi: T =
-                    real(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
-                half * (T::one() + erf) + x * inv_sqrt_2pi * (-half * x * x).exp()
-            }
+    /// 1 where x ≥ 0 (candle's choice at 0).
+    fn slope<T: Real>(x: T) -> T {
+        if x >= T::zero() {
+            T::one()
+        } else {
+            T::zero()
         }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Gelu;
+
+impl Activation for Gelu {
+    const NAME: &'static str = "nanhunt-gelu";
+    const GRAD_NAME: &'static str = "nanhunt-gelu-grad";
+
+    fn value<T: Real>(x: T) -> T {
+        let half: T = real(0.5);
+        half * x * (T::one() + (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast())
+    }
+
+    /// (1 + erf(x/√2))/2 + x·φ(x), φ the standard normal density.
+    fn slope<T: Real>(x: T) -> T {
+        let half: T = real(0.5);
+        let erf = (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast();
+        let inv_sqrt_2pi: T =
+            real(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+        half * (T::one() + erf) + x * inv_sqrt_2pi * (-half * x * x).exp()
     }
 }
 
 /// x → activation(x).
-struct Pointwise(Activation);
+struct Pointwise<A>(A);
 
-impl CustomOp1 for Pointwise {
+impl<A: Activation> CustomOp1 for Pointwise<A> {
     fn name(&self) -> &'static str {
-        match self.0 {
-            Activation::Relu => "nanhunt-relu",
-            Activation::Gelu => "nanhunt-gelu",
-        }
+        A::NAME
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         with_real!(s, T => {
-            let y: Vec<T> = slice::<T>(s, l)?.iter().map(|&v| self.0.value(v)).collect();
+            let y: Vec<T> = slice::<T>(s, l)?.iter().map(|&v| A::value(v)).collect();
             Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
         })
     }
@@ -96,14 +105,11 @@ impl CustomOp1 for Pointwise {
 }
 
 /// (x, grad) → grad · activation'(x).
-struct PointwiseGrad(Activation);
+struct PointwiseGrad<A>(A);
 
-impl CustomOp2 for PointwiseGrad {
+impl<A: Activation> CustomOp2 for PointwiseGrad<A> {
     fn name(&self) -> &'static str {
-        match self.0 {
-            Activation::Relu => "nanhunt-relu-grad",
-            Activation::Gelu => "nanhunt-gelu-grad",
-        }
+        A::GRAD_NAME
     }
 
     fn cpu_fwd(
@@ -117,7 +123,7 @@ impl CustomOp2 for PointwiseGrad {
             let dx: Vec<T> = slice::<T>(s1, l1)?
                 .iter()
                 .zip(slice::<T>(s2, l2)?)
-                .map(|(&x, &g)| g * self.0.slope(x))
+                .map(|(&x, &g)| g * A::slope(x))
                 .collect();
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })

@@ -5,7 +5,7 @@
 //! the first layer's input is data, and its gradient is never used.
 
 use super::gemm::{matmul, Mat};
-use super::{fused_for, slice, unpack, with_real, Real};
+use super::{fused_for, lane_sum, slice, unpack, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
@@ -255,7 +255,7 @@ impl ParamGrad {
                 true,
             );
             for (d, row) in db.iter_mut().zip(gb.chunks_exact(n)) {
-                *d += row.iter().copied().sum::<T>();
+                *d += lane_sum(row.len(), |i| row[i]);
             }
         }
         for (p, row) in dw_t.chunks_exact(o).enumerate() {

@@ -139,6 +139,34 @@ impl Real for f64 {
     }
 }
 
+/// Lanes of the reductions below: a float sum in one accumulator waits on
+/// each add's latency (the compiler may not reorder it); eight independent
+/// partial sums let it vectorize.
+const LANES: usize = 8;
+
+/// Σ f(i) for i in 0..n, in eight interleaved partial sums (a fixed order,
+/// so results are deterministic).
+#[inline]
+pub(crate) fn lane_sum<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
+    let mut acc = [T::zero(); LANES];
+    let full = n - n % LANES;
+    for base in (0..full).step_by(LANES) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a += f(base + k);
+        }
+    }
+    for (k, i) in (full..n).enumerate() {
+        acc[k] += f(i);
+    }
+    let half = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (half[0] + half[2]) + (half[1] + half[3])
+}
+
 /// `v` in the kernel's float type.
 pub(crate) fn real<T: Real>(v: f64) -> T {
     T::from(v).expect("every f64 converts to f32 or f64")

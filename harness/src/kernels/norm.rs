@@ -1,7 +1,7 @@
 //! Layer normalization over the last dimension with its affine weight and
 //! bias, forward and backward each one pass over the rows.
 
-use super::{fused_for, real, slice, unpack, with_real, Real};
+use super::{fused_for, lane_sum, real, slice, unpack, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
@@ -21,8 +21,8 @@ struct LayerNorm {
 /// A row's mean and 1/sqrt(var + eps).
 fn moments<T: Real>(row: &[T], eps: f64) -> (T, T) {
     let n: T = real(row.len() as f64);
-    let mean = row.iter().copied().sum::<T>() / n;
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / n;
+    let mean = lane_sum(row.len(), |i| row[i]) / n;
+    let var = lane_sum(row.len(), |i| (row[i] - mean) * (row[i] - mean)) / n;
     let eps: T = real(eps);
     (mean, T::one() / (var + eps).sqrt())
 }
@@ -94,12 +94,11 @@ impl LayerNormGrad {
             let (mean, rstd) = moments(row, self.eps);
             // With x̂ = (x - mean)·rstd and ĝ = g·w:
             // dx = rstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ·x̂)).
-            let (mut sum_g, mut sum_gx) = (T::zero(), T::zero());
+            let (row, grow, w) = (&row[..d], &grow[..d], &w[..d]);
+            let sum_g = lane_sum(d, |i| grow[i] * w[i]);
+            let sum_gx = lane_sum(d, |i| grow[i] * w[i] * ((row[i] - mean) * rstd));
             for i in 0..d {
                 let xhat = (row[i] - mean) * rstd;
-                let gh = grow[i] * w[i];
-                sum_g += gh;
-                sum_gx += gh * xhat;
                 dw[i] += grow[i] * xhat;
                 db[i] += grow[i];
             }

@@ -1,7 +1,7 @@
 //! Softmax over the last dimension (the row maximum subtracted), with the
 //! backward pass `dx = y · (g - Σ g·y)` as one op.
 
-use super::{fused_for, slice, with_real, Real};
+use super::{fused_for, lane_sum, slice, with_real, Real};
 use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
@@ -32,7 +32,8 @@ fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
             .fold(T::neg_infinity(), num_traits::Float::max);
         let start = y.len();
         y.extend(row.iter().map(|&v| (v - max).exp()));
-        let sum = y[start..].iter().copied().sum::<T>();
+        let e = &y[start..];
+        let sum = lane_sum(e.len(), |i| e[i]);
         y[start..].iter_mut().for_each(|v| *v /= sum);
     }
     y
@@ -77,7 +78,7 @@ impl CustomOp2 for SoftmaxGrad {
             let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
             let mut dx = Vec::with_capacity(y.len());
             for (yr, gr) in y.chunks_exact(d).zip(g.chunks_exact(d)) {
-                let dot = yr.iter().zip(gr).map(|(&a, &b)| a * b).sum::<T>();
+                let dot = lane_sum(d, |i| yr[i] * gr[i]);
                 dx.extend(yr.iter().zip(gr).map(|(&a, &b)| a * (b - dot)));
             }
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
