@@ -6,7 +6,7 @@
 //! fuzz workload (fresh 5-step CNN runs). One JSON object per line. Run
 //! with RAYON_NUM_THREADS=1 for one compute thread.
 //!
-//! `cargo run --release -p nanhunt --example side_by_side -- [STEPS] [FAMILY]`
+//! `cargo run --release -p nanhunt --example side_by_side -- [STEPS] [FAMILY|fuzz]`
 
 use nanhunt::lrtable::optimizer_named;
 use nanhunt::models::BuiltinFactory;
@@ -96,7 +96,7 @@ fn main() -> anyhow::Result<()> {
             on / off - 1.0
         );
     }
-    if only.is_some() {
+    if only.as_deref().is_some_and(|f| f != "fuzz") {
         return Ok(());
     }
     // Fuzz workload: a fresh session (model creation included), 5 steps, repeated.
