@@ -6,9 +6,10 @@
 //! small (n × 4) tensor, copied back with a single synchronization.
 
 use crate::error::Result;
-use candle_core::{DType, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Storage, Tensor};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// What the probe needs from one tensor, in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -99,19 +100,28 @@ fn all_finite_f64(values: &[f64]) -> bool {
     acc & 0x8000_0000_0000_0000 == 0
 }
 
-/// Whether a contiguous f32/f64 CPU tensor is all finite; `None` for the
-/// others.
-fn finite_cpu(t: &Tensor) -> Option<bool> {
+/// Calls `f` with a contiguous CPU tensor's storage and element range;
+/// `None` for other tensors.
+fn with_cpu_range<R>(
+    t: &Tensor,
+    f: impl FnOnce(&CpuStorage, Range<usize>) -> Option<R>,
+) -> Option<R> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
         return None;
     };
     let (start, end) = layout.contiguous_offsets()?;
-    match t.dtype() {
-        DType::F32 => Some(all_finite_f32(&cpu.as_slice::<f32>().ok()?[start..end])),
-        DType::F64 => Some(all_finite_f64(&cpu.as_slice::<f64>().ok()?[start..end])),
+    f(cpu, start..end)
+}
+
+/// Whether a contiguous f32/f64 CPU tensor is all finite; `None` for the
+/// others.
+fn finite_cpu(t: &Tensor) -> Option<bool> {
+    with_cpu_range(t, |cpu, range| match t.dtype() {
+        DType::F32 => Some(all_finite_f32(&cpu.as_slice::<f32>().ok()?[range])),
+        DType::F64 => Some(all_finite_f64(&cpu.as_slice::<f64>().ok()?[range])),
         _ => None,
-    }
+    })
 }
 
 /// The index of the first tensor holding a NaN or an infinity, if any
@@ -131,17 +141,14 @@ pub fn first_non_finite(tensors: &[&Tensor]) -> Result<Option<usize>> {
 
 /// Scans a CPU tensor in place; `None` when it is not a contiguous float CPU tensor.
 fn scan_cpu(t: &Tensor) -> Option<TensorScan> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return None;
-    };
-    let (start, end) = layout.contiguous_offsets()?;
-    Some(match t.dtype() {
-        DType::F32 => scan_slice(&cpu.as_slice::<f32>().ok()?[start..end], |v| v as f64),
-        DType::F64 => scan_slice(&cpu.as_slice::<f64>().ok()?[start..end], |v| v),
-        DType::F16 => scan_slice(&cpu.as_slice::<f16>().ok()?[start..end], f16::to_f64),
-        DType::BF16 => scan_slice(&cpu.as_slice::<bf16>().ok()?[start..end], bf16::to_f64),
-        _ => return None,
+    with_cpu_range(t, |cpu, range| {
+        Some(match t.dtype() {
+            DType::F32 => scan_slice(&cpu.as_slice::<f32>().ok()?[range], |v| v as f64),
+            DType::F64 => scan_slice(&cpu.as_slice::<f64>().ok()?[range], |v| v),
+            DType::F16 => scan_slice(&cpu.as_slice::<f16>().ok()?[range], f16::to_f64),
+            DType::BF16 => scan_slice(&cpu.as_slice::<bf16>().ok()?[range], bf16::to_f64),
+            _ => return None,
+        })
     })
 }
 

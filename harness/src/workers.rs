@@ -16,6 +16,7 @@ use crate::outcome::{Outcome, Signature};
 use crate::runner::{run_model, RunOptions};
 use crate::spec::Case;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -91,10 +92,11 @@ pub struct ReproduceJob {
     pub campaign_seed: u64,
 }
 
+/// Borrowed when sent, owned when received.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum Request {
-    Run { index: u64, case: Case },
-    Reproduce(ReproduceJob),
+pub enum Request<'a> {
+    Run { index: u64, case: Cow<'a, Case> },
+    Reproduce(Cow<'a, ReproduceJob>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -222,47 +224,45 @@ impl Executor {
         Executor { exe, worker: None }
     }
 
-    fn call(
-        &mut self,
-        exe: &Path,
-        request: &Request,
-    ) -> Result<std::result::Result<Response, String>> {
-        if self.worker.is_none() {
-            self.worker = Some(Worker::spawn(exe)?);
-        }
-        let response = self.worker.as_mut().expect("spawned").call(request);
+    /// Sends a request to this worker's child, starting one if there is
+    /// none; `None` for thread workers, `Some(Err)` with how a child died.
+    fn call(&mut self, request: &Request) -> Result<Option<std::result::Result<Response, String>>> {
+        let Some(exe) = &self.exe else {
+            return Ok(None);
+        };
+        let worker = match &mut self.worker {
+            Some(w) => w,
+            slot => slot.insert(Worker::spawn(exe)?),
+        };
+        let response = worker.call(request);
         if response.is_err() {
             self.worker = None; // dead: the next call starts a fresh one
         }
-        Ok(response)
+        Ok(Some(response))
     }
 
     /// Runs campaign run `index`; a dead child becomes a `crash` result.
     pub fn run(&mut self, index: u64, case: &Case) -> Result<RunResult> {
-        let Some(exe) = self.exe.clone() else {
-            return Ok(run_case(case));
-        };
         let request = Request::Run {
             index,
-            case: case.clone(),
+            case: Cow::Borrowed(case),
         };
-        Ok(match self.call(&exe, &request)? {
-            Ok(Response::Run(r)) => r,
-            Ok(other) => crash(format!("the worker process answered {other:?} to a run")),
-            Err(death) => crash(death),
+        Ok(match self.call(&request)? {
+            None => run_case(case),
+            Some(Ok(Response::Run(r))) => r,
+            Some(Ok(other)) => crash(format!("the worker process answered {other:?} to a run")),
+            Some(Err(death)) => crash(death),
         })
     }
 
     /// Minimizes a finding; a child that dies while minimizing leaves the
     /// finding without a reproducer (a resumed campaign tries again).
     pub fn reproduce(&mut self, job: &ReproduceJob) -> Result<Option<Entry>> {
-        let Some(exe) = self.exe.clone() else {
-            return crate::campaign::reproduce(job);
-        };
-        match self.call(&exe, &Request::Reproduce(job.clone()))? {
-            Ok(Response::Reproduce(Ok(entry))) => Ok(entry),
-            Ok(Response::Reproduce(Err(e))) => Err(Error::invalid("minimization", e)),
-            Ok(_) | Err(_) => Ok(None),
+        match self.call(&Request::Reproduce(Cow::Borrowed(job)))? {
+            None => crate::campaign::reproduce(job),
+            Some(Ok(Response::Reproduce(Ok(entry)))) => Ok(entry),
+            Some(Ok(Response::Reproduce(Err(e)))) => Err(Error::invalid("minimization", e)),
+            Some(Ok(_) | Err(_)) => Ok(None),
         }
     }
 }

@@ -9,8 +9,8 @@
 //! the tracer records the scores and the probabilities.
 
 use super::gemm::{matmul_strided, Mat};
-use super::{fused_for, real, slice, unpack, with_real};
-use crate::models::layers::reference;
+use super::reference;
+use super::{flat, fused_for, real, slice, unpack, with_real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// q, k (B, S, D) → scores (B, heads, S, S), times `scale` when given.
@@ -158,8 +158,7 @@ impl CustomOp3 for ScoresGrad {
                 matmul_strided((s, hd, s), Mat::rows(gm, s), head(k, (bi, h), geo), &mut dq[at..], d, false, scale);
                 matmul_strided((s, hd, s), gm_t, head(q, (bi, h), geo), &mut dk[at..], d, false, scale);
             }
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }
@@ -248,8 +247,7 @@ impl CustomOp3 for ContextGrad {
                 let at = bi * s * d + h * hd;
                 matmul_strided((s, hd, s), pm_t, head(g, (bi, h), geo), &mut dv[at..], d, false, T::one());
             }
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }

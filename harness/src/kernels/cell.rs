@@ -10,8 +10,8 @@
 //! so a traced step computes the same values through the same ops as an
 //! untraced one.
 
-use super::{fused_for, real, slice, unpack, with_real, Real};
-use crate::models::layers::reference;
+use super::reference;
+use super::{flat, fused_for, real, slice, unpack, with_real, Real};
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType,
 };
@@ -61,7 +61,7 @@ pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
         .apply_op3(&n.contiguous()?, &h_prev.contiguous()?, GruH)
 }
 
-/// σ(x) = (1 + tanh(x/2))/2, as `layers::sigmoid`: no overflow for any x.
+/// σ(x) = (1 + tanh(x/2))/2, as `reference::sigmoid`: no overflow for any x.
 fn sigmoid<T: Real>(x: T) -> T {
     let half: T = real(0.5);
     half + half * (half * x).tanh_fast()
@@ -261,8 +261,7 @@ impl CustomOp3 for CellGrad {
         let (_, h) = rows(l2, "state")?;
         with_real!(s1, T => {
             let out = self.0.backward::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, h);
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }
@@ -349,8 +348,7 @@ impl CustomOp3 for GruNGrad {
                     drz[r * 2 * h + j] = dpre * hn * reset * (T::one() - reset);
                 }
             }
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }
@@ -434,8 +432,7 @@ impl CustomOp3 for GruHGrad {
                     dh[r * h + j] = d * z;
                 }
             }
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }

@@ -5,8 +5,8 @@
 //! the first layer's input is data, and its gradient is never used.
 
 use super::gemm::{matmul, Mat};
-use super::{fused_for, lane_sum, slice, unpack, with_real, Real};
-use crate::models::layers::reference;
+use super::reference;
+use super::{flat, fused_for, lane_sum, slice, unpack, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `x (B, C, H, W) ⊛ w (O, C, k, k) + b (O)` with padding k/2 and stride 1.
@@ -280,9 +280,7 @@ impl CustomOp2 for ParamGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         with_real!(s1, T => {
-            let out = self.compute::<T>(slice(s1, l1)?, l1, slice(s2, l2)?, l2)?;
-            let n = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
+            flat(self.compute::<T>(slice(s1, l1)?, l1, slice(s2, l2)?, l2)?)
         })
     }
 }

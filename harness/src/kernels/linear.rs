@@ -5,8 +5,8 @@
 //! over the rows for the bias.
 
 use super::gemm::{matmul, Mat};
-use super::{fused_for, slice, unpack, with_real, Real};
-use crate::models::layers::reference;
+use super::reference;
+use super::{flat, fused_for, slice, unpack, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// x (N, in) · w (out, in)ᵀ + b (out) → (N, out).
@@ -133,8 +133,7 @@ impl CustomOp2 for ParamGrad {
         let (_, o) = dims2(l2, "gradient")?;
         with_real!(s1, T => {
             let out = ParamGrad::compute::<T>(slice(s1, l1)?, slice(s2, l2)?, (n, k, o));
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! The model zoo calls the functions here; each picks the fused kernel for
 //! f32/f64 tensors on the CPU and the reference composition of candle ops
-//! (`models::layers::reference`) otherwise: on CUDA (the kernels have no
+//! (`reference`) otherwise: on CUDA (the kernels have no
 //! device code) and for f16/bf16, whose rounding after every op is part of
 //! what a half-precision case tests. `tests` checks every kernel against its
 //! reference to a named tolerance and with the finite-difference check.
@@ -24,6 +24,7 @@ mod gemm;
 mod linear;
 mod norm;
 mod pool;
+pub mod reference;
 mod softmax;
 
 pub use activation::{gelu, relu};
@@ -35,7 +36,7 @@ pub use norm::layer_norm;
 pub use pool::{pool2x2, PoolKind};
 pub use softmax::softmax_last_dim;
 
-use candle_core::{CpuStorage, DType, Layout, Result, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, WithDType};
 use std::cell::Cell;
 use std::sync::OnceLock;
 
@@ -105,14 +106,7 @@ pub(crate) fn fused_for(t: &Tensor) -> bool {
 
 /// The floats the kernels are written for.
 pub(crate) trait Real:
-    num_traits::Float
-    + WithDType
-    + std::iter::Sum
-    + std::ops::AddAssign
-    + std::ops::DivAssign
-    + Send
-    + Sync
-    + 'static
+    num_traits::Float + WithDType + std::ops::AddAssign + std::ops::DivAssign + Send + Sync + 'static
 {
     /// tanh, to a few ulp (libm's `tanhf` took over a third of an LSTM step).
     fn tanh_fast(self) -> Self;
@@ -213,10 +207,11 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
     let mut q = x2 * 1.19825839466702e-06 + 1.18534705686654e-04;
     q = q * x2 + 2.26843463243900e-03;
     q = q * x2 + 4.89352518554385e-03;
-    let r = xc * (p / q); // p/q first: x·p would lose tiny x to underflow
-                          // Beyond the clamp tanh is within 4.6 ulp of ±1 and saturates, as
-                          // libm's does. Written as a blend, not an early return, so that loops
-                          // over it vectorize; a NaN fails the comparison and stays NaN.
+    // p/q first: x·p would lose tiny x to underflow
+    let r = xc * (p / q);
+    // Beyond the clamp tanh is within 4.6 ulp of ±1 and saturates, as
+    // libm's does. Written as a blend, not an early return, so that loops
+    // over it vectorize; a NaN fails the comparison and stays NaN.
     let saturated = 1.0f32.copysign(x);
     if x.abs() > CLAMP {
         saturated
@@ -234,12 +229,15 @@ pub(crate) fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&
     }
 }
 
+/// A backward op's packed output: one flat tensor, split by [`unpack`].
+pub(crate) fn flat<T: WithDType>(data: Vec<T>) -> Result<(CpuStorage, Shape)> {
+    let len = data.len();
+    Ok((T::to_cpu_storage_owned(data), Shape::from(len)))
+}
+
 /// Splits a flat tensor into consecutive pieces of the given shapes (the
 /// packed outputs of the fused backward ops).
-pub(crate) fn unpack<const N: usize>(
-    packed: &Tensor,
-    shapes: [&candle_core::Shape; N],
-) -> Result<[Tensor; N]> {
+pub(crate) fn unpack<const N: usize>(packed: &Tensor, shapes: [&Shape; N]) -> Result<[Tensor; N]> {
     let mut start = 0;
     let mut out = Vec::with_capacity(N);
     for shape in shapes {

@@ -1,8 +1,8 @@
 //! Layer normalization over the last dimension with its affine weight and
 //! bias, forward and backward each one pass over the rows.
 
-use super::{fused_for, lane_sum, real, slice, unpack, with_real, Real};
-use crate::models::layers::reference;
+use super::reference;
+use super::{flat, fused_for, lane_sum, real, slice, unpack, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
@@ -129,8 +129,7 @@ impl CustomOp3 for LayerNormGrad {
         let d = last_dim(l1)?;
         with_real!(s1, T => {
             let out = self.compute::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, d);
-            let len = out.len();
-            Ok((T::to_cpu_storage_owned(out), Shape::from(len)))
+            flat(out)
         })
     }
 }

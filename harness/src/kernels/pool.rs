@@ -2,8 +2,8 @@
 //! does) with index-based backward passes: the max-pool gradient goes to
 //! the first maximum of each window, found again from the input.
 
+use super::reference;
 use super::{fused_for, real, slice, with_real, Real};
-use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! Softmax over the last dimension (the row maximum subtracted), with the
 //! backward pass `dx = y · (g - Σ g·y)` as one op.
 
+use super::reference;
 use super::{fused_for, lane_sum, slice, with_real, Real};
-use crate::models::layers::reference;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {

@@ -1,14 +1,12 @@
 //! Layers and ops whose gradients pass the finite-difference check.
 //!
-//! Convolution, pooling, layer-norm, softmax and the RNN cells run on the
-//! fused CPU kernels of `crate::kernels` where those apply, and on the
-//! compositions of candle ops in [`reference`] otherwise. Several candle ops
-//! are avoided on purpose (measured on candle 0.11.1, CPU):
+//! Linear maps, convolution, ReLU/GELU, pooling, layer-norm and softmax run
+//! on the fused CPU kernels of `crate::kernels` where those apply, and on
+//! their compositions of candle ops (`kernels::reference`) otherwise.
+//! Several candle ops are avoided on purpose (measured on candle 0.11.1, CPU):
 //! `candle_nn::ops::layer_norm` gives no gradient to input, weight or bias;
 //! `max_pool2d` gives wrong input gradients; `softmax_last_dim` gives no
 //! gradient. `gradcheck::tests` keeps the gradient check on both versions.
-
-pub mod reference;
 
 use crate::kernels::{self, PoolKind};
 
@@ -142,11 +140,7 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     }
 }
 
-/// sigmoid(x) = (1 + tanh(x/2)) / 2: never forms exp(-x), so neither the value
-/// nor its gradient overflows for large |x|.
-pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    ((x * 0.5)?.tanh()? + 1.0)? * 0.5
-}
+pub use crate::kernels::reference::sigmoid;
 
 /// Softmax over the last dimension with the row max subtracted.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {

@@ -1,10 +1,15 @@
-//! The reference compositions of candle ops for the layers that have fused
-//! kernels (`crate::kernels`): used on CUDA, for f16/bf16, under
-//! `NANHUNT_KERNELS=reference`, and as the fused kernels' test oracle. Each
-//! uses only candle ops whose backward passes pass the gradient check.
+//! The reference compositions of candle ops behind each fused kernel: used
+//! on CUDA, for f16/bf16, under `NANHUNT_KERNELS=reference`, and as the
+//! fused kernels' test oracle. Each uses only candle ops whose backward
+//! passes pass the gradient check.
 
-use super::sigmoid;
 use candle_core::{Result, Tensor, D};
+
+/// sigmoid(x) = (1 + tanh(x/2)) / 2: never forms exp(-x), so neither the value
+/// nor its gradient overflows for large |x|.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    ((x * 0.5)?.tanh()? + 1.0)? * 0.5
+}
 
 /// x (N, in) · wᵀ + b.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
