@@ -1,6 +1,7 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm,
-//! softmax, attention's two products and the LSTM/GRU cells.
+//! softmax, attention's two products, the LSTM/GRU cells and the whole
+//! LSTM layer.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
 //! a training step stays one candle graph (the probe, tracer and localizer
@@ -22,6 +23,7 @@ mod cell;
 mod conv;
 mod gemm;
 mod linear;
+mod lstm;
 mod norm;
 mod pool;
 pub mod reference;
@@ -32,6 +34,7 @@ pub use attention::{attention_context, attention_scores};
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
 pub use linear::linear;
+pub use lstm::lstm_layer;
 pub use norm::layer_norm;
 pub use pool::{pool2x2, PoolKind};
 pub use softmax::softmax_last_dim;

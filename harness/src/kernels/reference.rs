@@ -123,6 +123,27 @@ pub fn lstm_h(act: &Tensor, c: &Tensor) -> Result<Tensor> {
     gate(act, 3, h)? * c.tanh()?
 }
 
+/// Every hidden state (B, S, H) of an LSTM layer with zero initial state,
+/// step by step, from the projected inputs `xw` (B, S, 4H), the hidden
+/// weight (4H, H) and bias (4H).
+pub fn lstm_layer(xw: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (bsz, steps, h4) = xw.dims3()?;
+    let mut h = Tensor::zeros((bsz, h4 / 4), xw.dtype(), xw.device())?;
+    let mut c = h.clone();
+    let mut hs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        let gates = (xw.narrow(1, t, 1)?.squeeze(1)? + linear(&h, w, b)?)?;
+        let act = lstm_activate(&gates)?;
+        c = lstm_c(&act, &c)?;
+        h = lstm_h(&act, &c)?;
+        hs.push(h.clone());
+    }
+    if hs.is_empty() {
+        return Tensor::zeros((bsz, 0, h4 / 4), xw.dtype(), xw.device());
+    }
+    Tensor::stack(&hs, 1)
+}
+
 /// GRU candidate tanh(x_n + σ(r)·h_n) in PyTorch's (r, z, n) order.
 pub fn gru_n(rz: &Tensor, xw: &Tensor, hw: &Tensor) -> Result<Tensor> {
     let h = rz.dim(1)? / 2;

@@ -260,6 +260,16 @@ fn lstm_cell_matches_reference_and_gradchecks() {
 }
 
 #[test]
+fn lstm_layer_matches_reference_and_gradchecks() {
+    let layer: &Op = &|xs| lstm_layer(&xs[0], &xs[1], &xs[2]);
+    // Every step's output carries a gradient (the weights in
+    // `value_and_grads`), so both paths of the backward recurrence are used.
+    matches_reference("lstm_layer", layer, &[&[3, 6, 20], &[20, 5], &[20]]);
+    matches_reference("lstm_layer, one step", layer, &[&[2, 1, 8], &[8, 2], &[8]]);
+    gradchecks("lstm_layer", layer, &[&[2, 4, 8], &[8, 2], &[8]]);
+}
+
+#[test]
 fn gru_cell_matches_reference_and_gradchecks() {
     let n: &Op = &|xs| gru_n(&xs[0], &xs[1], &xs[2]);
     let h: &Op = &|xs| gru_h(&xs[0], &xs[1], &xs[2]);

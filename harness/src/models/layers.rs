@@ -32,6 +32,14 @@ impl Linear {
         Ok(Linear { w, b })
     }
 
+    pub fn weight(&self) -> &Tensor {
+        &self.w
+    }
+
+    pub fn bias(&self) -> &Tensor {
+        &self.b
+    }
+
     /// x: (..., fan_in) → (..., fan_out). Leading dimensions are folded
     /// into rows so that this is one matrix product whose weight gradient is
     /// one product too (a broadcast batched product would form one weight

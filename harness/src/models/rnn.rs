@@ -54,7 +54,14 @@ impl Rnn {
     /// every hidden state. Steps stay separate tensors: a per-step slice of
     /// one (B, S, ·) tensor would have a backward pass that materializes the
     /// whole tensor's gradient at every step (quadratic in the length).
-    fn layer(&self, l: &Layer, xs: &[Tensor], tr: &mut Tracer) -> Result<Vec<Tensor>> {
+    /// `projected`: the inputs are already x·W_ihᵀ + b_ih.
+    fn layer(
+        &self,
+        l: &Layer,
+        xs: &[Tensor],
+        projected: bool,
+        tr: &mut Tracer,
+    ) -> Result<Vec<Tensor>> {
         let Some(first) = xs.first() else {
             return Ok(Vec::new());
         };
@@ -63,7 +70,11 @@ impl Rnn {
         let mut c = h.clone();
         let mut outputs = Vec::with_capacity(xs.len());
         for (t, x) in xs.iter().enumerate() {
-            let xt = l.input.forward(x)?;
+            let xt = if projected {
+                x.clone()
+            } else {
+                l.input.forward(x)?
+            };
             let hw = l.hidden.forward(&h)?;
             match self.cell {
                 CellKind::Rnn => {
@@ -89,20 +100,45 @@ impl Rnn {
         }
         Ok(outputs)
     }
+
+    /// One LSTM layer on the fused kernels: (B, S, in) → (B, S, H), the
+    /// input projection as one product over every step and the recurrence
+    /// as one op (`kernels::lstm_layer`). A traced run takes the per-step
+    /// ops instead, to record every step's gates, c and h; from the same
+    /// projection they compute the same forward bits.
+    fn lstm_layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
+        let xw = l.input.forward(x)?;
+        if !tr.enabled() {
+            return kernels::lstm_layer(&xw, l.hidden.weight(), l.hidden.bias());
+        }
+        let steps = (0..xw.dim(1)?)
+            .map(|t| xw.narrow(1, t, 1)?.squeeze(1))
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::stack(&self.layer(l, &steps, true, tr)?, 1)
+    }
 }
 
 impl Model for Rnn {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let steps = input.dim(1)?;
-        let mut xs = (0..steps)
-            .map(|t| input.narrow(1, t, 1)?.squeeze(1))
-            .collect::<Result<Vec<_>>>()?;
-        for l in &self.layers {
-            xs = self.layer(l, &xs, tr)?;
+        if steps == 0 {
+            candle_core::bail!("rnn: empty sequence");
         }
-        let last = xs
-            .last()
-            .ok_or_else(|| candle_core::Error::Msg("rnn: empty sequence".into()))?;
-        tr.record("head.linear", self.head.forward(last)?)
+        let last = if self.cell == CellKind::Lstm && kernels::fused_for(input) {
+            let mut x = input.clone();
+            for l in &self.layers {
+                x = self.lstm_layer(l, &x, tr)?;
+            }
+            x.narrow(1, steps - 1, 1)?.squeeze(1)?
+        } else {
+            let mut xs = (0..steps)
+                .map(|t| input.narrow(1, t, 1)?.squeeze(1))
+                .collect::<Result<Vec<_>>>()?;
+            for l in &self.layers {
+                xs = self.layer(l, &xs, false, tr)?;
+            }
+            xs.pop().expect("steps > 0")
+        };
+        tr.record("head.linear", self.head.forward(&last)?)
     }
 }

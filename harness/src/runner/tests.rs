@@ -339,3 +339,55 @@ fn the_accelerator_probe_reports_a_failed_update_at_its_own_step() {
         assert_eq!(f.trace.lrs, cpu.trace.lrs);
     }
 }
+
+/// The LSTM runs as one whole-layer op untraced and as per-step ops when
+/// traced (to record each step's gates, c and h); a traced re-run must see
+/// the forward bits of the run it localizes.
+#[test]
+fn the_lstm_layer_op_and_the_traced_per_step_ops_give_the_same_forward_bits() {
+    let bits = |t: &Tensor| -> Vec<u64> {
+        let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+        v.to_vec1::<f64>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    for (size, layers, precision) in [
+        (Size::Default, 1, Precision::F32),
+        (Size::Large, 1, Precision::F32),
+        (Size::Default, 2, Precision::F32),
+        (Size::Default, 2, Precision::F64),
+    ] {
+        let mut c = Case::example_sized("rnn", size).unwrap();
+        let ModelSpec::Rnn(r) = &mut c.model else {
+            unreachable!()
+        };
+        assert_eq!(r.cell, CellKind::Lstm);
+        r.layers = layers;
+        c.precision = precision.clone();
+        let factory = BuiltinFactory::new(&c.model).unwrap();
+        let mut s = Session::new(&c, &factory, &RunOptions::default()).unwrap();
+        // A few steps first, so that the biases (initialized to 0) are not.
+        for step in 0..3 {
+            assert!(s.step(step).unwrap().is_none());
+        }
+        let batch = s.batch_unchecked(3);
+        let plain = s.forward_loss(&batch, &mut Tracer::off()).unwrap();
+        let mut tracer = Tracer::on();
+        let traced = s.forward_loss(&batch, &mut tracer).unwrap();
+        let steps = batch.input.dims()[1];
+        let gates = tracer
+            .records()
+            .iter()
+            .filter(|r| r.name.ends_with(".gates"))
+            .count();
+        assert_eq!(gates, layers * steps, "every step's gates are recorded");
+        let what = format!("{size:?}, {layers} layers, {precision:?}");
+        for (a, b) in [(&plain.output, &traced.output), (&plain.loss, &traced.loss)] {
+            let (a, b) = (bits(a), bits(b));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
+        }
+    }
+}
