@@ -4,8 +4,10 @@
 //! Batches live on the host (`HostBatch`) until the runner uploads them, so
 //! generation, pathologies and augmentation are plain, deterministic loops.
 
+mod noise;
 mod pathology;
 
+pub use noise::{push_noisy, NoiseMap};
 pub use pathology::{apply_pathologies, apply_pathology};
 
 use crate::rng::Rng;
@@ -116,18 +118,26 @@ impl Generator {
             }
             _ => {
                 let mut values = Vec::with_capacity(batch_size * n);
-                let (mut draws, mut scratch) = (vec![0.0; n], Vec::with_capacity(n));
+                let map = NoiseMap {
+                    noise: self.data.noise,
+                    scale: self.data.scale,
+                    offset: self.data.offset,
+                };
+                let mut scratch = noise::Scratch::default();
                 for _ in 0..batch_size {
                     let class = rng.below(self.classes);
                     labels.push(class as i64);
+                    let template = &self.templates[class];
                     match self.data.distribution {
-                        // the same draws as `draw`, in bulk
-                        Distribution::Normal => rng.fill_normal(&mut draws, &mut scratch),
-                        other => draws.iter_mut().for_each(|d| *d = draw(&mut rng, other)),
-                    }
-                    for (&t, &d) in self.templates[class].iter().zip(&draws) {
-                        let noise = self.data.noise * d;
-                        values.push((self.data.scale * (t + noise) + self.data.offset) as f32);
+                        // the same draws and bits as `draw`, in bulk
+                        Distribution::Normal => {
+                            push_noisy(&mut rng, template, map, &mut values, &mut scratch);
+                        }
+                        other => values.extend(
+                            template
+                                .iter()
+                                .map(|&t| map.apply(t, draw(&mut rng, other))),
+                        ),
                     }
                 }
                 if self.per_token {
