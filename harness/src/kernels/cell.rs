@@ -62,6 +62,7 @@ pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
 }
 
 /// σ(x) = (1 + tanh(x/2))/2, as `reference::sigmoid`: no overflow for any x.
+#[inline(always)]
 fn sigmoid<T: Real>(x: T) -> T {
     let half: T = real(0.5);
     half + half * (half * x).tanh_fast()
@@ -70,6 +71,7 @@ fn sigmoid<T: Real>(x: T) -> T {
 /// One row's activation in place: σ on the i, f and o quarters of the
 /// 4H pre-activations, tanh on the g quarter. The per-step op and the
 /// whole-layer op (`lstm::lstm_layer`) share it, and so compute the same bits.
+#[inline(always)]
 pub(super) fn activate_row<T: Real>(row: &mut [T], h: usize) {
     // Three plain loops: a chained iterator over the σ quarters did not
     // vectorize.
@@ -88,6 +90,7 @@ pub(super) fn activate_row<T: Real>(row: &mut [T], h: usize) {
 
 /// One row's gate pre-activation gradients from the activated gates `a` and
 /// their gradients `da`: a(1 - a) on the σ quarters, 1 - a² on tanh's.
+#[inline(always)]
 pub(super) fn activate_grad_row<T: Real>(a: &[T], da: &[T], d: &mut [T], h: usize) {
     let one = T::one();
     let (a, da, d) = (&a[..4 * h], &da[..4 * h], &mut d[..4 * h]);
@@ -104,6 +107,7 @@ pub(super) fn activate_grad_row<T: Real>(a: &[T], da: &[T], d: &mut [T], h: usiz
 }
 
 /// One row of the cell state `f·c_prev + i·g`.
+#[inline(always)]
 pub(super) fn lstm_c_row<T: Real>(a: &[T], c_prev: &[T], out: &mut [T]) {
     let h = out.len();
     let (i, f, g) = (&a[..h], &a[h..2 * h], &a[2 * h..3 * h]);
@@ -114,6 +118,7 @@ pub(super) fn lstm_c_row<T: Real>(a: &[T], c_prev: &[T], out: &mut [T]) {
 }
 
 /// One row of the hidden state `o·tanh(c)`.
+#[inline(always)]
 pub(super) fn lstm_h_row<T: Real>(a: &[T], c: &[T], out: &mut [T]) {
     let h = out.len();
     let (o, c) = (&a[3 * h..4 * h], &c[..h]);

@@ -7,119 +7,174 @@
 //! (backpropagation through time) is one op whose weight gradient is one
 //! product over every step.
 //!
-//! The input projection stays outside the op: one `linear` over all B·S
-//! rows gives `xw` (B, S, 4H). The op takes it with the hidden weight
-//! (4H, H) and bias (4H) and returns every hidden state (B, S, H).
+//! The input projection is inside the op too, as one product over all B·S
+//! rows, so that the projected inputs (B, S, 4H) never become a graph node
+//! (whose gradient candle would zero-fill and then add into). The two
+//! weights travel as one (4H, in + H) tensor and the two biases as one
+//! (2, 4H), so that the op has three inputs; their gradients are one
+//! product over [x | h_prev] rows.
 //!
 //! The forward pass computes, per step, exactly what the per-step ops
-//! compute (the same product shapes and the same scalar code: `linear` of h,
-//! `xw_t + hw`, `lstm_activate`, `lstm_c`, `lstm_h`), so a traced re-run,
-//! which runs the per-step ops to record every step's gates, c and h, sees
-//! the same forward bits. Its gradients differ from the per-step ones only
-//! in summation order.
+//! compute (the same product shapes and the same scalar code: `linear` of x
+//! and of h, `xw_t + hw`, `lstm_activate`, `lstm_c`, `lstm_h`), so a traced
+//! re-run, which runs the per-step ops to record every step's gates, c and
+//! h, sees the same forward bits (tested in `runner::tests`). Its gradients
+//! differ from the per-step ones only in summation order.
 
 use super::cell::{activate_grad_row, activate_row, lstm_c_row, lstm_h_row};
 use super::gemm::{matmul, Mat};
 use super::reference;
-use super::{flat, fused_for, slice, unpack, with_real, Real};
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+use super::{flat, fused_for, slice, unpack, wide, with_real, Real};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 use std::sync::{Arc, OnceLock};
 
 /// Every hidden state (B, S, H) of an LSTM layer with zero initial state,
-/// from the projected inputs `xw` (B, S, 4H) = x·W_ihᵀ + b_ih, the hidden
-/// weight `w` (4H, H) and bias `b` (4H). Gates in PyTorch's (i, f, g, o) order.
-pub fn lstm_layer(xw: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if !fused_for(xw) {
-        return reference::lstm_layer(xw, w, b);
+/// from the inputs `x` (B, S, in) and PyTorch's parameters: `w_ih` (4H, in),
+/// `b_ih` (4H), `w_hh` (4H, H), `b_hh` (4H), gates in (i, f, g, o) order.
+pub fn lstm_layer(
+    x: &Tensor,
+    w_ih: &Tensor,
+    b_ih: &Tensor,
+    w_hh: &Tensor,
+    b_hh: &Tensor,
+) -> Result<Tensor> {
+    if !fused_for(x) {
+        return reference::lstm_layer(x, w_ih, b_ih, w_hh, b_hh);
     }
-    xw.contiguous()?.apply_op3(
-        &w.contiguous()?,
-        &b.contiguous()?,
+    let w = Tensor::cat(&[w_ih, w_hh], 1)?;
+    let b = Tensor::stack(&[b_ih, b_hh], 0)?;
+    x.contiguous()?.apply_op3(
+        &w,
+        &b,
         LstmLayer {
             saved: Arc::default(),
         },
     )
 }
 
-/// What the forward pass keeps for the backward pass: the activated gates
-/// (B, S, 4H) and the cell states (B, S, H) of every step.
+/// What the forward pass keeps for the backward pass, for every step: the
+/// activated gates (B·S, 4H), the cell states (B·S, H), and the rows
+/// [x_t | h_{t-1}] (B·S, in + H) that the weight gradient multiplies.
 struct Saved {
     act: CpuStorage,
     c: CpuStorage,
+    z: CpuStorage,
 }
 
 struct LstmLayer {
     saved: Arc<OnceLock<Saved>>,
 }
 
-/// (batch, steps, hidden) from `xw` (B, S, 4H), checked against w and b.
-fn sizes(l1: &Layout, l2: &Layout, l3: &Layout) -> Result<(usize, usize, usize)> {
-    let (bsz, steps, h4) = match *l1.dims() {
-        [b, s, h4] if h4 % 4 == 0 => (b, s, h4),
-        ref other => candle_core::bail!("lstm layer: xw must be (B, S, 4H), got {other:?}"),
-    };
-    let h = h4 / 4;
-    if l2.dims() != [h4, h] || l3.dims() != [h4] {
-        candle_core::bail!(
-            "lstm layer: weight {:?} and bias {:?} do not fit xw (·, ·, {h4})",
-            l2.dims(),
-            l3.dims()
-        );
+/// The sizes of one layer: batch, steps, inputs, hidden.
+#[derive(Clone, Copy)]
+struct Sizes {
+    b: usize,
+    s: usize,
+    n_in: usize,
+    h: usize,
+}
+
+impl Sizes {
+    /// From x (B, S, in) and the joined weight (4H, in + H) and biases (2, 4H).
+    fn of(x: &Layout, w: &Layout, b: &Layout) -> Result<Sizes> {
+        let [bsz, s, n_in] = *x.dims() else {
+            candle_core::bail!("lstm layer: x must be (B, S, in), got {:?}", x.dims());
+        };
+        let (h, ok) = match *w.dims() {
+            [h4, k] if h4 % 4 == 0 && k == n_in + h4 / 4 => (h4 / 4, b.dims() == [2, h4]),
+            _ => (0, false),
+        };
+        if !ok {
+            candle_core::bail!(
+                "lstm layer: weights {:?} and biases {:?} do not fit x (·, ·, {n_in})",
+                w.dims(),
+                b.dims()
+            );
+        }
+        Ok(Sizes { b: bsz, s, n_in, h })
     }
-    Ok((bsz, steps, h))
+
+    /// The width of a [x | h] row.
+    fn k(&self) -> usize {
+        self.n_in + self.h
+    }
 }
 
 impl LstmLayer {
-    fn forward<T: Real>(
-        &self,
-        xw: &[T],
-        w: &[T],
-        b: &[T],
-        (bsz, steps, h): (usize, usize, usize),
-    ) -> Vec<T> {
-        let h4 = 4 * h;
-        let mut hs = vec![T::zero(); bsz * steps * h];
-        let mut act = vec![T::zero(); bsz * steps * h4];
-        let mut cs = vec![T::zero(); bsz * steps * h];
-        // The running state as contiguous (B, H) matrices, as the per-step
-        // ops hold it.
-        let (mut h_prev, mut c_prev) = (vec![T::zero(); bsz * h], vec![T::zero(); bsz * h]);
-        let mut gates = vec![T::zero(); bsz * h4];
-        let mut c_new = vec![T::zero(); h];
+    #[inline(always)] // into `wide`'s AVX2 build
+    fn forward<T: Real>(&self, x: &[T], w: &[T], b: &[T], d: Sizes) -> Vec<T> {
+        let Sizes {
+            b: bsz,
+            s: steps,
+            n_in,
+            h,
+        } = d;
+        let (h4, k, rows) = (4 * h, d.k(), bsz * steps);
+        let (b_ih, b_hh) = b.split_at(h4);
+        // act starts as the projected inputs x·W_ihᵀ + b_ih of every row,
+        // exactly as `linear` forms them; each step then turns its rows
+        // into the activated gates in place.
+        let mut act = vec![T::zero(); rows * h4];
+        for row in act.chunks_exact_mut(h4) {
+            row.copy_from_slice(b_ih);
+        }
+        let w_ih_t = Mat {
+            data: w,
+            rs: 1,
+            cs: k,
+        };
+        matmul((rows, h4, n_in), Mat::rows(x, n_in), w_ih_t, &mut act, true);
+        let mut z = vec![T::zero(); rows * k];
+        for (zr, xr) in z.chunks_exact_mut(k).zip(x.chunks_exact(n_in)) {
+            zr[..n_in].copy_from_slice(xr);
+        }
+        let mut hs = vec![T::zero(); rows * h];
+        let mut cs = vec![T::zero(); rows * h];
+        let mut hw = vec![T::zero(); bsz * h4];
+        let zeros = vec![T::zero(); h];
+        let w_hh_t = Mat {
+            data: &w[n_in..],
+            rs: 1,
+            cs: k,
+        };
         for t in 0..steps {
-            // hw = h·wᵀ + b, exactly as `linear` forms it.
-            for row in gates.chunks_exact_mut(h4) {
-                row.copy_from_slice(b);
+            // hw = h_{t-1}·W_hhᵀ + b_hh, as `linear` forms it; h_{t-1} is
+            // read from the z rows of step t.
+            for row in hw.chunks_exact_mut(h4) {
+                row.copy_from_slice(b_hh);
             }
-            matmul(
-                (bsz, h4, h),
-                Mat::rows(&h_prev, h),
-                Mat::transposed(w, h),
-                &mut gates,
-                true,
-            );
+            let h_prev = Mat {
+                data: &z[t * k + n_in..],
+                rs: steps * k,
+                cs: 1,
+            };
+            matmul((bsz, h4, h), h_prev, w_hh_t, &mut hw, true);
             for r in 0..bsz {
                 let at = r * steps + t;
-                let g = &mut gates[r * h4..(r + 1) * h4];
-                for (g, &x) in g.iter_mut().zip(&xw[at * h4..(at + 1) * h4]) {
-                    *g = x + *g;
+                let a = &mut act[at * h4..(at + 1) * h4];
+                for (g, &v) in a.iter_mut().zip(&hw[r * h4..(r + 1) * h4]) {
+                    *g += v; // xw_t + hw, as the per-step add
                 }
-                activate_row(g, h);
-                let (cp, hp) = (
-                    &mut c_prev[r * h..(r + 1) * h],
-                    &mut h_prev[r * h..(r + 1) * h],
-                );
-                lstm_c_row(g, cp, &mut c_new);
-                cp.copy_from_slice(&c_new);
-                lstm_h_row(g, cp, hp);
-                act[at * h4..(at + 1) * h4].copy_from_slice(g);
-                cs[at * h..(at + 1) * h].copy_from_slice(cp);
-                hs[at * h..(at + 1) * h].copy_from_slice(hp);
+                activate_row(a, h);
+                let (before, from) = cs.split_at_mut(at * h);
+                let c_prev = if t > 0 {
+                    &before[(at - 1) * h..]
+                } else {
+                    &zeros[..]
+                };
+                let c = &mut from[..h];
+                lstm_c_row(a, c_prev, c);
+                let h_out = &mut hs[at * h..(at + 1) * h];
+                lstm_h_row(a, c, h_out);
+                if t + 1 < steps {
+                    z[(at + 1) * k + n_in..(at + 2) * k].copy_from_slice(h_out);
+                }
             }
         }
         let saved = Saved {
             act: T::to_cpu_storage_owned(act),
             c: T::to_cpu_storage_owned(cs),
+            z: T::to_cpu_storage_owned(z),
         };
         // A fresh op per call: the cell is empty here.
         let _ = self.saved.set(saved);
@@ -141,58 +196,77 @@ impl CustomOp3 for LstmLayer {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dims = sizes(l1, l2, l3)?;
+        let d = Sizes::of(l1, l2, l3)?;
         with_real!(s1, T => {
-            let hs = self.forward::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, dims);
-            Ok((T::to_cpu_storage_owned(hs), Shape::from((dims.0, dims.1, dims.2))))
+            let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+            let hs = wide(#[inline(always)] || self.forward::<T>(x, w, b, d));
+            Ok((T::to_cpu_storage_owned(hs), Shape::from((d.b, d.s, d.h))))
         })
     }
 
     fn bwd(
         &self,
-        xw: &Tensor,
+        x: &Tensor,
         w: &Tensor,
         b: &Tensor,
-        res: &Tensor,
+        _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // No input gradient when the input is data (the first layer's).
+        let x_grad = x.track_op();
         let grad_op = LstmLayerGrad {
             saved: self.saved.clone(),
+            x_grad,
         };
-        let packed = w.apply_op3_no_bwd(res, &grad.contiguous()?, &grad_op)?;
-        let [dxw, dw, db] = unpack(&packed, [xw.shape(), w.shape(), b.shape()])?;
-        Ok((Some(dxw), Some(dw), Some(db)))
+        let packed = w.apply_op2_no_bwd(&grad.contiguous()?, &grad_op)?;
+        if x_grad {
+            let [dx, dw, db] = unpack(&packed, [x.shape(), w.shape(), b.shape()])?;
+            Ok((Some(dx), Some(dw), Some(db)))
+        } else {
+            let [dw, db] = unpack(&packed, [w.shape(), b.shape()])?;
+            Ok((None, Some(dw), Some(db)))
+        }
     }
 }
 
-/// (w, hs, dhs) and the saved gates and cell states → [dxw | dw | db].
+/// (w, dhs) and the saved gates, cell states and [x | h] rows →
+/// [dx (when wanted) | dw | db].
 struct LstmLayerGrad {
     saved: Arc<OnceLock<Saved>>,
+    x_grad: bool,
 }
 
 impl LstmLayerGrad {
-    fn backward<T: Real>(
-        &self,
-        w: &[T],
-        hs: &[T],
-        dhs: &[T],
-        (bsz, steps, h): (usize, usize, usize),
-    ) -> Result<Vec<T>> {
+    #[inline(always)] // into `wide`'s AVX2 build
+    fn backward<T: Real>(&self, w: &[T], dhs: &[T], d: Sizes) -> Result<Vec<T>> {
         let Some(saved) = self.saved.get() else {
             candle_core::bail!("lstm layer: backward before forward");
         };
-        let (act, cs) = (saved.act.as_slice::<T>()?, saved.c.as_slice::<T>()?);
-        let h4 = 4 * h;
+        let (act, cs, z) = (
+            saved.act.as_slice::<T>()?,
+            saved.c.as_slice::<T>()?,
+            saved.z.as_slice::<T>()?,
+        );
+        let Sizes {
+            b: bsz,
+            s: steps,
+            n_in,
+            h,
+        } = d;
+        let (h4, k, rows) = (4 * h, d.k(), bsz * steps);
         let one = T::one();
-        let mut out = vec![T::zero(); bsz * steps * h4 + h4 * h + h4];
-        let (dxw, rest) = out.split_at_mut(bsz * steps * h4);
-        let (dw, db) = rest.split_at_mut(h4 * h);
+        // The gate pre-activation gradients of every row.
+        let mut dg_all = vec![T::zero(); rows * h4];
         // The gradients reaching step t from step t + 1: through h (the
         // recurrent product) and through c (times f).
         let (mut dh_next, mut dc_next) = (vec![T::zero(); bsz * h], vec![T::zero(); bsz * h]);
-        let mut dgates = vec![T::zero(); bsz * h4];
         let mut dact = vec![T::zero(); h4];
         let zeros = vec![T::zero(); h];
+        let w_hh = Mat {
+            data: &w[n_in..],
+            rs: k,
+            cs: 1,
+        };
         for t in (0..steps).rev() {
             for r in 0..bsz {
                 let at = r * steps + t;
@@ -222,43 +296,48 @@ impl LstmLayerGrad {
                     dg[j] = dc * i[j];
                     dcn[j] = dc * f[j];
                 }
-                activate_grad_row(a, &dact, &mut dgates[r * h4..(r + 1) * h4], h);
-                dxw[at * h4..(at + 1) * h4].copy_from_slice(&dgates[r * h4..(r + 1) * h4]);
+                activate_grad_row(a, &dact, &mut dg_all[at * h4..(at + 1) * h4], h);
             }
             if t > 0 {
-                // dh_{t-1} = dgates · w
-                matmul(
-                    (bsz, h, h4),
-                    Mat::rows(&dgates, h4),
-                    Mat::rows(w, h),
-                    &mut dh_next,
-                    false,
-                );
+                // dh_{t-1} = dgates_t · W_hh
+                let dg_t = Mat {
+                    data: &dg_all[t * h4..],
+                    rs: steps * h4,
+                    cs: 1,
+                };
+                matmul((bsz, h, h4), dg_t, w_hh, &mut dh_next, false);
             }
         }
-        // dw = Σ_t dgates_tᵀ · h_{t-1}: one product over every (b, t) row,
-        // against the hidden states shifted one step (zero at t = 0).
-        let mut h_prev = vec![T::zero(); bsz * steps * h];
-        for r in 0..bsz {
-            let base = r * steps * h;
-            let len = steps.saturating_sub(1) * h;
-            h_prev[base + h..base + h + len].copy_from_slice(&hs[base..base + len]);
-        }
+        let dx_len = if self.x_grad { rows * n_in } else { 0 };
+        let mut out = vec![T::zero(); dx_len + h4 * k + 2 * h4];
+        let (dx, rest) = out.split_at_mut(dx_len);
+        let (dw, db) = rest.split_at_mut(h4 * k);
+        // [dW_ih | dW_hh] = Σ over rows of dgatesᵀ · [x_t | h_{t-1}]: one product.
         matmul(
-            (h4, h, bsz * steps),
-            Mat::transposed(dxw, h4),
-            Mat::rows(&h_prev, h),
+            (h4, k, rows),
+            Mat::transposed(&dg_all, h4),
+            Mat::rows(z, k),
             dw,
             false,
         );
-        for row in dxw.chunks_exact(h4) {
-            db.iter_mut().zip(row).for_each(|(d, &v)| *d += v);
+        let (db_ih, db_hh) = db.split_at_mut(h4);
+        for row in dg_all.chunks_exact(h4) {
+            db_ih.iter_mut().zip(row).for_each(|(d, &v)| *d += v);
+        }
+        db_hh.copy_from_slice(db_ih);
+        if self.x_grad {
+            let w_ih = Mat {
+                data: w,
+                rs: k,
+                cs: 1,
+            };
+            matmul((rows, n_in, h4), Mat::rows(&dg_all, h4), w_ih, dx, false);
         }
         Ok(out)
     }
 }
 
-impl CustomOp3 for LstmLayerGrad {
+impl CustomOp2 for LstmLayerGrad {
     fn name(&self) -> &'static str {
         "nanhunt-lstm-layer-grad"
     }
@@ -269,24 +348,37 @@ impl CustomOp3 for LstmLayerGrad {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (bsz, steps, h) = match *l2.dims() {
-            [b, s, h] => (b, s, h),
-            ref other => {
-                candle_core::bail!("lstm layer: hidden states must be (B, S, H), got {other:?}")
-            }
+        let (d, ok) = match (l1.dims(), l2.dims()) {
+            (&[h4, k], &[b, s, h]) if h4 == 4 * h && k >= h => (
+                Sizes {
+                    b,
+                    s,
+                    n_in: k - h,
+                    h,
+                },
+                true,
+            ),
+            _ => (
+                Sizes {
+                    b: 0,
+                    s: 0,
+                    n_in: 0,
+                    h: 0,
+                },
+                false,
+            ),
         };
-        if l1.dims() != [4 * h, h] || l3.dims() != l2.dims() {
+        if !ok {
             candle_core::bail!(
-                "lstm layer: weight {:?} or gradient {:?} does not fit",
+                "lstm layer: weights {:?} and hidden-state gradient {:?} do not fit",
                 l1.dims(),
-                l3.dims()
+                l2.dims()
             );
         }
         with_real!(s1, T => {
-            let out = self.backward::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, (bsz, steps, h))?;
+            let (w, dhs) = (slice(s1, l1)?, slice(s2, l2)?);
+            let out = wide(#[inline(always)] || self.backward::<T>(w, dhs, d))?;
             flat(out)
         })
     }

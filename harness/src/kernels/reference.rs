@@ -124,22 +124,30 @@ pub fn lstm_h(act: &Tensor, c: &Tensor) -> Result<Tensor> {
 }
 
 /// Every hidden state (B, S, H) of an LSTM layer with zero initial state,
-/// step by step, from the projected inputs `xw` (B, S, 4H), the hidden
-/// weight (4H, H) and bias (4H).
-pub fn lstm_layer(xw: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (bsz, steps, h4) = xw.dims3()?;
-    let mut h = Tensor::zeros((bsz, h4 / 4), xw.dtype(), xw.device())?;
+/// step by step, from the inputs x (B, S, in), the input weight (4H, in)
+/// and bias (4H) and the hidden weight (4H, H) and bias (4H).
+pub fn lstm_layer(
+    x: &Tensor,
+    w_ih: &Tensor,
+    b_ih: &Tensor,
+    w_hh: &Tensor,
+    b_hh: &Tensor,
+) -> Result<Tensor> {
+    let (bsz, steps, n_in) = x.dims3()?;
+    let h4 = w_hh.dim(0)?;
+    let xw = linear(&x.reshape((bsz * steps, n_in))?, w_ih, b_ih)?.reshape((bsz, steps, h4))?;
+    let mut h = Tensor::zeros((bsz, h4 / 4), x.dtype(), x.device())?;
     let mut c = h.clone();
     let mut hs = Vec::with_capacity(steps);
     for t in 0..steps {
-        let gates = (xw.narrow(1, t, 1)?.squeeze(1)? + linear(&h, w, b)?)?;
+        let gates = (xw.narrow(1, t, 1)?.squeeze(1)? + linear(&h, w_hh, b_hh)?)?;
         let act = lstm_activate(&gates)?;
         c = lstm_c(&act, &c)?;
         h = lstm_h(&act, &c)?;
         hs.push(h.clone());
     }
     if hs.is_empty() {
-        return Tensor::zeros((bsz, 0, h4 / 4), xw.dtype(), xw.device());
+        return Tensor::zeros((bsz, 0, h4 / 4), x.dtype(), x.device());
     }
     Tensor::stack(&hs, 1)
 }

@@ -261,12 +261,20 @@ fn lstm_cell_matches_reference_and_gradchecks() {
 
 #[test]
 fn lstm_layer_matches_reference_and_gradchecks() {
-    let layer: &Op = &|xs| lstm_layer(&xs[0], &xs[1], &xs[2]);
+    let layer: &Op = &|xs| lstm_layer(&xs[0], &xs[1], &xs[2], &xs[3], &xs[4]);
     // Every step's output carries a gradient (the weights in
     // `value_and_grads`), so both paths of the backward recurrence are used.
-    matches_reference("lstm_layer", layer, &[&[3, 6, 20], &[20, 5], &[20]]);
-    matches_reference("lstm_layer, one step", layer, &[&[2, 1, 8], &[8, 2], &[8]]);
-    gradchecks("lstm_layer", layer, &[&[2, 4, 8], &[8, 2], &[8]]);
+    let (x, w_ih, w_hh, b): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[3, 6, 4], &[20, 4], &[20, 5], &[20]);
+    matches_reference("lstm_layer", layer, &[x, w_ih, b, w_hh, b]);
+    let (x, w_ih, w_hh, b): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[2, 1, 3], &[8, 3], &[8, 2], &[8]);
+    matches_reference("lstm_layer, one step", layer, &[x, w_ih, b, w_hh, b]);
+    gradchecks(
+        "lstm_layer",
+        layer,
+        &[&[2, 4, 3], &[8, 3], &[8], &[8, 2], &[8]],
+    );
 }
 
 #[test]

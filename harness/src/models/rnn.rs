@@ -101,16 +101,23 @@ impl Rnn {
         Ok(outputs)
     }
 
-    /// One LSTM layer on the fused kernels: (B, S, in) → (B, S, H), the
-    /// input projection as one product over every step and the recurrence
-    /// as one op (`kernels::lstm_layer`). A traced run takes the per-step
+    /// One LSTM layer on the fused kernels: (B, S, in) → (B, S, H) as one
+    /// op (`kernels::lstm_layer`), the input projection one product over
+    /// every step. A traced run takes the per-step
     /// ops instead, to record every step's gates, c and h; from the same
     /// projection they compute the same forward bits.
     fn lstm_layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let xw = l.input.forward(x)?;
         if !tr.enabled() {
-            return kernels::lstm_layer(&xw, l.hidden.weight(), l.hidden.bias());
+            let (input, hidden) = (&l.input, &l.hidden);
+            return kernels::lstm_layer(
+                x,
+                input.weight(),
+                input.bias(),
+                hidden.weight(),
+                hidden.bias(),
+            );
         }
+        let xw = l.input.forward(x)?;
         let steps = (0..xw.dim(1)?)
             .map(|t| xw.narrow(1, t, 1)?.squeeze(1))
             .collect::<Result<Vec<_>>>()?;
