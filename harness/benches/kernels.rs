@@ -92,6 +92,18 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             false,
         ),
         (
+            "lstm layer 32x32 steps, 16->64, data input",
+            |x| kernels::lstm_layer(&x[0], &x[1], &x[2], &x[3], &x[4]),
+            vec![
+                vec![32, 32, 16],
+                vec![256, 16],
+                vec![256],
+                vec![256, 64],
+                vec![256],
+            ],
+            true,
+        ),
+        (
             "gru cell 32x64",
             |x| {
                 let n = kernels::gru_n(&x[0], &x[1], &x[2])?;

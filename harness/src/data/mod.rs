@@ -7,7 +7,7 @@
 mod noise;
 mod pathology;
 
-pub use noise::{push_noisy, NoiseMap};
+pub use noise::{push_noisy, NoiseMap, Scratch as NoiseScratch};
 pub use pathology::{apply_pathologies, apply_pathology};
 
 use crate::rng::Rng;
@@ -123,7 +123,7 @@ impl Generator {
                     scale: self.data.scale,
                     offset: self.data.offset,
                 };
-                let mut scratch = noise::Scratch::default();
+                let mut scratch = NoiseScratch::default();
                 for _ in 0..batch_size {
                     let class = rng.below(self.classes);
                     labels.push(class as i64);
