@@ -1,10 +1,11 @@
 //! 2×2, stride-2 max and average pooling (odd edges dropped, as PyTorch
 //! does) with index-based backward passes: the max-pool gradient goes to
-//! the first maximum of each window, found again from the input.
+//! the first maximum of each window, whose index the forward pass keeps.
 
 use super::reference;
-use super::{fused_for, real, slice, with_real, Real};
+use super::{fused_for, real, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
+use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
@@ -20,11 +21,17 @@ pub fn pool2x2(x: &Tensor, kind: PoolKind) -> Result<Tensor> {
             PoolKind::Avg => reference::avg_pool2x2(x),
         };
     }
-    x.contiguous()?.apply_op1(Pool { kind })
+    x.contiguous()?.apply_op1(Pool {
+        kind,
+        argmax: Arc::default(),
+    })
 }
 
 struct Pool {
     kind: PoolKind,
+    /// Max pooling: the index (0..4) of each window's maximum, for the
+    /// backward pass.
+    argmax: Arc<OnceLock<Vec<u8>>>,
 }
 
 fn dims(l: &Layout) -> Result<(usize, usize, usize)> {
@@ -69,17 +76,59 @@ fn windows<T: Real>(plane: &[T], h: usize, w: usize, mut f: impl FnMut(usize, us
 }
 
 impl Pool {
+    #[inline(always)] // into `wide`'s AVX2 build
     fn forward<T: Real>(&self, x: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
-        let quarter: T = real(0.25);
-        let mut y = Vec::with_capacity(planes * (h / 2) * (w / 2));
-        for plane in x.chunks_exact(h * w) {
-            windows(plane, h, w, |_, _, v| {
-                y.push(match self.kind {
-                    PoolKind::Max => v[argmax4(v)],
-                    PoolKind::Avg => ((v[0] + v[1]) + (v[2] + v[3])) * quarter,
-                })
-            });
+        let (h2, w2) = (h / 2, w / 2);
+        let mut y = vec![T::zero(); planes * h2 * w2];
+        if self.kind == PoolKind::Avg {
+            let quarter: T = real(0.25);
+            for (plane, yp) in x.chunks_exact(h * w).zip(y.chunks_exact_mut(h2 * w2)) {
+                windows(plane, h, w, |i, j, v| {
+                    yp[i * w2 + j] = ((v[0] + v[1]) + (v[2] + v[3])) * quarter
+                });
+            }
+            return y;
         }
+        let mut argmax = vec![0u8; planes * h2 * w2];
+        let planes = x
+            .chunks_exact(h * w)
+            .zip(y.chunks_exact_mut(h2 * w2))
+            .zip(argmax.chunks_exact_mut(h2 * w2));
+        for ((plane, yp), ip) in planes {
+            // `argmax4` as selects, so that the window loop vectorizes; it
+            // agrees with `argmax4` except where a window holds a NaN, and
+            // a plane with one is redone through `argmax4`.
+            let mut nan = false;
+            for i in 0..h2 {
+                let top = &plane[2 * i * w..][..2 * w2];
+                let bottom = &plane[(2 * i + 1) * w..][..2 * w2];
+                let (yr, ir) = (&mut yp[i * w2..][..w2], &mut ip[i * w2..][..w2]);
+                for j in 0..w2 {
+                    let (a, b) = (top[2 * j], top[2 * j + 1]);
+                    let (c, d) = (bottom[2 * j], bottom[2 * j + 1]);
+                    let (right_top, right_bottom) = (b > a, d > c);
+                    let t = if right_top { b } else { a };
+                    let u = if right_bottom { d } else { c };
+                    let use_bottom = u > t;
+                    yr[j] = if use_bottom { u } else { t };
+                    ir[j] = if use_bottom {
+                        2 + u8::from(right_bottom)
+                    } else {
+                        u8::from(right_top)
+                    };
+                    nan |= a.is_nan() | b.is_nan() | c.is_nan() | d.is_nan();
+                }
+            }
+            if nan {
+                windows(plane, h, w, |i, j, v| {
+                    let k = argmax4(v);
+                    yp[i * w2 + j] = v[k];
+                    ip[i * w2 + j] = k as u8;
+                });
+            }
+        }
+        // A fresh op per call: the cell is empty here.
+        let _ = self.argmax.set(argmax);
         y
     }
 }
@@ -95,49 +144,68 @@ impl CustomOp1 for Pool {
         out[2] = h / 2;
         out[3] = w / 2;
         with_real!(s, T => {
-            let y = self.forward::<T>(slice(s, l)?, (planes, h, w));
+            let x = slice(s, l)?;
+            let y = wide(#[inline(always)] || self.forward::<T>(x, (planes, h, w)));
             Ok((T::to_cpu_storage_owned(y), Shape::from(out)))
         })
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let grad = grad.contiguous()?;
-        Ok(Some(
-            x.apply_op2_no_bwd(&grad, &PoolGrad { kind: self.kind })?,
-        ))
+        let grad_op = PoolGrad {
+            kind: self.kind,
+            argmax: self.argmax.clone(),
+        };
+        Ok(Some(x.apply_op2_no_bwd(&grad, &grad_op)?))
     }
 }
 
-/// (x, grad of the pooled output) → grad of x.
+/// (x, grad of the pooled output) and the forward's window maxima → grad
+/// of x.
 struct PoolGrad {
     kind: PoolKind,
+    argmax: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl PoolGrad {
-    fn compute<T: Real>(&self, x: &[T], g: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
+    #[inline(always)] // into `wide`'s AVX2 build
+    fn compute<T: Real>(&self, g: &[T], (planes, h, w): (usize, usize, usize)) -> Result<Vec<T>> {
         let (h2, w2) = (h / 2, w / 2);
         let quarter: T = real(0.25);
-        let mut dx = vec![T::zero(); planes * h * w];
-        for ((plane, gp), dp) in x
-            .chunks_exact(h * w)
-            .zip(g.chunks_exact(h2 * w2))
-            .zip(dx.chunks_exact_mut(h * w))
-        {
-            windows(plane, h, w, |i, j, v| {
-                let gij = gp[i * w2 + j];
-                let at = [
-                    2 * i * w + 2 * j,
-                    2 * i * w + 2 * j + 1,
-                    (2 * i + 1) * w + 2 * j,
-                    (2 * i + 1) * w + 2 * j + 1,
-                ];
-                match self.kind {
-                    PoolKind::Max => dp[at[argmax4(v)]] = gij,
-                    PoolKind::Avg => at.iter().for_each(|&a| dp[a] = gij * quarter),
+        let zero = T::zero();
+        // Zeros stay where no window reaches (an odd last row or column).
+        let mut dx = vec![zero; planes * h * w];
+        let argmax = match self.kind {
+            PoolKind::Max => match self.argmax.get() {
+                Some(a) => &a[..],
+                None => candle_core::bail!("pool2x2: backward before forward"),
+            },
+            PoolKind::Avg => &[],
+        };
+        for (p, (gp, dp)) in g.chunks_exact(h2 * w2).zip(dx.chunks_exact_mut(h * w)).enumerate() {
+            for i in 0..h2 {
+                let gr = &gp[i * w2..][..w2];
+                let (top, bottom) = dp[2 * i * w..(2 * i + 2) * w].split_at_mut(w);
+                let (top, bottom) = (&mut top[..2 * w2], &mut bottom[..2 * w2]);
+                if self.kind == PoolKind::Avg {
+                    for j in 0..w2 {
+                        let v = gr[j] * quarter;
+                        (top[2 * j], top[2 * j + 1]) = (v, v);
+                        (bottom[2 * j], bottom[2 * j + 1]) = (v, v);
+                    }
+                    continue;
                 }
-            });
+                let ir = &argmax[(p * h2 + i) * w2..][..w2];
+                for j in 0..w2 {
+                    let (k, v) = (ir[j], gr[j]);
+                    top[2 * j] = if k == 0 { v } else { zero };
+                    top[2 * j + 1] = if k == 1 { v } else { zero };
+                    bottom[2 * j] = if k == 2 { v } else { zero };
+                    bottom[2 * j + 1] = if k == 3 { v } else { zero };
+                }
+            }
         }
-        dx
+        Ok(dx)
     }
 }
 
@@ -155,7 +223,8 @@ impl CustomOp2 for PoolGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let d = dims(l1)?;
         with_real!(s1, T => {
-            let dx = self.compute::<T>(slice(s1, l1)?, slice(s2, l2)?, d);
+            let g = slice::<T>(s2, l2)?;
+            let dx = wide(#[inline(always)] || self.compute::<T>(g, d))?;
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

@@ -176,9 +176,16 @@ fn pooling_matches_reference_and_gradchecks() {
 
 #[test]
 fn max_pool_propagates_nan_and_gives_ties_one_gradient() {
-    let x = Tensor::new(&[[[[1f32, f32::NAN], [3., 2.]]]], &Device::Cpu).unwrap();
-    let y = pool2x2(&x, PoolKind::Max).unwrap();
-    assert!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0].is_nan());
+    // The NaN in the second window: the first is pooled as usual, the
+    // second gives the NaN, and its gradient goes to the NaN's position.
+    let x = Var::new(&[[[[5f32, 4., 1., f32::NAN], [6., 7., 3., 2.]]]], &Device::Cpu).unwrap();
+    let y = pool2x2(x.as_tensor(), PoolKind::Max).unwrap();
+    let v = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(v[0], 7.0);
+    assert!(v[1].is_nan());
+    let g = y.sum_all().unwrap().backward().unwrap();
+    let g = g.get(x.as_tensor()).unwrap().flatten_all().unwrap();
+    assert_eq!(g.to_vec1::<f32>().unwrap(), [0., 0., 0., 1., 0., 1., 0., 0.]);
     // a window of equal values: the gradient goes to the first (PyTorch's rule)
     let tie = Var::new(&[[[[2f64, 2.], [2., 2.]]]], &Device::Cpu).unwrap();
     let g = pool2x2(tie.as_tensor(), PoolKind::Max)
