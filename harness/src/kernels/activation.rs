@@ -28,21 +28,42 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
 
 /// An element-wise activation: its value and its slope. A type per
 /// activation (not an enum matched per element), so that each op's loop
-/// is compiled for one function and vectorizes.
-trait Activation: Copy + Send + Sync + 'static {
+/// is compiled for one function and vectorizes. (`pool` applies one before
+/// pooling, in one op.)
+pub(super) trait Activation: Copy + Send + Sync + 'static {
     const NAME: &'static str;
     const GRAD_NAME: &'static str;
     fn value<T: Real>(x: T) -> T;
     fn slope<T: Real>(x: T) -> T;
 }
 
+/// No activation: pooling alone.
 #[derive(Clone, Copy)]
-struct Relu;
+pub(super) struct Identity;
+
+impl Activation for Identity {
+    const NAME: &'static str = "nanhunt-identity";
+    const GRAD_NAME: &'static str = "nanhunt-identity-grad";
+
+    #[inline(always)]
+    fn value<T: Real>(x: T) -> T {
+        x
+    }
+
+    #[inline(always)]
+    fn slope<T: Real>(_: T) -> T {
+        T::one()
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Relu;
 
 impl Activation for Relu {
     const NAME: &'static str = "nanhunt-relu";
     const GRAD_NAME: &'static str = "nanhunt-relu-grad";
 
+    #[inline(always)]
     fn value<T: Real>(x: T) -> T {
         if x > T::zero() {
             x
@@ -52,6 +73,7 @@ impl Activation for Relu {
     }
 
     /// 1 where x ≥ 0 (candle's choice at 0).
+    #[inline(always)]
     fn slope<T: Real>(x: T) -> T {
         if x >= T::zero() {
             T::one()
@@ -62,18 +84,20 @@ impl Activation for Relu {
 }
 
 #[derive(Clone, Copy)]
-struct Gelu;
+pub(super) struct Gelu;
 
 impl Activation for Gelu {
     const NAME: &'static str = "nanhunt-gelu";
     const GRAD_NAME: &'static str = "nanhunt-gelu-grad";
 
+    #[inline(always)]
     fn value<T: Real>(x: T) -> T {
         let half: T = real(0.5);
         half * x * (T::one() + (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast())
     }
 
     /// (1 + erf(x/√2))/2 + x·φ(x), φ the standard normal density.
+    #[inline(always)]
     fn slope<T: Real>(x: T) -> T {
         let half: T = real(0.5);
         let erf = (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast();

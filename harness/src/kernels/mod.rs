@@ -36,7 +36,7 @@ pub use conv::conv2d;
 pub use linear::linear;
 pub use lstm::lstm_layer;
 pub use norm::layer_norm;
-pub use pool::{pool2x2, PoolKind};
+pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
 pub use softmax::softmax_last_dim;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, WithDType};
@@ -109,7 +109,14 @@ pub(crate) fn fused_for(t: &Tensor) -> bool {
 
 /// The floats the kernels are written for.
 pub(crate) trait Real:
-    num_traits::Float + WithDType + std::ops::AddAssign + std::ops::DivAssign + Send + Sync + 'static
+    num_traits::Float
+    + WithDType
+    + std::ops::AddAssign
+    + std::ops::MulAssign
+    + std::ops::DivAssign
+    + Send
+    + Sync
+    + 'static
 {
     /// tanh, to a few ulp (libm's `tanhf` took over a third of an LSTM step).
     fn tanh_fast(self) -> Self;

@@ -1,10 +1,18 @@
 //! 2×2, stride-2 max and average pooling (odd edges dropped, as PyTorch
 //! does) with index-based backward passes: the max-pool gradient goes to
 //! the first maximum of each window, whose index the forward pass keeps.
+//!
+//! A CNN block's ReLU or GELU followed by max pooling can run as one op
+//! (`relu_max_pool2x2`, `gelu_max_pool2x2`): the activated tensor, as big
+//! as the convolution's output, is then never stored, nor is its gradient
+//! (which candle would zero-fill and add into). Values and gradients are
+//! the same bits as the two ops in turn: the same scalar code per element.
 
+use super::activation::{Activation, Gelu, Identity, Relu};
 use super::reference;
 use super::{fused_for, real, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
+use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,14 +29,37 @@ pub fn pool2x2(x: &Tensor, kind: PoolKind) -> Result<Tensor> {
             PoolKind::Avg => reference::avg_pool2x2(x),
         };
     }
-    x.contiguous()?.apply_op1(Pool {
+    pool_op(x, kind, Identity)
+}
+
+/// max_pool2x2(relu(x)) as one op.
+pub fn relu_max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    if !fused_for(x) {
+        return reference::max_pool2x2(&x.relu()?);
+    }
+    pool_op(x, PoolKind::Max, Relu)
+}
+
+/// max_pool2x2(gelu(x)) as one op.
+pub fn gelu_max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    if !fused_for(x) {
+        return reference::max_pool2x2(&x.gelu_erf()?);
+    }
+    pool_op(x, PoolKind::Max, Gelu)
+}
+
+fn pool_op<A: Activation>(x: &Tensor, kind: PoolKind, _: A) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(Pool::<A> {
         kind,
+        act: PhantomData,
         argmax: Arc::default(),
     })
 }
 
-struct Pool {
+/// Pooling of the activated input.
+struct Pool<A> {
     kind: PoolKind,
+    act: PhantomData<A>,
     /// Max pooling: the index (0..4) of each window's maximum, for the
     /// backward pass.
     argmax: Arc<OnceLock<Vec<u8>>>,
@@ -75,15 +106,17 @@ fn windows<T: Real>(plane: &[T], h: usize, w: usize, mut f: impl FnMut(usize, us
     }
 }
 
-impl Pool {
+impl<A: Activation> Pool<A> {
     #[inline(always)] // into `wide`'s AVX2 build
     fn forward<T: Real>(&self, x: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
+        let act = |[a, b, c, d]: [T; 4]| [A::value(a), A::value(b), A::value(c), A::value(d)];
         let (h2, w2) = (h / 2, w / 2);
         let mut y = vec![T::zero(); planes * h2 * w2];
         if self.kind == PoolKind::Avg {
             let quarter: T = real(0.25);
             for (plane, yp) in x.chunks_exact(h * w).zip(y.chunks_exact_mut(h2 * w2)) {
                 windows(plane, h, w, |i, j, v| {
+                    let v = act(v);
                     yp[i * w2 + j] = ((v[0] + v[1]) + (v[2] + v[3])) * quarter
                 });
             }
@@ -104,8 +137,8 @@ impl Pool {
                 let bottom = &plane[(2 * i + 1) * w..][..2 * w2];
                 let (yr, ir) = (&mut yp[i * w2..][..w2], &mut ip[i * w2..][..w2]);
                 for j in 0..w2 {
-                    let (a, b) = (top[2 * j], top[2 * j + 1]);
-                    let (c, d) = (bottom[2 * j], bottom[2 * j + 1]);
+                    let [a, b, c, d] =
+                        act([top[2 * j], top[2 * j + 1], bottom[2 * j], bottom[2 * j + 1]]);
                     let (right_top, right_bottom) = (b > a, d > c);
                     let t = if right_top { b } else { a };
                     let u = if right_bottom { d } else { c };
@@ -121,6 +154,7 @@ impl Pool {
             }
             if nan {
                 windows(plane, h, w, |i, j, v| {
+                    let v = act(v);
                     let k = argmax4(v);
                     yp[i * w2 + j] = v[k];
                     ip[i * w2 + j] = k as u8;
@@ -133,7 +167,7 @@ impl Pool {
     }
 }
 
-impl CustomOp1 for Pool {
+impl<A: Activation> CustomOp1 for Pool<A> {
     fn name(&self) -> &'static str {
         "nanhunt-pool2x2"
     }
@@ -152,8 +186,9 @@ impl CustomOp1 for Pool {
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let grad = grad.contiguous()?;
-        let grad_op = PoolGrad {
+        let grad_op = PoolGrad::<A> {
             kind: self.kind,
+            act: PhantomData,
             argmax: self.argmax.clone(),
         };
         Ok(Some(x.apply_op2_no_bwd(&grad, &grad_op)?))
@@ -161,15 +196,22 @@ impl CustomOp1 for Pool {
 }
 
 /// (x, grad of the pooled output) and the forward's window maxima → grad
-/// of x.
-struct PoolGrad {
+/// of x: the pooling's gradient times the activation's slope, as the two
+/// ops' backward passes in turn compute it.
+struct PoolGrad<A> {
     kind: PoolKind,
+    act: PhantomData<A>,
     argmax: Arc<OnceLock<Vec<u8>>>,
 }
 
-impl PoolGrad {
+impl<A: Activation> PoolGrad<A> {
     #[inline(always)] // into `wide`'s AVX2 build
-    fn compute<T: Real>(&self, g: &[T], (planes, h, w): (usize, usize, usize)) -> Result<Vec<T>> {
+    fn compute<T: Real>(
+        &self,
+        x: &[T],
+        g: &[T],
+        (planes, h, w): (usize, usize, usize),
+    ) -> Result<Vec<T>> {
         let (h2, w2) = (h / 2, w / 2);
         let quarter: T = real(0.25);
         let zero = T::zero();
@@ -182,7 +224,11 @@ impl PoolGrad {
             },
             PoolKind::Avg => &[],
         };
-        for (p, (gp, dp)) in g.chunks_exact(h2 * w2).zip(dx.chunks_exact_mut(h * w)).enumerate() {
+        let planes = g
+            .chunks_exact(h2 * w2)
+            .zip(x.chunks_exact(h * w))
+            .zip(dx.chunks_exact_mut(h * w));
+        for (p, ((gp, xp), dp)) in planes.enumerate() {
             for i in 0..h2 {
                 let gr = &gp[i * w2..][..w2];
                 let (top, bottom) = dp[2 * i * w..(2 * i + 2) * w].split_at_mut(w);
@@ -204,12 +250,18 @@ impl PoolGrad {
                     bottom[2 * j + 1] = if k == 3 { v } else { zero };
                 }
             }
+            // Then the activation's backward over the whole plane, while it
+            // is in cache: one contiguous loop (nothing for `Identity`,
+            // whose slope is 1).
+            for (d, &xv) in dp.iter_mut().zip(xp) {
+                *d *= A::slope(xv);
+            }
         }
         Ok(dx)
     }
 }
 
-impl CustomOp2 for PoolGrad {
+impl<A: Activation> CustomOp2 for PoolGrad<A> {
     fn name(&self) -> &'static str {
         "nanhunt-pool2x2-grad"
     }
@@ -223,8 +275,8 @@ impl CustomOp2 for PoolGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let d = dims(l1)?;
         with_real!(s1, T => {
-            let g = slice::<T>(s2, l2)?;
-            let dx = wide(#[inline(always)] || self.compute::<T>(g, d))?;
+            let (x, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
+            let dx = wide(#[inline(always)] || self.compute::<T>(x, g, d))?;
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

@@ -172,20 +172,36 @@ fn pooling_matches_reference_and_gradchecks() {
     }
     gradchecks("max_pool", max, &[&[1, 2, 5, 6]]);
     gradchecks("avg_pool", avg, &[&[1, 2, 5, 6]]);
+    // The activation fused in front of max pooling.
+    let relu_max: &Op = &|xs| relu_max_pool2x2(&xs[0]);
+    let gelu_max: &Op = &|xs| gelu_max_pool2x2(&xs[0]);
+    for shape in [&[2, 3, 6, 8][..], &[1, 2, 5, 7]] {
+        matches_reference("relu_max_pool", relu_max, &[shape]);
+        matches_reference_within("gelu_max_pool", gelu_max, &[shape], gelu_tolerance);
+    }
+    gradchecks("relu_max_pool", relu_max, &[&[1, 2, 5, 6]]);
+    gradchecks("gelu_max_pool", gelu_max, &[&[1, 2, 5, 6]]);
 }
 
 #[test]
 fn max_pool_propagates_nan_and_gives_ties_one_gradient() {
     // The NaN in the second window: the first is pooled as usual, the
     // second gives the NaN, and its gradient goes to the NaN's position.
-    let x = Var::new(&[[[[5f32, 4., 1., f32::NAN], [6., 7., 3., 2.]]]], &Device::Cpu).unwrap();
+    let x = Var::new(
+        &[[[[5f32, 4., 1., f32::NAN], [6., 7., 3., 2.]]]],
+        &Device::Cpu,
+    )
+    .unwrap();
     let y = pool2x2(x.as_tensor(), PoolKind::Max).unwrap();
     let v = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(v[0], 7.0);
     assert!(v[1].is_nan());
     let g = y.sum_all().unwrap().backward().unwrap();
     let g = g.get(x.as_tensor()).unwrap().flatten_all().unwrap();
-    assert_eq!(g.to_vec1::<f32>().unwrap(), [0., 0., 0., 1., 0., 1., 0., 0.]);
+    assert_eq!(
+        g.to_vec1::<f32>().unwrap(),
+        [0., 0., 0., 1., 0., 1., 0., 0.]
+    );
     // a window of equal values: the gradient goes to the first (PyTorch's rule)
     let tie = Var::new(&[[[[2f64, 2.], [2., 2.]]]], &Device::Cpu).unwrap();
     let g = pool2x2(tie.as_tensor(), PoolKind::Max)
@@ -332,14 +348,18 @@ fn tanh_f32_is_within_a_few_ulp_everywhere() {
 #[test]
 fn gelu_matches_reference_and_gradchecks() {
     let g: &Op = &|xs| gelu(&xs[0]);
-    // candle's GELU backward rounds 1/√(2π) to 0.398942 (a relative error
-    // of 7e-7 in one term), so in f64 the gradients agree to that, not to
-    // TOLERANCE_F64; the values and the f32 results meet the named ones.
-    matches_reference_within("gelu", g, &[&[3, 4, 5]], |dtype| match dtype {
+    matches_reference_within("gelu", g, &[&[3, 4, 5]], gelu_tolerance);
+    gradchecks("gelu", g, &[&[4, 6]]);
+}
+
+/// candle's GELU backward rounds 1/√(2π) to 0.398942 (a relative error of
+/// 7e-7 in one term), so in f64 the gradients agree to that, not to
+/// TOLERANCE_F64; the values and the f32 results meet the named ones.
+fn gelu_tolerance(dtype: DType) -> f64 {
+    match dtype {
         DType::F64 => 1e-6,
         _ => TOLERANCE_F32,
-    });
-    gradchecks("gelu", g, &[&[4, 6]]);
+    }
 }
 
 #[test]

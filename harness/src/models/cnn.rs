@@ -3,6 +3,7 @@
 
 use super::layers::{self, BatchNorm2d, Conv2d, Linear};
 use super::{Model, Tracer};
+use crate::kernels;
 use crate::spec::{Activation, CnnSpec, Pool};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -56,6 +57,21 @@ impl Model for Cnn {
             let mut y = tr.record_with(|| format!("{}.conv", b.name), b.conv.forward(&x)?)?;
             if let Some(bn) = &b.bn {
                 y = tr.record_with(|| format!("{}.bn", b.name), bn.forward(&y)?)?;
+            }
+            // Activation and max pooling as one op where nothing comes
+            // between them: the activated tensor is then never stored. A
+            // traced run keeps them apart to record both stages; the values
+            // are the same bits.
+            if !tr.enabled() && !b.residual && b.pool == Pool::Max {
+                let pooled = match b.activation {
+                    Activation::Relu => Some(kernels::relu_max_pool2x2(&y)?),
+                    Activation::Gelu => Some(kernels::gelu_max_pool2x2(&y)?),
+                    _ => None,
+                };
+                if let Some(pooled) = pooled {
+                    x = pooled;
+                    continue;
+                }
             }
             y = tr.record_with(
                 || format!("{}.act", b.name),

@@ -340,19 +340,62 @@ fn the_accelerator_probe_reports_a_failed_update_at_its_own_step() {
     }
 }
 
+/// An untraced and a traced forward pass of the same batch, after 3 steps
+/// (so that the biases, initialized to 0, are not), with the traced run's
+/// stage names and both runs' parameter gradients.
+struct Twin {
+    plain: Forward,
+    traced: Forward,
+    stages: Vec<String>,
+    grads: [Vec<Tensor>; 2],
+}
+
+fn twin(c: &Case) -> Twin {
+    let factory = BuiltinFactory::new(&c.model).unwrap();
+    let mut s = Session::new(c, &factory, &RunOptions::default()).unwrap();
+    for step in 0..3 {
+        assert!(s.step(step).unwrap().is_none());
+    }
+    let batch = s.batch_unchecked(3);
+    let plain = s.forward_loss(&batch, &mut Tracer::off()).unwrap();
+    let mut tracer = Tracer::on();
+    let traced = s.forward_loss(&batch, &mut tracer).unwrap();
+    let vars = s.vars().1;
+    let grads = |f: &Forward| -> Vec<Tensor> {
+        let g = f.loss.backward().unwrap();
+        vars.iter()
+            .map(|v| g.get(v.as_tensor()).unwrap().clone())
+            .collect()
+    };
+    Twin {
+        grads: [grads(&plain), grads(&traced)],
+        stages: tracer.records().iter().map(|r| r.name.clone()).collect(),
+        plain,
+        traced,
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+    v.to_vec1::<f64>().unwrap()
+}
+
+/// Every value of `a` and `b` has the same bits.
+fn assert_same_bits(what: &str, a: &Tensor, b: &Tensor) {
+    let (a, b) = (values(a), values(b));
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
+}
+
 /// The LSTM runs as one whole-layer op untraced and as per-step ops when
 /// traced (to record each step's gates, c and h); a traced re-run must see
 /// the forward bits of the run it localizes.
 #[test]
 fn the_lstm_layer_op_and_the_traced_per_step_ops_give_the_same_forward_bits() {
-    let bits = |t: &Tensor| -> Vec<u64> {
-        let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
-        v.to_vec1::<f64>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect()
-    };
     for (size, layers, precision) in [
         (Size::Default, 1, Precision::F32),
         (Size::Large, 1, Precision::F32),
@@ -366,28 +409,43 @@ fn the_lstm_layer_op_and_the_traced_per_step_ops_give_the_same_forward_bits() {
         assert_eq!(r.cell, CellKind::Lstm);
         r.layers = layers;
         c.precision = precision.clone();
-        let factory = BuiltinFactory::new(&c.model).unwrap();
-        let mut s = Session::new(&c, &factory, &RunOptions::default()).unwrap();
-        // A few steps first, so that the biases (initialized to 0) are not.
-        for step in 0..3 {
-            assert!(s.step(step).unwrap().is_none());
-        }
-        let batch = s.batch_unchecked(3);
-        let plain = s.forward_loss(&batch, &mut Tracer::off()).unwrap();
-        let mut tracer = Tracer::on();
-        let traced = s.forward_loss(&batch, &mut tracer).unwrap();
-        let steps = batch.input.dims()[1];
-        let gates = tracer
-            .records()
-            .iter()
-            .filter(|r| r.name.ends_with(".gates"))
-            .count();
+        let t = twin(&c);
+        let steps = c.model.input().dims()[0];
+        let gates = t.stages.iter().filter(|n| n.ends_with(".gates")).count();
         assert_eq!(gates, layers * steps, "every step's gates are recorded");
         let what = format!("{size:?}, {layers} layers, {precision:?}");
-        for (a, b) in [(&plain.output, &traced.output), (&plain.loss, &traced.loss)] {
-            let (a, b) = (bits(a), bits(b));
-            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-            assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
+        assert_same_bits(&what, &t.plain.output, &t.traced.output);
+        assert_same_bits(&what, &t.plain.loss, &t.traced.loss);
+    }
+}
+
+/// A CNN block's activation and max pooling run as one op untraced and as
+/// two when traced (to record both); values and gradients agree exactly.
+#[test]
+fn fused_activation_pooling_and_the_traced_two_ops_agree_exactly() {
+    for (size, activation, precision) in [
+        (Size::Large, Activation::Relu, Precision::F32),
+        (Size::Default, Activation::Relu, Precision::F32),
+        (Size::Default, Activation::Gelu, Precision::F64),
+    ] {
+        let mut c = Case::example_sized("cnn", size).unwrap();
+        let ModelSpec::Cnn(m) = &mut c.model else {
+            unreachable!()
+        };
+        for b in &mut m.blocks {
+            b.activation = activation;
+            b.pool = Pool::Max;
+        }
+        c.precision = precision.clone();
+        let t = twin(&c);
+        assert!(t.stages.iter().any(|n| n.ends_with(".act")));
+        let what = format!("{size:?}, {activation:?}, {precision:?}");
+        assert_same_bits(&what, &t.plain.output, &t.traced.output);
+        assert_same_bits(&what, &t.plain.loss, &t.traced.loss);
+        for (a, b) in t.grads[0].iter().zip(&t.grads[1]) {
+            // == rather than bits: the tracer's extra nodes may turn a -0
+            // gradient into +0.
+            assert_eq!(values(a), values(b), "{what}: gradients differ");
         }
     }
 }
