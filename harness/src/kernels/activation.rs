@@ -8,7 +8,7 @@
 //! relu(NaN) = 0, and the gradient is the incoming gradient times the
 //! slope (a NaN gradient stays NaN where x < 0, as NaN·0 does).
 
-use super::{fused_for, real, slice, with_real, Real};
+use super::{fused_for, real, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 pub fn relu(x: &Tensor) -> Result<Tensor> {
@@ -103,7 +103,7 @@ impl Activation for Gelu {
         let erf = (x * real(std::f64::consts::FRAC_1_SQRT_2)).erf_fast();
         let inv_sqrt_2pi: T =
             real(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
-        half * (T::one() + erf) + x * inv_sqrt_2pi * (-half * x * x).exp()
+        half * (T::one() + erf) + x * inv_sqrt_2pi * (-half * x * x).exp_fast()
     }
 }
 
@@ -117,7 +117,16 @@ impl<A: Activation> CustomOp1 for Pointwise<A> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         with_real!(s, T => {
-            let y: Vec<T> = slice::<T>(s, l)?.iter().map(|&v| A::value(v)).collect();
+            let x = slice::<T>(s, l)?;
+            // Index loops, not iterator adaptors: those are functions of
+            // their own, compiled outside `wide`'s AVX2 build.
+            let y = wide(#[inline(always)] || {
+                let mut y = vec![T::zero(); x.len()];
+                for i in 0..x.len() {
+                    y[i] = A::value(x[i]);
+                }
+                y
+            });
             Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
         })
     }
@@ -144,11 +153,15 @@ impl<A: Activation> CustomOp2 for PointwiseGrad<A> {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         with_real!(s1, T => {
-            let dx: Vec<T> = slice::<T>(s1, l1)?
-                .iter()
-                .zip(slice::<T>(s2, l2)?)
-                .map(|(&x, &g)| g * A::slope(x))
-                .collect();
+            let (x, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
+            let dx = wide(#[inline(always)] || {
+                let (x, g) = (x, &g[..x.len()]);
+                let mut dx = vec![T::zero(); x.len()];
+                for i in 0..x.len() {
+                    dx[i] = g[i] * A::slope(x[i]);
+                }
+                dx
+            });
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

@@ -123,19 +123,31 @@ pub(crate) trait Real:
     /// erf, to 4e-7 absolute in f32 (libm's `erff` took an eighth of a
     /// Transformer step, in GELU).
     fn erf_fast(self) -> Self;
+    /// e^x, to 2 ulp in f32 (libm's `expf` is a call per element, and was
+    /// the softmax's time).
+    fn exp_fast(self) -> Self;
 }
 
 impl Real for f32 {
     #[inline(always)]
+    fn exp_fast(self) -> Self {
+        exp_f32(self)
+    }
+    #[inline(always)]
     fn tanh_fast(self) -> Self {
         tanh_f32(self)
     }
+    #[inline(always)]
     fn erf_fast(self) -> Self {
         erf_f32(self)
     }
 }
 
 impl Real for f64 {
+    fn exp_fast(self) -> Self {
+        self.exp()
+    }
+
     fn tanh_fast(self) -> Self {
         self.tanh()
     }
@@ -151,7 +163,7 @@ const LANES: usize = 8;
 
 /// Σ f(i) for i in 0..n, in eight interleaved partial sums (a fixed order,
 /// so results are deterministic).
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sum<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
     let mut acc = [T::zero(); LANES];
     let full = n - n % LANES;
@@ -199,7 +211,7 @@ pub(crate) fn real<T: Real>(v: f64) -> T {
 /// clamped at ±4 where erf rounds to ±1: at most 4.0e-7 absolute error
 /// (`tests` measures it against f64). Branch-free; NaN stays NaN.
 #[allow(clippy::excessive_precision)] // the published coefficients, verbatim
-#[inline]
+#[inline(always)]
 pub(crate) fn erf_f32(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
@@ -250,6 +262,43 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
 }
 
 /// The contiguous elements of a custom op's input.
+/// e^x in f32 after Cephes' `expf`: x = n·ln 2 + r with |r| ≤ ln 2 / 2
+/// (Cody–Waite, ln 2 in two parts), a degree-6 polynomial for e^r, and
+/// 2^n as two exact power-of-two factors from exponent bits (so that
+/// subnormal results round once). Branch-free (selects), so that loops
+/// over it vectorize. e^-inf = 0, e^+inf = inf, e^NaN = NaN.
+#[allow(clippy::excessive_precision)] // the published coefficients, verbatim
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_375;
+    const LN2_LO: f32 = -2.121_944_400_546_905_8e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
+    let xc = x.clamp(-104.0, 88.8); // NaN stays NaN, and is selected below
+    let big = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = big - ROUND;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.987_569_150_0e-4_f32;
+    p = p * r + 1.398_199_950_7e-3;
+    p = p * r + 8.333_451_907_3e-3;
+    p = p * r + 4.166_579_589_4e-2;
+    p = p * r + 1.666_666_545_9e-1;
+    p = p * r + 5.000_000_120_1e-1;
+    let er = p * (r * r) + r + 1.0;
+    // n in [-150, 128] sits in big's low mantissa bits; 2^n = 2^a · 2^b
+    // with a, b in [-75, 64], both normal.
+    let n_int = (big.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let a = n_int >> 1;
+    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let y = er * pow2(a) * pow2(n_int - a);
+    let y = if x > 88.8 { f32::INFINITY } else { y };
+    let y = if x < -104.0 { 0.0 } else { y };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
 pub(crate) fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
     let data = s.as_slice::<T>()?;
     match l.contiguous_offsets() {

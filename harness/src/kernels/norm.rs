@@ -2,7 +2,7 @@
 //! bias, forward and backward each one pass over the rows.
 
 use super::reference;
-use super::{flat, fused_for, lane_sum, real, slice, unpack, with_real, Real};
+use super::{flat, fused_for, lane_sum, real, slice, unpack, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
@@ -19,6 +19,7 @@ struct LayerNorm {
 }
 
 /// A row's mean and 1/sqrt(var + eps).
+#[inline(always)]
 fn moments<T: Real>(row: &[T], eps: f64) -> (T, T) {
     let n: T = real(row.len() as f64);
     let mean = lane_sum(row.len(), |i| row[i]) / n;
@@ -51,11 +52,17 @@ impl CustomOp3 for LayerNorm {
         let d = last_dim(l1)?;
         with_real!(s1, T => {
             let (x, w, b) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let mut y = Vec::with_capacity(x.len());
-            for row in x.chunks_exact(d) {
-                let (mean, rstd) = moments(row, self.eps);
-                y.extend(row.iter().zip(w).zip(b).map(|((&v, &wi), &bi)| (v - mean) * rstd * wi + bi));
-            }
+            let y = wide(#[inline(always)] || {
+                let mut y = vec![T::zero(); x.len()];
+                let (w, b) = (&w[..d], &b[..d]);
+                for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+                    let (mean, rstd) = moments(row, self.eps);
+                    for i in 0..d {
+                        out[i] = (row[i] - mean) * rstd * w[i] + b[i];
+                    }
+                }
+                y
+            });
             Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
         })
     }
@@ -81,6 +88,7 @@ struct LayerNormGrad {
 }
 
 impl LayerNormGrad {
+    #[inline(always)] // into `wide`'s AVX2 build
     fn compute<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
         let n: T = real(d as f64);
         let mut out = vec![T::zero(); x.len() + 2 * d];
@@ -128,8 +136,8 @@ impl CustomOp3 for LayerNormGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let d = last_dim(l1)?;
         with_real!(s1, T => {
-            let out = self.compute::<T>(slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?, d);
-            flat(out)
+            let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+            flat(wide(#[inline(always)] || self.compute::<T>(x, w, g, d)))
         })
     }
 }

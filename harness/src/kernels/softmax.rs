@@ -2,7 +2,7 @@
 //! backward pass `dx = y · (g - Σ g·y)` as one op.
 
 use super::reference;
-use super::{fused_for, lane_sum, slice, with_real, Real};
+use super::{fused_for, lane_sum, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
@@ -21,20 +21,23 @@ fn last_dim(l: &Layout) -> Result<usize> {
 
 struct Softmax;
 
+#[inline(always)] // into `wide`'s AVX2 build
 fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
-    let mut y = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(d) {
+    let mut y = vec![T::zero(); x.len()];
+    for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
         // NaN-ignoring max; a NaN, ±inf or all -inf row still ends up NaN
         // through `x - max`, as in the reference.
-        let max = row
-            .iter()
-            .copied()
-            .fold(T::neg_infinity(), num_traits::Float::max);
-        let start = y.len();
-        y.extend(row.iter().map(|&v| (v - max).exp()));
-        let e = &y[start..];
-        let sum = lane_sum(e.len(), |i| e[i]);
-        y[start..].iter_mut().for_each(|v| *v /= sum);
+        let mut max = T::neg_infinity();
+        for &v in row {
+            max = num_traits::Float::max(max, v);
+        }
+        for i in 0..d {
+            out[i] = (row[i] - max).exp_fast();
+        }
+        let sum = lane_sum(d, |i| out[i]);
+        for v in out.iter_mut() {
+            *v /= sum;
+        }
     }
     y
 }
@@ -47,7 +50,8 @@ impl CustomOp1 for Softmax {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let d = last_dim(l)?;
         with_real!(s, T => {
-            let y = softmax_rows::<T>(slice(s, l)?, d);
+            let x = slice(s, l)?;
+            let y = wide(#[inline(always)] || softmax_rows::<T>(x, d));
             Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
         })
     }
@@ -76,11 +80,17 @@ impl CustomOp2 for SoftmaxGrad {
         let d = last_dim(l1)?;
         with_real!(s1, T => {
             let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let mut dx = Vec::with_capacity(y.len());
-            for (yr, gr) in y.chunks_exact(d).zip(g.chunks_exact(d)) {
-                let dot = lane_sum(d, |i| yr[i] * gr[i]);
-                dx.extend(yr.iter().zip(gr).map(|(&a, &b)| a * (b - dot)));
-            }
+            let dx = wide(#[inline(always)] || {
+                let mut dx = vec![T::zero(); y.len()];
+                let rows = y.chunks_exact(d).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d));
+                for ((yr, gr), out) in rows {
+                    let dot = lane_sum(d, |i| yr[i] * gr[i]);
+                    for i in 0..d {
+                        out[i] = yr[i] * (gr[i] - dot);
+                    }
+                }
+                dx
+            });
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

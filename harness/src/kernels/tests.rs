@@ -346,6 +346,38 @@ fn tanh_f32_is_within_a_few_ulp_everywhere() {
 }
 
 #[test]
+fn exp_f32_is_within_2_ulp_everywhere() {
+    // every 31st f32 bit pattern whose e^x is finite and not 0 (subnormal
+    // results included, where an ulp is 1.4e-45), plus the edges
+    let (mut worst_ulp, mut at) = (0f64, 0f32);
+    let mut bits = 0u32;
+    while bits < 0x42b0_0000 {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            if !(-103.0..=88.72).contains(&x) {
+                continue;
+            }
+            let exact = (x as f64).exp();
+            let ulp = (exact as f32).min(f32::MAX / 2.0);
+            let ulp = (f32::from_bits(ulp.to_bits() + 1) - ulp) as f64;
+            let err = (exp_f32(x) as f64 - exact).abs() / ulp;
+            if err > worst_ulp {
+                (worst_ulp, at) = (err, x);
+            }
+        }
+        bits += 31;
+    }
+    assert!(worst_ulp <= 2.0, "exp_f32 is {worst_ulp} ulp off at {at}");
+    assert!(exp_f32(f32::NAN).is_nan());
+    assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+    assert_eq!(exp_f32(89.0), f32::INFINITY);
+    assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+    assert_eq!(exp_f32(-110.0), 0.0);
+    assert!(exp_f32(-100.0) > 0.0, "subnormal results are kept");
+    assert_eq!(exp_f32(88.8), f32::INFINITY);
+    assert_eq!(exp_f32(0.0), 1.0);
+}
+
+#[test]
 fn gelu_matches_reference_and_gradchecks() {
     let g: &Op = &|xs| gelu(&xs[0]);
     matches_reference_within("gelu", g, &[&[3, 4, 5]], gelu_tolerance);
