@@ -103,9 +103,11 @@ impl Rnn {
 
     /// One LSTM layer on the fused kernels: (B, S, in) → (B, S, H) as one
     /// op (`kernels::lstm_layer`), the input projection one product over
-    /// every step. A traced run takes the per-step
-    /// ops instead, to record every step's gates, c and h; from the same
-    /// projection they compute the same forward bits.
+    /// every step. A traced run takes the per-step ops instead, to record
+    /// every step's gates, c and h; from the same projection they compute
+    /// the same forward bits. (Its per-step slices of the projection cost
+    /// a full-size gradient each, quadratic in the length: acceptable for
+    /// the one re-run that localizes a failure.)
     fn lstm_layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         if !tr.enabled() {
             let (input, hidden) = (&l.input, &l.hidden);
