@@ -104,6 +104,18 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             true,
         ),
         (
+            "gru layer 32x32 steps, 16->64, data input",
+            |x| kernels::gru_layer(&x[0], &x[1], &x[2], &x[3], &x[4]),
+            vec![
+                vec![32, 32, 16],
+                vec![192, 16],
+                vec![192],
+                vec![192, 64],
+                vec![192],
+            ],
+            true,
+        ),
+        (
             "gru cell 32x64",
             |x| {
                 let n = kernels::gru_n(&x[0], &x[1], &x[2])?;

@@ -63,7 +63,7 @@ pub fn gru_h(rz: &Tensor, n: &Tensor, h_prev: &Tensor) -> Result<Tensor> {
 
 /// σ(x) = (1 + tanh(x/2))/2, as `reference::sigmoid`: no overflow for any x.
 #[inline(always)]
-fn sigmoid<T: Real>(x: T) -> T {
+pub(super) fn sigmoid<T: Real>(x: T) -> T {
     let half: T = real(0.5);
     half + half * (half * x).tanh_fast()
 }
@@ -124,6 +124,29 @@ pub(super) fn lstm_h_row<T: Real>(a: &[T], c: &[T], out: &mut [T]) {
     let (o, c) = (&a[3 * h..4 * h], &c[..h]);
     for j in 0..h {
         out[j] = o[j] * c[j].tanh_fast();
+    }
+}
+
+/// One row of the GRU candidate `tanh(x_n + σ(r)·h_n)` from the summed
+/// r/z pre-activations (2H) and both projections (3H each).
+#[inline(always)]
+pub(super) fn gru_n_row<T: Real>(rz: &[T], xw: &[T], hw: &[T], out: &mut [T]) {
+    let h = out.len();
+    let (r, xn, hn) = (&rz[..h], &xw[2 * h..3 * h], &hw[2 * h..3 * h]);
+    for j in 0..h {
+        let reset = sigmoid(r[j]);
+        out[j] = (xn[j] + reset * hn[j]).tanh_fast();
+    }
+}
+
+/// One row of the GRU hidden state `n + σ(z)·(h_prev - n)`.
+#[inline(always)]
+pub(super) fn gru_h_row<T: Real>(rz: &[T], n: &[T], h_prev: &[T], out: &mut [T]) {
+    let h = out.len();
+    let (z, n, h_prev) = (&rz[h..2 * h], &n[..h], &h_prev[..h]);
+    for j in 0..h {
+        let z = sigmoid(z[j]);
+        out[j] = n[j] + z * (h_prev[j] - n[j]);
     }
 }
 
@@ -338,12 +361,10 @@ impl CustomOp3 for GruN {
         let h = h2 / 2;
         with_real!(s1, T => {
             let (rz, xw, hw) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let mut n = Vec::with_capacity(b * h);
+            let mut n = vec![T::zero(); b * h];
             for r in 0..b {
-                for j in 0..h {
-                    let reset = sigmoid(rz[r * 2 * h + j]);
-                    n.push((xw[r * 3 * h + 2 * h + j] + reset * hw[r * 3 * h + 2 * h + j]).tanh_fast());
-                }
+                let (rz, xw, hw) = (&rz[r * 2 * h..], &xw[r * 3 * h..], &hw[r * 3 * h..]);
+                gru_n_row(rz, xw, hw, &mut n[r * h..(r + 1) * h]);
             }
             Ok((T::to_cpu_storage_owned(n), Shape::from((b, h))))
         })
@@ -424,13 +445,10 @@ impl CustomOp3 for GruH {
         let (b, h) = rows(l2, "n")?;
         with_real!(s1, T => {
             let (rz, n, hp) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let mut out = Vec::with_capacity(b * h);
+            let mut out = vec![T::zero(); b * h];
             for r in 0..b {
-                for j in 0..h {
-                    let z = sigmoid(rz[r * 2 * h + h + j]);
-                    let (nn, hh) = (n[r * h + j], hp[r * h + j]);
-                    out.push(nn + z * (hh - nn));
-                }
+                let (rz, n, hp) = (&rz[r * 2 * h..], &n[r * h..], &hp[r * h..]);
+                gru_h_row(rz, n, hp, &mut out[r * h..(r + 1) * h]);
             }
             Ok((T::to_cpu_storage_owned(out), Shape::from((b, h))))
         })

@@ -1,7 +1,7 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm,
 //! softmax, attention's two products, the LSTM/GRU cells and the whole
-//! LSTM layer.
+//! LSTM and GRU layers.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
 //! a training step stays one candle graph (the probe, tracer and localizer
@@ -22,6 +22,7 @@ mod attention;
 mod cell;
 mod conv;
 mod gemm;
+mod gru;
 mod linear;
 mod lstm;
 mod norm;
@@ -33,6 +34,7 @@ pub use activation::{gelu, relu};
 pub use attention::{attention_context, attention_scores};
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
+pub use gru::gru_layer;
 pub use linear::linear;
 pub use lstm::lstm_layer;
 pub use norm::layer_norm;

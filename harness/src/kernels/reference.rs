@@ -152,6 +152,35 @@ pub fn lstm_layer(
     Tensor::stack(&hs, 1)
 }
 
+/// Every hidden state (B, S, H) of a GRU layer with zero initial state,
+/// step by step, from the inputs x (B, S, in), the input weight (3H, in)
+/// and bias (3H) and the hidden weight (3H, H) and bias (3H).
+pub fn gru_layer(
+    x: &Tensor,
+    w_ih: &Tensor,
+    b_ih: &Tensor,
+    w_hh: &Tensor,
+    b_hh: &Tensor,
+) -> Result<Tensor> {
+    let (bsz, steps, n_in) = x.dims3()?;
+    let h3 = w_hh.dim(0)?;
+    let xw = linear(&x.reshape((bsz * steps, n_in))?, w_ih, b_ih)?.reshape((bsz, steps, h3))?;
+    let mut h = Tensor::zeros((bsz, h3 / 3), x.dtype(), x.device())?;
+    let mut hs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        let xt = xw.narrow(1, t, 1)?.squeeze(1)?;
+        let hw = linear(&h, w_hh, b_hh)?;
+        let rz = (xt.narrow(1, 0, 2 * h3 / 3)? + hw.narrow(1, 0, 2 * h3 / 3)?)?;
+        let n = gru_n(&rz, &xt, &hw)?;
+        h = gru_h(&rz, &n, &h)?;
+        hs.push(h.clone());
+    }
+    if hs.is_empty() {
+        return Tensor::zeros((bsz, 0, h3 / 3), x.dtype(), x.device());
+    }
+    Tensor::stack(&hs, 1)
+}
+
 /// GRU candidate tanh(x_n + σ(r)·h_n) in PyTorch's (r, z, n) order.
 pub fn gru_n(rz: &Tensor, xw: &Tensor, hw: &Tensor) -> Result<Tensor> {
     let h = rz.dim(1)? / 2;

@@ -301,6 +301,22 @@ fn lstm_layer_matches_reference_and_gradchecks() {
 }
 
 #[test]
+fn gru_layer_matches_reference_and_gradchecks() {
+    let layer: &Op = &|xs| gru_layer(&xs[0], &xs[1], &xs[2], &xs[3], &xs[4]);
+    let (x, w_ih, w_hh, b): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[3, 6, 4], &[15, 4], &[15, 5], &[15]);
+    matches_reference("gru_layer", layer, &[x, w_ih, b, w_hh, b]);
+    let (x, w_ih, w_hh, b): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[2, 1, 3], &[6, 3], &[6, 2], &[6]);
+    matches_reference("gru_layer, one step", layer, &[x, w_ih, b, w_hh, b]);
+    gradchecks(
+        "gru_layer",
+        layer,
+        &[&[2, 4, 3], &[6, 3], &[6], &[6, 2], &[6]],
+    );
+}
+
+#[test]
 fn gru_cell_matches_reference_and_gradchecks() {
     let n: &Op = &|xs| gru_n(&xs[0], &xs[1], &xs[2]);
     let h: &Op = &|xs| gru_h(&xs[0], &xs[1], &xs[2]);

@@ -101,17 +101,21 @@ impl Rnn {
         Ok(outputs)
     }
 
-    /// One LSTM layer on the fused kernels: (B, S, in) → (B, S, H) as one
-    /// op (`kernels::lstm_layer`), the input projection one product over
-    /// every step. A traced run takes the per-step ops instead, to record
+    /// One LSTM or GRU layer on the fused kernels: (B, S, in) → (B, S, H)
+    /// as one op (`kernels::lstm_layer`, `kernels::gru_layer`), the input
+    /// projection one product over every step. A traced run takes the per-step ops instead, to record
     /// every step's gates, c and h; from the same projection they compute
     /// the same forward bits. (Its per-step slices of the projection cost
     /// a full-size gradient each, quadratic in the length: acceptable for
     /// the one re-run that localizes a failure.)
-    fn lstm_layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
+    fn whole_layer(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         if !tr.enabled() {
             let (input, hidden) = (&l.input, &l.hidden);
-            return kernels::lstm_layer(
+            let op = match self.cell {
+                CellKind::Gru => kernels::gru_layer,
+                _ => kernels::lstm_layer,
+            };
+            return op(
                 x,
                 input.weight(),
                 input.bias(),
@@ -133,10 +137,11 @@ impl Model for Rnn {
         if steps == 0 {
             candle_core::bail!("rnn: empty sequence");
         }
-        let last = if self.cell == CellKind::Lstm && kernels::fused_for(input) {
+        let whole = matches!(self.cell, CellKind::Lstm | CellKind::Gru);
+        let last = if whole && kernels::fused_for(input) {
             let mut x = input.clone();
             for l in &self.layers {
-                x = self.lstm_layer(l, &x, tr)?;
+                x = self.whole_layer(l, &x, tr)?;
             }
             x.narrow(1, steps - 1, 1)?.squeeze(1)?
         } else {

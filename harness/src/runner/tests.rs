@@ -391,29 +391,32 @@ fn assert_same_bits(what: &str, a: &Tensor, b: &Tensor) {
     assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
 }
 
-/// The LSTM runs as one whole-layer op untraced and as per-step ops when
-/// traced (to record each step's gates, c and h); a traced re-run must see
-/// the forward bits of the run it localizes.
+/// The LSTM and the GRU run as one whole-layer op untraced and as per-step
+/// ops when traced (to record each step's gates and state); a traced re-run
+/// must see the forward bits of the run it localizes.
 #[test]
-fn the_lstm_layer_op_and_the_traced_per_step_ops_give_the_same_forward_bits() {
-    for (size, layers, precision) in [
-        (Size::Default, 1, Precision::F32),
-        (Size::Large, 1, Precision::F32),
-        (Size::Default, 2, Precision::F32),
-        (Size::Default, 2, Precision::F64),
+fn the_layer_ops_and_the_traced_per_step_ops_give_the_same_forward_bits() {
+    for (cell, size, layers, precision) in [
+        (CellKind::Lstm, Size::Default, 1, Precision::F32),
+        (CellKind::Lstm, Size::Large, 1, Precision::F32),
+        (CellKind::Lstm, Size::Default, 2, Precision::F32),
+        (CellKind::Lstm, Size::Default, 2, Precision::F64),
+        (CellKind::Gru, Size::Default, 1, Precision::F32),
+        (CellKind::Gru, Size::Large, 2, Precision::F32),
+        (CellKind::Gru, Size::Default, 2, Precision::F64),
     ] {
         let mut c = Case::example_sized("rnn", size).unwrap();
         let ModelSpec::Rnn(r) = &mut c.model else {
             unreachable!()
         };
-        assert_eq!(r.cell, CellKind::Lstm);
+        r.cell = cell;
         r.layers = layers;
         c.precision = precision.clone();
         let t = twin(&c);
         let steps = c.model.input().dims()[0];
         let gates = t.stages.iter().filter(|n| n.ends_with(".gates")).count();
         assert_eq!(gates, layers * steps, "every step's gates are recorded");
-        let what = format!("{size:?}, {layers} layers, {precision:?}");
+        let what = format!("{cell:?}, {size:?}, {layers} layers, {precision:?}");
         assert_same_bits(&what, &t.plain.output, &t.traced.output);
         assert_same_bits(&what, &t.plain.loss, &t.traced.loss);
     }
