@@ -116,6 +116,18 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             true,
         ),
         (
+            "tanh rnn layer 32x32 steps, 16->64, data input",
+            |x| kernels::tanh_rnn_layer(&x[0], &x[1], &x[2], &x[3], &x[4]),
+            vec![
+                vec![32, 32, 16],
+                vec![64, 16],
+                vec![64],
+                vec![64, 64],
+                vec![64],
+            ],
+            true,
+        ),
+        (
             "gru cell 32x64",
             |x| {
                 let n = kernels::gru_n(&x[0], &x[1], &x[2])?;

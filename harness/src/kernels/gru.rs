@@ -13,8 +13,9 @@
 
 use super::cell::{gru_h_row, gru_n_row, sigmoid};
 use super::gemm::{matmul, matmul_strided, Mat};
+use super::recurrent::{joined, unpack_grads, Grads3, Sizes};
 use super::reference;
-use super::{flat, fused_for, slice, unpack, wide, with_real, Real};
+use super::{flat, fused_for, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 use std::sync::{Arc, OnceLock};
 
@@ -31,8 +32,7 @@ pub fn gru_layer(
     if !fused_for(x) {
         return reference::gru_layer(x, w_ih, b_ih, w_hh, b_hh);
     }
-    let w = Tensor::cat(&[w_ih, w_hh], 1)?;
-    let b = Tensor::stack(&[b_ih, b_hh], 0)?;
+    let (w, b) = joined(w_ih, b_ih, w_hh, b_hh)?;
     x.contiguous()?.apply_op3(
         &w,
         &b,
@@ -54,36 +54,6 @@ struct Saved {
 
 struct GruLayer {
     saved: Arc<OnceLock<Saved>>,
-}
-
-/// The sizes of one layer: batch, steps, inputs, hidden.
-#[derive(Clone, Copy)]
-struct Sizes {
-    b: usize,
-    s: usize,
-    n_in: usize,
-    h: usize,
-}
-
-impl Sizes {
-    /// From x (B, S, in) and the joined weight (3H, in + H) and biases (2, 3H).
-    fn of(x: &Layout, w: &Layout, b: &Layout) -> Result<Sizes> {
-        let [bsz, s, n_in] = *x.dims() else {
-            candle_core::bail!("gru layer: x must be (B, S, in), got {:?}", x.dims());
-        };
-        let (h, ok) = match *w.dims() {
-            [h3, k] if h3 % 3 == 0 && k == n_in + h3 / 3 => (h3 / 3, b.dims() == [2, h3]),
-            _ => (0, false),
-        };
-        if !ok {
-            candle_core::bail!(
-                "gru layer: weights {:?} and biases {:?} do not fit x (·, ·, {n_in})",
-                w.dims(),
-                b.dims()
-            );
-        }
-        Ok(Sizes { b: bsz, s, n_in, h })
-    }
 }
 
 impl GruLayer {
@@ -176,7 +146,7 @@ impl CustomOp3 for GruLayer {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = Sizes::of(l1, l2, l3)?;
+        let d = Sizes::of(l1, l2, l3, 3, "gru layer")?;
         with_real!(s1, T => {
             let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
             let hs = wide(#[inline(always)] || self.forward::<T>(x, w, b, d));
@@ -191,7 +161,7 @@ impl CustomOp3 for GruLayer {
         b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
         // No input gradient when the input is data (the first layer's).
         let x_grad = x.track_op();
         let grad_op = GruLayerGrad {
@@ -199,13 +169,7 @@ impl CustomOp3 for GruLayer {
             x_grad,
         };
         let packed = w.apply_op2_no_bwd(&grad.contiguous()?, &grad_op)?;
-        if x_grad {
-            let [dx, dw, db] = unpack(&packed, [x.shape(), w.shape(), b.shape()])?;
-            Ok((Some(dx), Some(dw), Some(db)))
-        } else {
-            let [dw, db] = unpack(&packed, [w.shape(), b.shape()])?;
-            Ok((None, Some(dw), Some(db)))
-        }
+        unpack_grads(&packed, x, w, b, x_grad)
     }
 }
 
@@ -345,33 +309,7 @@ impl CustomOp2 for GruLayerGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (d, ok) = match (l1.dims(), l2.dims()) {
-            (&[h3, k], &[b, s, h]) if h3 == 3 * h && k >= h => (
-                Sizes {
-                    b,
-                    s,
-                    n_in: k - h,
-                    h,
-                },
-                true,
-            ),
-            _ => (
-                Sizes {
-                    b: 0,
-                    s: 0,
-                    n_in: 0,
-                    h: 0,
-                },
-                false,
-            ),
-        };
-        if !ok {
-            candle_core::bail!(
-                "gru layer: weights {:?} and hidden-state gradient {:?} do not fit",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        let d = Sizes::of_grad(l1, l2, 3, "gru layer")?;
         with_real!(s1, T => {
             let (w, dhs) = (slice(s1, l1)?, slice(s2, l2)?);
             let out = wide(#[inline(always)] || self.backward::<T>(w, dhs, d))?;

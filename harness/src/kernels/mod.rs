@@ -1,7 +1,7 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm,
-//! softmax, attention's two products, the LSTM/GRU cells and the whole
-//! LSTM and GRU layers.
+//! softmax, attention's two products, the LSTM/GRU cells and whole LSTM,
+//! GRU and tanh RNN layers.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
 //! a training step stays one candle graph (the probe, tracer and localizer
@@ -27,8 +27,10 @@ mod linear;
 mod lstm;
 mod norm;
 mod pool;
+mod recurrent;
 pub mod reference;
 mod softmax;
+mod tanh_rnn;
 
 pub use activation::{gelu, relu};
 pub use attention::{attention_context, attention_scores};
@@ -40,6 +42,7 @@ pub use lstm::lstm_layer;
 pub use norm::layer_norm;
 pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
 pub use softmax::softmax_last_dim;
+pub use tanh_rnn::tanh_rnn_layer;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, WithDType};
 use std::cell::Cell;

@@ -181,6 +181,31 @@ pub fn gru_layer(
     Tensor::stack(&hs, 1)
 }
 
+/// Every hidden state (B, S, H) of a tanh RNN layer with zero initial
+/// state, step by step, from the inputs x (B, S, in), the input weight
+/// (H, in) and bias (H) and the hidden weight (H, H) and bias (H).
+pub fn tanh_rnn_layer(
+    x: &Tensor,
+    w_ih: &Tensor,
+    b_ih: &Tensor,
+    w_hh: &Tensor,
+    b_hh: &Tensor,
+) -> Result<Tensor> {
+    let (bsz, steps, n_in) = x.dims3()?;
+    let hd = w_hh.dim(0)?;
+    let xw = linear(&x.reshape((bsz * steps, n_in))?, w_ih, b_ih)?.reshape((bsz, steps, hd))?;
+    let mut h = Tensor::zeros((bsz, hd), x.dtype(), x.device())?;
+    let mut hs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        h = (xw.narrow(1, t, 1)?.squeeze(1)? + linear(&h, w_hh, b_hh)?)?.tanh()?;
+        hs.push(h.clone());
+    }
+    if hs.is_empty() {
+        return Tensor::zeros((bsz, 0, hd), x.dtype(), x.device());
+    }
+    Tensor::stack(&hs, 1)
+}
+
 /// GRU candidate tanh(x_n + σ(r)·h_n) in PyTorch's (r, z, n) order.
 pub fn gru_n(rz: &Tensor, xw: &Tensor, hw: &Tensor) -> Result<Tensor> {
     let h = rz.dim(1)? / 2;

@@ -317,6 +317,19 @@ fn gru_layer_matches_reference_and_gradchecks() {
 }
 
 #[test]
+fn tanh_rnn_layer_matches_reference_and_gradchecks() {
+    let layer: &Op = &|xs| tanh_rnn_layer(&xs[0], &xs[1], &xs[2], &xs[3], &xs[4]);
+    let (x, w_ih, w_hh, b): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[3, 6, 4], &[5, 4], &[5, 5], &[5]);
+    matches_reference("tanh_rnn_layer", layer, &[x, w_ih, b, w_hh, b]);
+    gradchecks(
+        "tanh_rnn_layer",
+        layer,
+        &[&[2, 4, 3], &[2, 3], &[2], &[2, 2], &[2]],
+    );
+}
+
+#[test]
 fn gru_cell_matches_reference_and_gradchecks() {
     let n: &Op = &|xs| gru_n(&xs[0], &xs[1], &xs[2]);
     let h: &Op = &|xs| gru_h(&xs[0], &xs[1], &xs[2]);

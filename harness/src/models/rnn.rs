@@ -101,8 +101,8 @@ impl Rnn {
         Ok(outputs)
     }
 
-    /// One LSTM or GRU layer on the fused kernels: (B, S, in) → (B, S, H)
-    /// as one op (`kernels::lstm_layer`, `kernels::gru_layer`), the input
+    /// One layer on the fused kernels: (B, S, in) → (B, S, H) as one op
+    /// (`kernels::tanh_rnn_layer`, `lstm_layer`, `gru_layer`), the input
     /// projection one product over every step. A traced run takes the per-step ops instead, to record
     /// every step's gates, c and h; from the same projection they compute
     /// the same forward bits. (Its per-step slices of the projection cost
@@ -112,8 +112,9 @@ impl Rnn {
         if !tr.enabled() {
             let (input, hidden) = (&l.input, &l.hidden);
             let op = match self.cell {
+                CellKind::Rnn => kernels::tanh_rnn_layer,
+                CellKind::Lstm => kernels::lstm_layer,
                 CellKind::Gru => kernels::gru_layer,
-                _ => kernels::lstm_layer,
             };
             return op(
                 x,
@@ -137,8 +138,7 @@ impl Model for Rnn {
         if steps == 0 {
             candle_core::bail!("rnn: empty sequence");
         }
-        let whole = matches!(self.cell, CellKind::Lstm | CellKind::Gru);
-        let last = if whole && kernels::fused_for(input) {
+        let last = if kernels::fused_for(input) {
             let mut x = input.clone();
             for l in &self.layers {
                 x = self.whole_layer(l, &x, tr)?;

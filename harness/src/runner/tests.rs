@@ -391,8 +391,8 @@ fn assert_same_bits(what: &str, a: &Tensor, b: &Tensor) {
     assert_eq!(differ, 0, "{what}: {differ} of {} values differ", a.len());
 }
 
-/// The LSTM and the GRU run as one whole-layer op untraced and as per-step
-/// ops when traced (to record each step's gates and state); a traced re-run
+/// Every RNN cell runs as one whole-layer op untraced and as per-step ops
+/// when traced (to record each step's gates and state); a traced re-run
 /// must see the forward bits of the run it localizes.
 #[test]
 fn the_layer_ops_and_the_traced_per_step_ops_give_the_same_forward_bits() {
@@ -404,6 +404,9 @@ fn the_layer_ops_and_the_traced_per_step_ops_give_the_same_forward_bits() {
         (CellKind::Gru, Size::Default, 1, Precision::F32),
         (CellKind::Gru, Size::Large, 2, Precision::F32),
         (CellKind::Gru, Size::Default, 2, Precision::F64),
+        (CellKind::Rnn, Size::Default, 1, Precision::F32),
+        (CellKind::Rnn, Size::Large, 2, Precision::F32),
+        (CellKind::Rnn, Size::Default, 2, Precision::F64),
     ] {
         let mut c = Case::example_sized("rnn", size).unwrap();
         let ModelSpec::Rnn(r) = &mut c.model else {
