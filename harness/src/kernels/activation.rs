@@ -1,4 +1,4 @@
-//! ReLU and GELU as one op each way.
+//! ReLU, tanh and GELU as one op each way.
 //!
 //! candle's ReLU backward builds a comparison mask, converts it to floats
 //! and multiplies (three passes and two buffers); GELU's is nine
@@ -16,6 +16,14 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
         return x.relu();
     }
     x.contiguous()?.apply_op1(Pointwise(Relu))
+}
+
+/// tanh, with the rational f32 approximation (`Real::tanh_fast`).
+pub fn tanh(x: &Tensor) -> Result<Tensor> {
+    if !fused_for(x) {
+        return x.tanh();
+    }
+    x.contiguous()?.apply_op1(Pointwise(Tanh))
 }
 
 /// GELU with the exact erf form: x·(1 + erf(x/√2))/2.
@@ -80,6 +88,25 @@ impl Activation for Relu {
         } else {
             T::zero()
         }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Tanh;
+
+impl Activation for Tanh {
+    const NAME: &'static str = "nanhunt-tanh";
+    const GRAD_NAME: &'static str = "nanhunt-tanh-grad";
+
+    #[inline(always)]
+    fn value<T: Real>(x: T) -> T {
+        x.tanh_fast()
+    }
+
+    #[inline(always)]
+    fn slope<T: Real>(x: T) -> T {
+        let y = x.tanh_fast();
+        T::one() - y * y
     }
 }
 

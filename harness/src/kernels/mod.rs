@@ -32,7 +32,7 @@ pub mod reference;
 mod softmax;
 mod tanh_rnn;
 
-pub use activation::{gelu, relu};
+pub use activation::{gelu, relu, tanh};
 pub use attention::{attention_context, attention_scores};
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;

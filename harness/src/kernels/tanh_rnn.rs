@@ -6,9 +6,8 @@
 //! both projections).
 //!
 //! The forward pass computes, per step, exactly what the per-step ops
-//! compute: `linear` of x and of h, their sum, and candle's tanh (libm's,
-//! which is what candle's CPU tanh calls), so a traced re-run sees the same
-//! forward bits (tested in `runner::tests`).
+//! compute: `linear` of x and of h, their sum, and `kernels::tanh`, so a
+//! traced re-run sees the same forward bits (tested in `runner::tests`).
 
 use super::gemm::{matmul, Mat};
 use super::recurrent::{joined, unpack_grads, Grads3, Sizes};
@@ -93,7 +92,7 @@ impl TanhRnnLayer {
                 let at = r * steps + t;
                 let out = &mut hs[at * h..(at + 1) * h];
                 for (o, &v) in out.iter_mut().zip(&hw[r * h..(r + 1) * h]) {
-                    *o = num_traits::Float::tanh(*o + v); // candle's tanh: libm's
+                    *o = (*o + v).tanh_fast(); // as `kernels::tanh`
                 }
                 if t + 1 < steps {
                     z[(at + 1) * k + n_in..(at + 2) * k].copy_from_slice(out);

@@ -437,6 +437,13 @@ fn erf_f32_is_within_5e7_of_erf() {
 }
 
 #[test]
+fn tanh_matches_reference_and_gradchecks() {
+    let t: &Op = &|xs| tanh(&xs[0]);
+    matches_reference("tanh", t, &[&[3, 4, 5]]);
+    gradchecks("tanh", t, &[&[4, 6]]);
+}
+
+#[test]
 fn relu_matches_reference_and_gradchecks() {
     let r: &Op = &|xs| relu(&xs[0]);
     matches_reference("relu", r, &[&[3, 4, 5]]);

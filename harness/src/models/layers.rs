@@ -141,7 +141,7 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     match act {
         Activation::Relu => kernels::relu(x),
         Activation::Gelu => kernels::gelu(x),
-        Activation::Tanh => x.tanh(),
+        Activation::Tanh => kernels::tanh(x),
         Activation::Sigmoid => sigmoid(x),
         // relu(x) - 0.01 relu(-x): exact gradients on both sides of 0.
         Activation::LeakyRelu => x.relu()? - (x.neg()?.relu()? * 0.01)?,

@@ -79,7 +79,7 @@ impl Rnn {
             match self.cell {
                 CellKind::Rnn => {
                     let pre = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
-                    h = pre.tanh()?;
+                    h = kernels::tanh(&pre)?;
                 }
                 CellKind::Lstm => {
                     let gates = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
