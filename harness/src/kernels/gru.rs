@@ -13,7 +13,7 @@
 
 use super::cell::{gru_h_row, gru_n_row, sigmoid};
 use super::gemm::{matmul, matmul_strided, Mat};
-use super::recurrent::{joined, unpack_grads, Grads3, Sizes};
+use super::recurrent::{joined, project_hidden, project_inputs, unpack_grads, Grads3, Sizes};
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
@@ -67,41 +67,12 @@ impl GruLayer {
         } = d;
         let (h3, k, rows) = (3 * h, n_in + h, bsz * steps);
         let (b_ih, b_hh) = b.split_at(h3);
-        // x·W_ihᵀ + b_ih of every row, exactly as `linear` forms them.
-        let mut xw = vec![T::zero(); rows * h3];
-        for row in xw.chunks_exact_mut(h3) {
-            row.copy_from_slice(b_ih);
-        }
-        let w_ih_t = Mat {
-            data: w,
-            rs: 1,
-            cs: k,
-        };
-        matmul((rows, h3, n_in), Mat::rows(x, n_in), w_ih_t, &mut xw, true);
-        let mut z = vec![T::zero(); rows * k];
-        for (zr, xr) in z.chunks_exact_mut(k).zip(x.chunks_exact(n_in)) {
-            zr[..n_in].copy_from_slice(xr);
-        }
+        let (xw, mut z) = project_inputs(x, w, b_ih, d);
         let (mut rz, mut n) = (vec![T::zero(); rows * 2 * h], vec![T::zero(); rows * h]);
         let (mut hn, mut hs) = (vec![T::zero(); rows * h], vec![T::zero(); rows * h]);
         let mut hw = vec![T::zero(); bsz * h3];
-        let w_hh_t = Mat {
-            data: &w[n_in..],
-            rs: 1,
-            cs: k,
-        };
         for t in 0..steps {
-            // hw = h_{t-1}·W_hhᵀ + b_hh, as `linear` forms it; h_{t-1} is
-            // read from the z rows of step t.
-            for row in hw.chunks_exact_mut(h3) {
-                row.copy_from_slice(b_hh);
-            }
-            let h_prev = Mat {
-                data: &z[t * k + n_in..],
-                rs: steps * k,
-                cs: 1,
-            };
-            matmul((bsz, h3, h), h_prev, w_hh_t, &mut hw, true);
+            project_hidden(&z, w, b_hh, d, t, &mut hw);
             for r in 0..bsz {
                 let at = r * steps + t;
                 let (xr, hr) = (&xw[at * h3..(at + 1) * h3], &hw[r * h3..(r + 1) * h3]);

@@ -23,7 +23,9 @@
 
 use super::cell::{activate_grad_row, activate_row, lstm_c_row, lstm_h_row};
 use super::gemm::{matmul, Mat};
-use super::recurrent::{joined, unpack_grads, Grads3, Sizes};
+use super::recurrent::{
+    joined, project_hidden, project_inputs, shared_param_grads, unpack_grads, Grads3, Sizes,
+};
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
@@ -76,44 +78,15 @@ impl LstmLayer {
         } = d;
         let (h4, k, rows) = (4 * h, d.k(), bsz * steps);
         let (b_ih, b_hh) = b.split_at(h4);
-        // act starts as the projected inputs x·W_ihᵀ + b_ih of every row,
-        // exactly as `linear` forms them; each step then turns its rows
+        // act starts as the projected inputs, and each step turns its rows
         // into the activated gates in place.
-        let mut act = vec![T::zero(); rows * h4];
-        for row in act.chunks_exact_mut(h4) {
-            row.copy_from_slice(b_ih);
-        }
-        let w_ih_t = Mat {
-            data: w,
-            rs: 1,
-            cs: k,
-        };
-        matmul((rows, h4, n_in), Mat::rows(x, n_in), w_ih_t, &mut act, true);
-        let mut z = vec![T::zero(); rows * k];
-        for (zr, xr) in z.chunks_exact_mut(k).zip(x.chunks_exact(n_in)) {
-            zr[..n_in].copy_from_slice(xr);
-        }
+        let (mut act, mut z) = project_inputs(x, w, b_ih, d);
         let mut hs = vec![T::zero(); rows * h];
         let mut cs = vec![T::zero(); rows * h];
         let mut hw = vec![T::zero(); bsz * h4];
         let zeros = vec![T::zero(); h];
-        let w_hh_t = Mat {
-            data: &w[n_in..],
-            rs: 1,
-            cs: k,
-        };
         for t in 0..steps {
-            // hw = h_{t-1}·W_hhᵀ + b_hh, as `linear` forms it; h_{t-1} is
-            // read from the z rows of step t.
-            for row in hw.chunks_exact_mut(h4) {
-                row.copy_from_slice(b_hh);
-            }
-            let h_prev = Mat {
-                data: &z[t * k + n_in..],
-                rs: steps * k,
-                cs: 1,
-            };
-            matmul((bsz, h4, h), h_prev, w_hh_t, &mut hw, true);
+            project_hidden(&z, w, b_hh, d, t, &mut hw);
             for r in 0..bsz {
                 let at = r * steps + t;
                 let a = &mut act[at * h4..(at + 1) * h4];
@@ -267,31 +240,7 @@ impl LstmLayerGrad {
                 matmul((bsz, h, h4), dg_t, w_hh, &mut dh_next, false);
             }
         }
-        let dx_len = if self.x_grad { rows * n_in } else { 0 };
-        let mut out = vec![T::zero(); dx_len + h4 * k + 2 * h4];
-        let (dx, rest) = out.split_at_mut(dx_len);
-        let (dw, db) = rest.split_at_mut(h4 * k);
-        // [dW_ih | dW_hh] = Σ over rows of dgatesᵀ · [x_t | h_{t-1}]: one product.
-        matmul(
-            (h4, k, rows),
-            Mat::transposed(&dg_all, h4),
-            Mat::rows(z, k),
-            dw,
-            false,
-        );
-        let (db_ih, db_hh) = db.split_at_mut(h4);
-        for row in dg_all.chunks_exact(h4) {
-            db_ih.iter_mut().zip(row).for_each(|(d, &v)| *d += v);
-        }
-        db_hh.copy_from_slice(db_ih);
-        if self.x_grad {
-            let w_ih = Mat {
-                data: w,
-                rs: k,
-                cs: 1,
-            };
-            matmul((rows, n_in, h4), Mat::rows(&dg_all, h4), w_ih, dx, false);
-        }
+        let out = shared_param_grads(&dg_all, z, w, d, h4, self.x_grad);
         Ok(out)
     }
 }

@@ -2,7 +2,8 @@
 //! their sizes, the joined weights and biases they take (so that each op
 //! has three inputs), and the unpacking of their packed gradients.
 
-use super::unpack;
+use super::gemm::{matmul, Mat};
+use super::{unpack, Real};
 use candle_core::{Layout, Result, Tensor};
 
 /// The sizes of one layer: batch, steps, inputs, hidden.
@@ -89,4 +90,102 @@ pub(super) fn unpack_grads(
         let [dw, db] = unpack(packed, [w.shape(), b.shape()])?;
         Ok((None, Some(dw), Some(db)))
     }
+}
+
+/// The projected inputs x·W_ihᵀ + b_ih of every (b, t) row, (B·S, G·H),
+/// exactly as `linear` forms them (bias rows, then the product added), and
+/// the rows [x_t | 0] (B·S, in + H) whose h part each step fills in with
+/// h_{t-1}. `w` is the joined weight.
+#[inline(always)]
+pub(super) fn project_inputs<T: Real>(x: &[T], w: &[T], b_ih: &[T], d: Sizes) -> (Vec<T>, Vec<T>) {
+    let (gw, k, rows) = (b_ih.len(), d.k(), d.b * d.s);
+    let mut xw = vec![T::zero(); rows * gw];
+    for row in xw.chunks_exact_mut(gw) {
+        row.copy_from_slice(b_ih);
+    }
+    let w_ih_t = Mat {
+        data: w,
+        rs: 1,
+        cs: k,
+    };
+    matmul(
+        (rows, gw, d.n_in),
+        Mat::rows(x, d.n_in),
+        w_ih_t,
+        &mut xw,
+        true,
+    );
+    let mut z = vec![T::zero(); rows * k];
+    for (zr, xr) in z.chunks_exact_mut(k).zip(x.chunks_exact(d.n_in)) {
+        zr[..d.n_in].copy_from_slice(xr);
+    }
+    (xw, z)
+}
+
+/// hw (B, G·H) = h_{t-1}·W_hhᵀ + b_hh for step `t`, as `linear` forms it,
+/// with h_{t-1} read from the z rows of step t.
+#[inline(always)]
+pub(super) fn project_hidden<T: Real>(
+    z: &[T],
+    w: &[T],
+    b_hh: &[T],
+    d: Sizes,
+    t: usize,
+    hw: &mut [T],
+) {
+    let (gw, k) = (b_hh.len(), d.k());
+    for row in hw.chunks_exact_mut(gw) {
+        row.copy_from_slice(b_hh);
+    }
+    let h_prev = Mat {
+        data: &z[t * k + d.n_in..],
+        rs: d.s * k,
+        cs: 1,
+    };
+    let w_hh_t = Mat {
+        data: &w[d.n_in..],
+        rs: 1,
+        cs: k,
+    };
+    matmul((d.b, gw, d.h), h_prev, w_hh_t, hw, true);
+}
+
+/// [dx (when `x_grad`) | dw | db] for a cell whose two projections get the
+/// same gradient `dg` (B·S, G·H): [dW_ih | dW_hh] = dgᵀ·[x | h_prev] in one
+/// product, both biases Σ rows of dg, dx = dg·W_ih.
+#[inline(always)]
+pub(super) fn shared_param_grads<T: Real>(
+    dg: &[T],
+    z: &[T],
+    w: &[T],
+    d: Sizes,
+    gw: usize,
+    x_grad: bool,
+) -> Vec<T> {
+    let (k, rows) = (d.k(), d.b * d.s);
+    let dx_len = if x_grad { rows * d.n_in } else { 0 };
+    let mut out = vec![T::zero(); dx_len + gw * k + 2 * gw];
+    let (dx, rest) = out.split_at_mut(dx_len);
+    let (dw, db) = rest.split_at_mut(gw * k);
+    matmul(
+        (gw, k, rows),
+        Mat::transposed(dg, gw),
+        Mat::rows(z, k),
+        dw,
+        false,
+    );
+    let (db_ih, db_hh) = db.split_at_mut(gw);
+    for row in dg.chunks_exact(gw) {
+        db_ih.iter_mut().zip(row).for_each(|(d, &v)| *d += v);
+    }
+    db_hh.copy_from_slice(db_ih);
+    if x_grad {
+        let w_ih = Mat {
+            data: w,
+            rs: k,
+            cs: 1,
+        };
+        matmul((rows, d.n_in, gw), Mat::rows(dg, gw), w_ih, dx, false);
+    }
+    out
 }

@@ -10,7 +10,9 @@
 //! traced re-run sees the same forward bits (tested in `runner::tests`).
 
 use super::gemm::{matmul, Mat};
-use super::recurrent::{joined, unpack_grads, Grads3, Sizes};
+use super::recurrent::{
+    joined, project_hidden, project_inputs, shared_param_grads, unpack_grads, Grads3, Sizes,
+};
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
@@ -49,45 +51,14 @@ impl TanhRnnLayer {
             n_in,
             h,
         } = d;
-        let (k, rows) = (d.k(), bsz * steps);
+        let k = d.k();
         let (b_ih, b_hh) = b.split_at(h);
-        // x·W_ihᵀ + b_ih of every row, exactly as `linear` forms them; each
-        // step turns its rows into the hidden state in place.
-        let mut hs = vec![T::zero(); rows * h];
-        for row in hs.chunks_exact_mut(h) {
-            row.copy_from_slice(b_ih);
-        }
-        matmul(
-            (rows, h, n_in),
-            Mat::rows(x, n_in),
-            Mat {
-                data: w,
-                rs: 1,
-                cs: k,
-            },
-            &mut hs,
-            true,
-        );
-        let mut z = vec![T::zero(); rows * k];
-        for (zr, xr) in z.chunks_exact_mut(k).zip(x.chunks_exact(n_in)) {
-            zr[..n_in].copy_from_slice(xr);
-        }
+        // hs starts as the projected inputs; each step turns its rows into
+        // the hidden state in place.
+        let (mut hs, mut z) = project_inputs(x, w, b_ih, d);
         let mut hw = vec![T::zero(); bsz * h];
-        let w_hh_t = Mat {
-            data: &w[n_in..],
-            rs: 1,
-            cs: k,
-        };
         for t in 0..steps {
-            for row in hw.chunks_exact_mut(h) {
-                row.copy_from_slice(b_hh);
-            }
-            let h_prev = Mat {
-                data: &z[t * k + n_in..],
-                rs: steps * k,
-                cs: 1,
-            };
-            matmul((bsz, h, h), h_prev, w_hh_t, &mut hw, true);
+            project_hidden(&z, w, b_hh, d, t, &mut hw);
             for r in 0..bsz {
                 let at = r * steps + t;
                 let out = &mut hs[at * h..(at + 1) * h];
@@ -195,31 +166,7 @@ impl TanhRnnLayerGrad {
                 matmul((bsz, h, h), dp_t, w_hh, &mut dh_next, false);
             }
         }
-        let dx_len = if self.x_grad { rows * n_in } else { 0 };
-        let mut out = vec![T::zero(); dx_len + h * k + 2 * h];
-        let (dx, rest) = out.split_at_mut(dx_len);
-        let (dw, db) = rest.split_at_mut(h * k);
-        // [dW_ih | dW_hh] = Σ over rows of dpreᵀ · [x_t | h_{t-1}]: one product.
-        matmul(
-            (h, k, rows),
-            Mat::transposed(&dpre, h),
-            Mat::rows(z, k),
-            dw,
-            false,
-        );
-        let (db_ih, db_hh) = db.split_at_mut(h);
-        for row in dpre.chunks_exact(h) {
-            db_ih.iter_mut().zip(row).for_each(|(d, &v)| *d += v);
-        }
-        db_hh.copy_from_slice(db_ih);
-        if self.x_grad {
-            let w_ih = Mat {
-                data: w,
-                rs: k,
-                cs: 1,
-            };
-            matmul((rows, n_in, h), Mat::rows(&dpre, h), w_ih, dx, false);
-        }
+        let out = shared_param_grads(&dpre, z, w, d, h, self.x_grad);
         Ok(out)
     }
 }
