@@ -13,7 +13,9 @@
 
 use super::cell::{gru_h_row, gru_n_row, sigmoid};
 use super::gemm::{matmul, matmul_strided, Mat};
-use super::recurrent::{joined, project_hidden, project_inputs, unpack_grads, Grads3, Sizes};
+use super::recurrent::{
+    backprop_hidden, joined, project_hidden, project_inputs, unpack_grads, Grads3, Sizes,
+};
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
@@ -65,7 +67,7 @@ impl GruLayer {
             n_in,
             h,
         } = d;
-        let (h3, k, rows) = (3 * h, n_in + h, bsz * steps);
+        let (h3, k, rows) = (3 * h, d.k(), bsz * steps);
         let (b_ih, b_hh) = b.split_at(h3);
         let (xw, mut z) = project_inputs(x, w, b_ih, d);
         let (mut rz, mut n) = (vec![T::zero(); rows * 2 * h], vec![T::zero(); rows * h]);
@@ -168,18 +170,13 @@ impl GruLayerGrad {
             n_in,
             h,
         } = d;
-        let (h3, k, rows) = (3 * h, n_in + h, bsz * steps);
+        let (h3, k, rows) = (3 * h, d.k(), bsz * steps);
         let one = T::one();
         // The gradients of the input and hidden projections of every row:
         // equal on r and z, different on n.
         let (mut dxw, mut dhw) = (vec![T::zero(); rows * h3], vec![T::zero(); rows * h3]);
         // The gradient reaching h_{t-1}, from step t.
         let mut dh_next = vec![T::zero(); bsz * h];
-        let w_hh = Mat {
-            data: &w[n_in..],
-            rs: k,
-            cs: 1,
-        };
         for t in (0..steps).rev() {
             for r in 0..bsz {
                 let at = r * steps + t;
@@ -208,12 +205,7 @@ impl GruLayerGrad {
             }
             if t > 0 {
                 // dh_{t-1} += dhw_t · W_hh
-                let dhw_t = Mat {
-                    data: &dhw[t * h3..],
-                    rs: steps * h3,
-                    cs: 1,
-                };
-                matmul((bsz, h, h3), dhw_t, w_hh, &mut dh_next, true);
+                backprop_hidden(&dhw, w, d, t, &mut dh_next, true);
             }
         }
         let dx_len = if self.x_grad { rows * n_in } else { 0 };
@@ -232,7 +224,6 @@ impl GruLayerGrad {
             rs: k,
             cs: 1,
         };
-        let one_t = T::one();
         matmul_strided(
             (h3, n_in, rows),
             Mat::transposed(&dxw, h3),
@@ -240,7 +231,7 @@ impl GruLayerGrad {
             dw,
             k,
             false,
-            one_t,
+            one,
         );
         matmul_strided(
             (h3, h, rows),
@@ -249,7 +240,7 @@ impl GruLayerGrad {
             &mut dw[n_in..],
             k,
             false,
-            one_t,
+            one,
         );
         let (db_ih, db_hh) = db.split_at_mut(h3);
         for (xr, hr) in dxw.chunks_exact(h3).zip(dhw.chunks_exact(h3)) {

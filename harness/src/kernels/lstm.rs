@@ -22,9 +22,9 @@
 //! differ from the per-step ones only in summation order.
 
 use super::cell::{activate_grad_row, activate_row, lstm_c_row, lstm_h_row};
-use super::gemm::{matmul, Mat};
 use super::recurrent::{
-    joined, project_hidden, project_inputs, shared_param_grads, unpack_grads, Grads3, Sizes,
+    backprop_hidden, joined, project_hidden, project_inputs, shared_param_grads, unpack_grads,
+    Grads3, Sizes,
 };
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
@@ -182,10 +182,10 @@ impl LstmLayerGrad {
         let Sizes {
             b: bsz,
             s: steps,
-            n_in,
             h,
+            ..
         } = d;
-        let (h4, k, rows) = (4 * h, d.k(), bsz * steps);
+        let (h4, rows) = (4 * h, bsz * steps);
         let one = T::one();
         // The gate pre-activation gradients of every row.
         let mut dg_all = vec![T::zero(); rows * h4];
@@ -194,11 +194,6 @@ impl LstmLayerGrad {
         let (mut dh_next, mut dc_next) = (vec![T::zero(); bsz * h], vec![T::zero(); bsz * h]);
         let mut dact = vec![T::zero(); h4];
         let zeros = vec![T::zero(); h];
-        let w_hh = Mat {
-            data: &w[n_in..],
-            rs: k,
-            cs: 1,
-        };
         for t in (0..steps).rev() {
             for r in 0..bsz {
                 let at = r * steps + t;
@@ -232,12 +227,7 @@ impl LstmLayerGrad {
             }
             if t > 0 {
                 // dh_{t-1} = dgates_t · W_hh
-                let dg_t = Mat {
-                    data: &dg_all[t * h4..],
-                    rs: steps * h4,
-                    cs: 1,
-                };
-                matmul((bsz, h, h4), dg_t, w_hh, &mut dh_next, false);
+                backprop_hidden(&dg_all, w, d, t, &mut dh_next, false);
             }
         }
         let out = shared_param_grads(&dg_all, z, w, d, h4, self.x_grad);

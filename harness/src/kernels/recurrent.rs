@@ -150,6 +150,32 @@ pub(super) fn project_hidden<T: Real>(
     matmul((d.b, gw, d.h), h_prev, w_hh_t, hw, true);
 }
 
+/// The gradient reaching h_{t-1} through the hidden projection of step
+/// `t`: dh (B, H) = dg_t · W_hh, or += with `accumulate`, where dg holds
+/// every row's gradient of the hidden projection (B·S, G·H).
+#[inline(always)]
+pub(super) fn backprop_hidden<T: Real>(
+    dg: &[T],
+    w: &[T],
+    d: Sizes,
+    t: usize,
+    dh: &mut [T],
+    accumulate: bool,
+) {
+    let (k, gw) = (d.k(), dg.len() / (d.b * d.s));
+    let dg_t = Mat {
+        data: &dg[t * gw..],
+        rs: d.s * gw,
+        cs: 1,
+    };
+    let w_hh = Mat {
+        data: &w[d.n_in..],
+        rs: k,
+        cs: 1,
+    };
+    matmul((d.b, d.h, gw), dg_t, w_hh, dh, accumulate);
+}
+
 /// [dx (when `x_grad`) | dw | db] for a cell whose two projections get the
 /// same gradient `dg` (B·S, G·H): [dW_ih | dW_hh] = dgᵀ·[x | h_prev] in one
 /// product, both biases Σ rows of dg, dx = dg·W_ih.

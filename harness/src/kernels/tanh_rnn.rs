@@ -9,9 +9,9 @@
 //! compute: `linear` of x and of h, their sum, and `kernels::tanh`, so a
 //! traced re-run sees the same forward bits (tested in `runner::tests`).
 
-use super::gemm::{matmul, Mat};
 use super::recurrent::{
-    joined, project_hidden, project_inputs, shared_param_grads, unpack_grads, Grads3, Sizes,
+    backprop_hidden, joined, project_hidden, project_inputs, shared_param_grads, unpack_grads,
+    Grads3, Sizes,
 };
 use super::reference;
 use super::{flat, fused_for, slice, wide, with_real, Real};
@@ -133,19 +133,14 @@ impl TanhRnnLayerGrad {
         let Sizes {
             b: bsz,
             s: steps,
-            n_in,
             h,
+            ..
         } = d;
-        let (k, rows) = (d.k(), bsz * steps);
+        let rows = bsz * steps;
         let one = T::one();
         // The pre-activation gradient of every row.
         let mut dpre = vec![T::zero(); rows * h];
         let mut dh_next = vec![T::zero(); bsz * h];
-        let w_hh = Mat {
-            data: &w[n_in..],
-            rs: k,
-            cs: 1,
-        };
         for t in (0..steps).rev() {
             for r in 0..bsz {
                 let at = r * steps + t;
@@ -158,12 +153,7 @@ impl TanhRnnLayerGrad {
             }
             if t > 0 {
                 // dh_{t-1} = dpre_t · W_hh
-                let dp_t = Mat {
-                    data: &dpre[t * h..],
-                    rs: steps * h,
-                    cs: 1,
-                };
-                matmul((bsz, h, h), dp_t, w_hh, &mut dh_next, false);
+                backprop_hidden(&dpre, w, d, t, &mut dh_next, false);
             }
         }
         let out = shared_param_grads(&dpre, z, w, d, h, self.x_grad);
