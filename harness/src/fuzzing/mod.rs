@@ -7,6 +7,7 @@
 //! panics with it: a crash artifact).
 
 pub mod decode;
+pub mod json_edit;
 
 use crate::augment;
 use crate::data::{dense_targets, HostInput};
@@ -224,13 +225,42 @@ pub fn augmentations_target(data: &[u8]) -> Verdict {
     }
 }
 
+/// The JSON text a `case_json` input stands for: after a leading 0 byte, a
+/// structure-aware edit of a valid case ([`json_edit`], the seeds in
+/// `corpora/case_json/structured-*`); else the input itself as UTF-8 text
+/// (hand-written seeds, the raw parser).
+pub fn case_json_text(data: &[u8]) -> Option<String> {
+    match data.split_first() {
+        Some((0, rest)) => json_edit::case_text(&mut Unstructured::new(rest)).ok(),
+        _ => std::str::from_utf8(data).ok().map(str::to_owned),
+    }
+}
+
+/// How many `case_json` inputs reach validation: they parse as a case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaseJsonShare {
+    pub inputs: usize,
+    pub parse: usize,
+    pub valid: usize,
+}
+
+impl CaseJsonShare {
+    pub fn add(&mut self, data: &[u8]) {
+        self.inputs += 1;
+        if let Some(case) = case_json_text(data).and_then(|t| Case::from_json(&t).ok()) {
+            self.parse += 1;
+            self.valid += usize::from(case.validate(&Limits::default()).is_ok());
+        }
+    }
+}
+
 /// `case_json`: the case parser and validation never panic on any bytes,
 /// and a valid case survives a JSON round trip unchanged.
 pub fn case_json(data: &[u8]) -> Verdict {
-    let Ok(text) = std::str::from_utf8(data) else {
+    let Some(text) = case_json_text(data) else {
         return Verdict::Reject;
     };
-    let Ok(case) = Case::from_json(text) else {
+    let Ok(case) = Case::from_json(&text) else {
         return Verdict::Pass;
     };
     match case.validate(&Limits::default()) {

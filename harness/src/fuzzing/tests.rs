@@ -102,3 +102,37 @@ fn targets_flag_what_they_must() {
     assert_eq!(case_json(b"{\"format\": 1"), Verdict::Pass);
     assert_eq!(check("nope", b"", Envelope::Documented), None);
 }
+
+#[test]
+fn structured_case_json_inputs_mostly_parse_and_reach_validation() {
+    let mut share = CaseJsonShare::default();
+    for seed in 0..400 {
+        let mut bytes = random_bytes(seed, 64);
+        bytes[0] = 0; // the structured form
+        share.add(&bytes);
+    }
+    eprintln!("{share:?}");
+    // Each edit breaks the parse only where it changes a type or removes a
+    // required field; most inputs must still be cases.
+    assert!(share.parse * 10 >= share.inputs * 6, "{share:?}");
+    // ... and validation must see both verdicts.
+    assert!(share.valid > 0 && share.valid < share.parse, "{share:?}");
+}
+
+#[test]
+fn a_custom_image_input_too_large_to_count_is_rejected_not_an_overflow() {
+    // The regression from the parser fuzz target: 65536^3 inputs at batch 256
+    // overflowed the memory estimate (a panic with overflow checks, a wrap
+    // to 0 bytes without).
+    let (_, bytes) = corpus("case_json")
+        .into_iter()
+        .find(|(p, _)| p.ends_with("regression-custom_image_overflow.json"))
+        .expect("the regression input is checked in");
+    assert_eq!(case_json(&bytes), Verdict::Pass);
+    let case = Case::from_json(std::str::from_utf8(&bytes).unwrap()).unwrap();
+    let e = case.validate(&Limits::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("estimated memory") && e.contains("exceeds"),
+        "{e}"
+    );
+}
