@@ -4,7 +4,7 @@ use super::*;
 use crate::error::{Error, Result};
 
 /// Size limits a case must stay under (configurable per command).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     pub max_params: usize,
     pub max_steps: usize,
@@ -121,7 +121,7 @@ impl Case {
             ));
         }
         let memory = self.memory_estimate();
-        if memory > limits.max_memory_bytes {
+        if memory > limits.max_memory_bytes as u128 {
             return Err(Error::invalid(
                 "model",
                 format!(
@@ -532,13 +532,25 @@ impl Case {
         Ok(())
     }
 
-    /// A rough upper estimate of peak memory: parameters with gradients and
-    /// two optimizer moments, plus saved activations of one batch.
-    pub fn memory_estimate(&self) -> usize {
-        let bytes = self.precision.master_dtype().size_in_bytes().max(4);
-        let params = self.model.param_count() * bytes * 4;
-        let activations = self.batch_size * self.model.activation_count() * bytes * 4;
-        params + activations
+    /// A rough upper estimate of peak memory in bytes: parameters with
+    /// gradients and two optimizer moments, saved activations of one batch,
+    /// and the batch itself (generated, augmented, on the device, and its
+    /// targets). In u128, where no valid or invalid size overflows.
+    pub fn memory_estimate(&self) -> u128 {
+        /// Copies of the batch alive at once: the host values, the device
+        /// tensor, an augmented copy and the probe's view of it.
+        const BATCH_COPIES: u128 = 4;
+        let bytes = self.precision.master_dtype().size_in_bytes().max(4) as u128;
+        let batch = self.batch_size as u128;
+        let params = self.model.param_count() as u128 * bytes * 4;
+        let activations = batch * self.model.activation_count() as u128 * bytes * 4;
+        let rows = match &self.model {
+            ModelSpec::Transformer(t) if self.model.per_token() => t.seq_len,
+            _ => 1,
+        };
+        let targets = rows as u128 * self.model.classes() as u128;
+        let sample = self.model.input().numel() as u128 + targets;
+        params + activations + batch * sample * bytes * BATCH_COPIES
     }
 }
 
