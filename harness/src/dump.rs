@@ -9,7 +9,7 @@
 //! either complete or absent.
 
 use crate::data::{HostBatch, HostInput};
-use crate::error::{Error, Result};
+use crate::error::{Document, Error, Result};
 use crate::outcome::{Finding, Trace};
 use crate::probe::{DivergenceTracker, TensorStats};
 use crate::scaler::LossScaler;
@@ -234,29 +234,83 @@ pub struct Dump {
 }
 
 impl Dump {
+    /// Reads a dump and checks that it is whole: the failing step lies
+    /// within the case, and `state.safetensors` holds exactly the tensors
+    /// that `stats.json` lists. Errors name the file and the tensor.
     pub fn load(dir: &Path, device: &Device) -> Result<Dump> {
+        let malformed =
+            |path: &Path, reason: String| Error::malformed(Document::Dump, path, reason);
         let case_path = dir.join(CASE_FILE);
-        let text = std::fs::read_to_string(&case_path).map_err(|e| Error::io(&case_path, e))?;
-        let case = Case::from_json(&text)
-            .map_err(|e| Error::Parse(format!("{}: {e}", case_path.display())))?;
+        let case = Case::from_json(&crate::files::read_text(&case_path)?)
+            .map_err(|e| malformed(&case_path, e.to_string()))?;
         let stats_path = dir.join(STATS_FILE);
-        let text = std::fs::read_to_string(&stats_path).map_err(|e| Error::io(&stats_path, e))?;
-        let stats: DumpStats = serde_json::from_str(&text)
-            .map_err(|e| Error::Parse(format!("{}: {e}", stats_path.display())))?;
-        let state_path = dir.join(STATE_FILE);
-        if !state_path.exists() {
-            return Err(Error::io(
-                &state_path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "missing"),
+        let stats: DumpStats = serde_json::from_str(&crate::files::read_text(&stats_path)?)
+            .map_err(|e| malformed(&stats_path, e.to_string()))?;
+        if stats.step >= case.steps || stats.resume.optimizer_steps > stats.step {
+            return Err(malformed(
+                &stats_path,
+                format!(
+                    "the failing step {} (after {} optimizer steps) is outside the case's {} steps",
+                    stats.step, stats.resume.optimizer_steps, case.steps
+                ),
             ));
         }
+        let state_path = dir.join(STATE_FILE);
+        let meta = std::fs::metadata(&state_path).map_err(|e| Error::io(&state_path, e))?;
+        if !meta.is_file() {
+            return Err(malformed(&state_path, "not a regular file".into()));
+        }
         let tensors = candle_core::safetensors::load(&state_path, device)
-            .map_err(|e| Error::Parse(format!("{}: {e}", state_path.display())))?;
+            .map_err(|e| malformed(&state_path, crate::error::Error::from(e).to_string()))?;
+        if let Some(name) = stats.tensors.keys().find(|n| !tensors.contains_key(*n)) {
+            return Err(malformed(
+                &state_path,
+                format!("tensor `{name}` is listed in {STATS_FILE} but missing"),
+            ));
+        }
+        if let Some(name) = tensors.keys().find(|n| !stats.tensors.contains_key(*n)) {
+            return Err(malformed(
+                &state_path,
+                format!("tensor `{name}` is not listed in {STATS_FILE}"),
+            ));
+        }
         Ok(Dump {
             dir: dir.to_path_buf(),
             case,
             stats,
             tensors,
         })
+    }
+
+    /// The saved tensor `name`, checked against the dtype and shape the
+    /// session expects of it.
+    pub fn tensor(&self, name: &str, like: &Tensor) -> Result<&Tensor> {
+        let state_path = self.dir.join(STATE_FILE);
+        let bad = |reason: String| {
+            Error::malformed(
+                Document::Dump,
+                &state_path,
+                format!("tensor `{name}`: {reason}"),
+            )
+        };
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| bad("missing".into()))?;
+        if t.dtype() != like.dtype() {
+            return Err(bad(format!(
+                "dtype {:?}, expected {:?}",
+                t.dtype(),
+                like.dtype()
+            )));
+        }
+        if t.dims() != like.dims() {
+            return Err(bad(format!(
+                "shape {:?}, expected {:?}",
+                t.dims(),
+                like.dims()
+            )));
+        }
+        Ok(t)
     }
 }

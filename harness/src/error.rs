@@ -15,9 +15,23 @@ pub enum Error {
     #[error("invalid option `{field}`: {reason}")]
     InvalidOption { field: String, reason: String },
 
-    /// A case file that is not a well-formed case document.
-    #[error("cannot parse case: {0}")]
-    Parse(String),
+    /// Text that is not a well-formed document of its kind.
+    #[error("cannot parse {0}: {1}")]
+    Parse(Document, String),
+
+    /// A file that is not a well-formed document of its kind: the message
+    /// names the kind, the file and what is wrong (a line, a tensor).
+    #[error("cannot parse {document} {path}: {reason}")]
+    Malformed {
+        document: Document,
+        path: PathBuf,
+        reason: String,
+    },
+
+    /// A campaign worker process failed in a way that is not the case's
+    /// doing (it could not be started, or answered nonsense).
+    #[error("worker process: {0}")]
+    Worker(String),
 
     #[error("{path}: {source}")]
     Io {
@@ -35,8 +49,46 @@ pub enum Error {
     #[error("parameter `{param}` received no gradient in backward; its op has no backward pass or it is detached")]
     MissingGradient { param: String },
 
-    #[error(transparent)]
+    /// candle's message, without the backtrace candle attaches when
+    /// `RUST_BACKTRACE` is set (common in CI).
+    #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
+}
+
+/// What kind of file a [`Error::Malformed`] was read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Document {
+    Case,
+    Journal,
+    Dump,
+    Reproducer,
+    Artifact,
+}
+
+impl std::fmt::Display for Document {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Document::Case => "case",
+            Document::Journal => "journal",
+            Document::Dump => "dump",
+            Document::Reproducer => "reproducer",
+            Document::Artifact => "fuzz artifact",
+        })
+    }
+}
+
+/// A candle error's message with every backtrace stripped.
+fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_message(inner))
+        }
+        candle_core::Error::WithPath { inner, path } => {
+            format!("{}: {}", path.display(), candle_message(inner))
+        }
+        other => other.to_string(),
+    }
 }
 
 impl Error {
@@ -54,6 +106,18 @@ impl Error {
         }
     }
 
+    pub fn malformed(
+        document: Document,
+        path: &std::path::Path,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::Malformed {
+            document,
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -67,9 +131,25 @@ impl Error {
             self,
             Error::InvalidCase { .. }
                 | Error::InvalidOption { .. }
-                | Error::Parse(_)
+                | Error::Parse(..)
+                | Error::Malformed { .. }
                 | Error::Io { .. }
                 | Error::Device { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candle_errors_print_without_their_backtrace() {
+        let e = candle_core::Error::Msg("shape mismatch in matmul".into()).bt();
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(e),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        assert_eq!(Error::from(e).to_string(), "shape mismatch in matmul");
     }
 }

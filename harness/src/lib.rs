@@ -13,6 +13,7 @@ pub mod diagnose;
 pub mod differential;
 pub mod dump;
 pub mod error;
+pub mod files;
 pub mod floats;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;

@@ -27,8 +27,7 @@ pub fn replay_dir(
 ) -> Result<Vec<(PathBuf, ReplayReport)>> {
     let mut out = Vec::new();
     for path in reproducer_files(dir)? {
-        let repro = Reproducer::load(&path)
-            .map_err(|e| Error::Parse(format!("{}: {e}", path.display())))?;
+        let repro = Reproducer::load(&path)?;
         let report = replay_reproducer(&repro, factory)?;
         out.push((path, report));
     }

@@ -123,24 +123,24 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
 fn snapshot_of(dump: &Dump, session: &Session) -> Result<Snapshot> {
     let (names, vars) = session.vars();
     let mut params = Vec::with_capacity(names.len());
-    for (name, var) in names.iter().zip(vars) {
-        let key = format!("param/{name}");
-        let t = dump.tensors.get(&key).ok_or_else(|| {
-            Error::Parse(format!(
-                "{}: `{key}` is missing from {}",
-                dump.dir.display(),
-                crate::dump::STATE_FILE
-            ))
-        })?;
-        params.push(t.to_device(var.device())?.to_dtype(var.dtype())?);
-    }
-    let mut optimizer = crate::optim::Optimizer::new(&session.case().optimizer, names.len());
     // Dumps load on the CPU; the state moves to the session's device.
     let device = session.params().device().clone();
+    let mut state = std::collections::HashMap::new();
+    for (name, var) in names.iter().zip(vars) {
+        let t = dump.tensor(&format!("param/{name}"), var.as_tensor())?;
+        params.push(t.to_device(&device)?);
+        // The optimizer's state of a parameter has the parameter's shape and dtype.
+        for kind in crate::optim::STATE_KINDS {
+            let key = format!("{kind}.{name}");
+            if dump.tensors.contains_key(&format!("optimizer/{key}")) {
+                let t = dump.tensor(&format!("optimizer/{key}"), var.as_tensor())?;
+                state.insert(key, t.to_device(&device)?);
+            }
+        }
+    }
+    let mut optimizer = crate::optim::Optimizer::new(&session.case().optimizer, names.len());
     optimizer.restore(dump.stats.resume.optimizer_steps, names, |n| {
-        dump.tensors
-            .get(&format!("optimizer/{n}"))
-            .and_then(|t| t.to_device(&device).ok())
+        state.remove(n)
     });
     Ok(Snapshot {
         params,

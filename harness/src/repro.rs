@@ -47,7 +47,8 @@ pub struct Provenance {
 
 impl Reproducer {
     pub fn from_json(text: &str) -> Result<Reproducer> {
-        let r: Reproducer = serde_json::from_str(text).map_err(|e| Error::Parse(e.to_string()))?;
+        let r: Reproducer = serde_json::from_str(text)
+            .map_err(|e| Error::Parse(crate::error::Document::Reproducer, e.to_string()))?;
         if r.format != REPRO_FORMAT {
             return Err(Error::invalid(
                 "format",
@@ -61,8 +62,11 @@ impl Reproducer {
     }
 
     pub fn load(path: &Path) -> Result<Reproducer> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Reproducer::from_json(&text)
+        let text = crate::files::read_text(path)?;
+        Reproducer::from_json(&text).map_err(|e| match e {
+            Error::Parse(document, reason) => Error::malformed(document, path, reason),
+            e => e,
+        })
     }
 
     pub fn to_json(&self) -> String {

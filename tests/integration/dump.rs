@@ -5,7 +5,6 @@ use crate::support::*;
 use nanhunt::dump::Dump;
 use nanhunt::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
 use nanhunt::spec::*;
-use std::process::Command;
 
 /// Adam with lr 2 on the default CNN: diverges at step 21, after Adam's
 /// moments and the divergence tracker have state worth restoring.
@@ -114,10 +113,10 @@ x = state["batch/inputs"]
 print("inputs", x.dtype, list(x.shape), int((x != x).sum()))
 print("keys", len(state))
 "#;
-    let py = Command::new("python3")
+    let py = python_with_safetensors()
         .args(["-c", script, dump.to_str().unwrap()])
         .output();
-    let py = py.expect("python3 is needed for this test (.ci/run installs safetensors and numpy)");
+    let py = py.expect("python3 is needed for this test");
     let text = String::from_utf8_lossy(&py.stdout);
     assert!(
         py.status.success(),
@@ -182,5 +181,90 @@ fn reproducers_replay_and_say_when_fixed_or_different() {
         stdout(&out).contains("fails differently"),
         "{}",
         stdout(&out)
+    );
+}
+
+/// A dump written by `run --dump`, and its tensors.
+fn dump_of_diverging_case(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    std::collections::HashMap<String, candle_core::Tensor>,
+) {
+    let dir = scratch(name);
+    let case = write_case(&dir, "case.json", &diverging_case());
+    let dump = dir.join("scene");
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let tensors =
+        candle_core::safetensors::load(dump.join("state.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    (dump, tensors)
+}
+
+fn replay_fails_with(dump: &std::path::Path, fragments: &[&str]) {
+    let out = nanhunt(&["replay", dump.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}{}", stdout(&out));
+    for f in fragments {
+        assert!(err.contains(f), "`{f}` not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_named() {
+    let (dump, tensors) = dump_of_diverging_case("dump-incomplete");
+    let state = dump.join("state.safetensors");
+    // Adam's second moment of one parameter is gone.
+    let mut fewer = tensors.clone();
+    fewer.remove("optimizer/v.block0.conv.weight").unwrap();
+    candle_core::safetensors::save(&fewer, &state).unwrap();
+    replay_fails_with(
+        &dump,
+        &[
+            "cannot parse dump",
+            "state.safetensors",
+            "`optimizer/v.block0.conv.weight`",
+            "missing",
+        ],
+    );
+    // A parameter saved in another dtype.
+    let mut wrong = tensors.clone();
+    let t = wrong["param/block0.conv.weight"]
+        .to_dtype(candle_core::DType::F64)
+        .unwrap();
+    wrong.insert("param/block0.conv.weight".into(), t);
+    candle_core::safetensors::save(&wrong, &state).unwrap();
+    replay_fails_with(
+        &dump,
+        &["`param/block0.conv.weight`", "dtype F64, expected F32"],
+    );
+    // A moment of another shape than its parameter.
+    let mut reshaped = tensors.clone();
+    let t = reshaped["optimizer/m.block0.conv.weight"]
+        .flatten_all()
+        .unwrap();
+    reshaped.insert("optimizer/m.block0.conv.weight".into(), t);
+    candle_core::safetensors::save(&reshaped, &state).unwrap();
+    replay_fails_with(&dump, &["`optimizer/m.block0.conv.weight`", "shape"]);
+}
+
+#[test]
+fn a_dump_whose_step_lies_outside_its_case_is_refused() {
+    let (dump, _) = dump_of_diverging_case("dump-step");
+    let stats_path = dump.join("stats.json");
+    let mut stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats_path).unwrap()).unwrap();
+    stats["step"] = serde_json::json!(1_000_000);
+    std::fs::write(&stats_path, stats.to_string()).unwrap();
+    replay_fails_with(
+        &dump,
+        &["stats.json", "failing step 1000000", "outside the case's"],
     );
 }

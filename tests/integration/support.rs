@@ -90,3 +90,52 @@ pub fn sgd(lr: f64) -> OptimizerSpec {
         weight_decay: 0.0,
     }
 }
+
+/// A Python that can `import safetensors, numpy`: the machine's `python3`
+/// when it has them, else `python3` with both installed by pip into the
+/// target directory once (so `cargo test` needs no set-up step of its own).
+pub fn python_with_safetensors() -> Command {
+    static LIB: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let has_them = |lib: Option<&Path>| {
+        let mut py = Command::new("python3");
+        if let Some(lib) = lib {
+            py.env("PYTHONPATH", lib);
+        }
+        py.args(["-c", "import safetensors, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let lib = LIB.get_or_init(|| {
+        if has_them(None) {
+            return None;
+        }
+        // target/<profile>/deps/<test binary> → target/python-lib
+        let exe = std::env::current_exe().unwrap();
+        let lib = exe.ancestors().nth(3).unwrap().join("python-lib");
+        if !has_them(Some(&lib)) {
+            let status = Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .arg("--target")
+                .arg(&lib)
+                .args(["safetensors", "numpy"])
+                .status()
+                .expect("python3 runs");
+            assert!(
+                status.success(),
+                "pip could not install safetensors and numpy"
+            );
+        }
+        Some(lib)
+    });
+    let mut py = Command::new("python3");
+    if let Some(lib) = lib {
+        py.env("PYTHONPATH", lib);
+    }
+    py
+}

@@ -4,7 +4,8 @@
 //! a signature, a minimized reproducer (in `corpora/repro/` by default).
 
 use super::Exit;
-use nanhunt::campaign::{reproducer_name, write_atomic};
+use nanhunt::campaign::reproducer_name;
+use nanhunt::files::write_atomic;
 use nanhunt::fuzzing::{self, decode, Envelope, Verdict, TARGETS, TRAINING_TARGETS};
 use nanhunt::minimize::{minimize, MinimizeOptions};
 use nanhunt::rng::fnv1a;
@@ -32,8 +33,8 @@ pub struct Args {
     #[arg(long, value_enum)]
     envelope: Option<EnvelopeArg>,
     /// Training runs the minimizer may spend.
-    #[arg(long, default_value_t = 300)]
-    max_runs: usize,
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_runs: u64,
 }
 
 /// Runs the target on the artifact; a panic is reported, not propagated.
@@ -107,11 +108,12 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     std::fs::create_dir_all(&args.out)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.out.display()))?;
     let opts = MinimizeOptions {
-        max_runs: args.max_runs,
+        max_runs: args.max_runs as usize,
         run: RunOptions {
             limits: fuzzing::limits(),
             ..RunOptions::default()
         },
+        deadline: None,
     };
     let source = format!(
         "nanhunt import-artifact --target {target} {}",
@@ -126,7 +128,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     match minimized {
         Some(m) => {
             let path = args.out.join(reproducer_name(&m.signature, &m.case));
-            write_atomic(&path, &m.reproducer(&case, source).to_json())?;
+            write_atomic(&path, m.reproducer(&case, source).to_json().as_bytes())?;
             eprintln!(
                 "signature: {} ({} runs to minimize)\nreproducer: {}\nreplay: nanhunt replay {}",
                 m.signature,
@@ -138,7 +140,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         None => {
             // A panic or an error is a harness bug, not an instability: keep the case.
             let path = case_path(&args.out, target, &case.to_json());
-            write_atomic(&path, &case.to_json())?;
+            write_atomic(&path, case.to_json().as_bytes())?;
             eprintln!(
                 "case: {}\nrun: nanhunt run {}",
                 path.display(),

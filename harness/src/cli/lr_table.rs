@@ -2,7 +2,7 @@
 //! thresholds per model family, as Markdown, CSV or JSON.
 
 use super::{load_case, Exit, LimitArgs};
-use nanhunt::campaign::write_atomic;
+use nanhunt::files::write_atomic;
 use nanhunt::lrtable::{measure, Config, LrTable, LrTableOptions, DEFAULT_OPTIMIZERS, OPTIMIZERS};
 use nanhunt::spec::{DeviceSpec, Precision, Size, FAMILIES};
 use nanhunt::RunOptions;
@@ -38,11 +38,13 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     precision: Vec<Precision>,
     /// Seeds per configuration (weights and data).
-    #[arg(long, default_value_t = LrTableOptions::default().seeds)]
-    seeds: usize,
+    #[arg(long, default_value_t = LrTableOptions::default().seeds as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    seeds: u64,
     /// Training steps per run.
-    #[arg(long, default_value_t = LrTableOptions::default().steps)]
-    steps: usize,
+    #[arg(long, default_value_t = LrTableOptions::default().steps as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    steps: u64,
     /// Bisection tolerance (and grid step), in decades of LR.
     #[arg(long, default_value_t = LrTableOptions::default().tolerance)]
     tolerance: f64,
@@ -58,8 +60,8 @@ pub struct Args {
     #[arg(long)]
     no_curvature: bool,
     /// Parallel workers, one compute thread each (default: all cores).
-    #[arg(long)]
-    jobs: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=super::MAX_THREADS))]
+    jobs: Option<u64>,
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
     #[arg(long, value_enum, default_value_t = Format::Md)]
@@ -77,8 +79,7 @@ pub struct Args {
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let jobs = match args.jobs {
-        Some(0) => anyhow::bail!("--jobs must be at least 1"),
-        Some(j) => j,
+        Some(j) => j as usize,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let configs = match &args.case {
@@ -112,8 +113,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         }
     };
     let opts = LrTableOptions {
-        seeds: args.seeds,
-        steps: args.steps,
+        seeds: args.seeds as usize,
+        steps: args.steps as usize,
         tolerance: args.tolerance,
         min_lr: args.min_lr,
         max_lr: args.max_lr,
@@ -142,7 +143,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let text = render(&table, args.format);
     match &args.out {
         Some(path) => {
-            write_atomic(path, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+            write_atomic(path, text.as_bytes())?;
             eprintln!("{} configurations: {}", table.rows.len(), path.display());
         }
         None => print!("{text}"),

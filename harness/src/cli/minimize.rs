@@ -14,8 +14,8 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Training runs the minimizer may spend.
-    #[arg(long, default_value_t = 300)]
-    max_runs: usize,
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_runs: u64,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -30,6 +30,10 @@ fn size(s: &CaseSize) -> String {
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let case = load_case(&args.case, &limits)?;
+    if let Some(out) = &args.out {
+        // Before the minimization, not after it: a bad --out fails at once.
+        nanhunt::files::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
+    }
     if BuiltinFactory::new(&case.model).is_none() {
         anyhow::bail!(
             "{}: a custom model is minimized through the library",
@@ -37,15 +41,14 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         );
     }
     let opts = MinimizeOptions {
-        max_runs: args.max_runs,
+        max_runs: args.max_runs as usize,
         run: RunOptions {
             limits,
             ..RunOptions::default()
         },
+        deadline: None,
     };
-    let Some(m) = minimize(&case, None, &opts)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?
-    else {
+    let Some(m) = minimize(&case, None, &opts)? else {
         println!("the case trains stably: nothing to minimize");
         return Ok(Exit::Clean);
     };
@@ -64,8 +67,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     eprintln!("after:  {}", size(&m.after));
     match &args.out {
         Some(path) => {
-            nanhunt::campaign::write_atomic(path, &repro.to_json())
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            nanhunt::files::write_atomic(path, repro.to_json().as_bytes())?;
             eprintln!("reproducer: {}", path.display());
         }
         None => println!("{}", repro.to_json()),

@@ -31,9 +31,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Format::Html => report.to_html(),
     };
     match &args.out {
-        Some(path) => {
-            nanhunt::campaign::write_atomic(path, &text).map_err(|e| anyhow::anyhow!("{e}"))?
-        }
+        Some(path) => nanhunt::files::write_atomic(path, text.as_bytes())?,
         None => print!("{text}"),
     }
     Ok(Exit::Clean)

@@ -30,6 +30,9 @@ pub struct Optimizer {
     steps: usize,
 }
 
+/// The kinds of per-parameter optimizer state, as named in dumps.
+pub const STATE_KINDS: [&str; 3] = ["momentum", "m", "v"];
+
 impl Optimizer {
     pub fn new(spec: &OptimizerSpec, params: usize) -> Self {
         Optimizer {
@@ -44,12 +47,13 @@ impl Optimizer {
     }
 
     /// State tensors in parameter order as (parameter index, kind, tensor),
-    /// kind being `momentum`, `m` or `v`. No allocation: the probe walks it
+    /// kind being one of [`STATE_KINDS`]. No allocation: the probe walks it
     /// every step.
     pub fn state_tensors(&self) -> impl Iterator<Item = (usize, &'static str, &Tensor)> {
         self.slots.iter().enumerate().flat_map(|(i, slot)| {
-            [("momentum", &slot.momentum), ("m", &slot.m), ("v", &slot.v)]
+            STATE_KINDS
                 .into_iter()
+                .zip([&slot.momentum, &slot.m, &slot.v])
                 .filter_map(move |(kind, t)| t.as_ref().map(|t| (i, kind, t)))
         })
     }
@@ -64,9 +68,8 @@ impl Optimizer {
     ) {
         self.steps = steps;
         for (slot, name) in self.slots.iter_mut().zip(names) {
-            slot.momentum = state(&format!("momentum.{name}"));
-            slot.m = state(&format!("m.{name}"));
-            slot.v = state(&format!("v.{name}"));
+            let [momentum, m, v] = STATE_KINDS.map(|kind| state(&format!("{kind}.{name}")));
+            (slot.momentum, slot.m, slot.v) = (momentum, m, v);
         }
     }
 

@@ -65,7 +65,8 @@ fn default_divergence_factor() -> f64 {
 impl Case {
     /// Parses a case from JSON text (no validation beyond the format).
     pub fn from_json(text: &str) -> Result<Case> {
-        let case: Case = serde_json::from_str(text).map_err(|e| Error::Parse(e.to_string()))?;
+        let case: Case = serde_json::from_str(text)
+            .map_err(|e| Error::Parse(crate::error::Document::Case, e.to_string()))?;
         if case.format != FORMAT_VERSION {
             return Err(Error::invalid(
                 "format",
@@ -84,8 +85,11 @@ impl Case {
     }
 
     pub fn load_with_limits(path: &Path, limits: &Limits) -> Result<Case> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let case = Case::from_json(&text)?;
+        let text = crate::files::read_text(path)?;
+        let case = Case::from_json(&text).map_err(|e| match e {
+            Error::Parse(document, reason) => Error::malformed(document, path, reason),
+            e => e,
+        })?;
         case.validate(limits)?;
         Ok(case)
     }

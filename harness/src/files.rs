@@ -1,0 +1,203 @@
+//! Reading and writing the files nanhunt depends on, safely: reads are of
+//! regular files only and bounded in size (a case path that names
+//! `/dev/zero` or a FIFO is an error, not a hang), and writes are atomic (a
+//! temp file in the same directory, synced, then renamed), with the temp file
+//! removed when a write fails. Temp files are named `.NAME.tmp-PID`, so the
+//! ones a killed process left behind can be found and removed.
+
+use crate::error::{Error, Result};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// The largest case, reproducer or stats file read (cases are a few KB).
+pub const MAX_DOCUMENT_BYTES: u64 = 16 << 20;
+
+/// Reads a regular file of at most `max` bytes.
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (a directory, device or pipe)",
+            ),
+        ));
+    }
+    let too_large = || {
+        Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("larger than the limit of {} MiB", max >> 20),
+            ),
+        )
+    };
+    if meta.len() > max {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large()); // it grew while we read
+    }
+    Ok(bytes)
+}
+
+/// Reads a regular UTF-8 text file of at most [`MAX_DOCUMENT_BYTES`].
+pub fn read_text(path: &Path) -> Result<String> {
+    let bytes = read_bounded(path, MAX_DOCUMENT_BYTES)?;
+    String::from_utf8(bytes).map_err(|_| {
+        Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
+        )
+    })
+}
+
+/// The temp file beside `path` that [`write_atomic`] writes first.
+fn temp_path(path: &Path) -> PathBuf {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.join(format!(".{name}{TEMP_MARK}{}", std::process::id()))
+}
+
+const TEMP_MARK: &str = ".tmp-";
+
+/// Writes `bytes` to `path` atomically (temp file in the same directory +
+/// fsync + rename); on failure the temp file is removed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = temp_path(path);
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Checks, before long work, that `path` can be written later: its
+/// directory exists or can be made, it is not a directory, and a file can be
+/// created beside it.
+pub fn check_writable(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
+        ));
+    }
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let probe = temp_path(path);
+    std::fs::File::create(&probe).map_err(|e| Error::io(dir, e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Removes the temp files in `dir` that a process which is no longer
+/// writing left behind: those of `pid` if given, else all of them (call it
+/// only where no other process writes, e.g. under the campaign's lock).
+/// Returns how many were removed.
+pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in read.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((_, owner)) = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(TEMP_MARK))
+        else {
+            continue;
+        };
+        if pid.is_some_and(|p| owner != p.to_string()) || owner.parse::<u32>().is_err() {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed += usize::from(gone.is_ok());
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("nanhunt-files-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn reads_are_bounded_and_of_regular_files_only() {
+        let dir = scratch("read");
+        let file = dir.join("a.json");
+        std::fs::write(&file, b"0123456789").unwrap();
+        assert_eq!(read_bounded(&file, 10).unwrap(), b"0123456789");
+        let e = read_bounded(&file, 9).unwrap_err().to_string();
+        assert!(
+            e.contains("a.json") && e.contains("larger than the limit"),
+            "{e}"
+        );
+        let e = read_bounded(&dir, 100).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        #[cfg(unix)]
+        {
+            let e = read_bounded(Path::new("/dev/zero"), 100)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("/dev/zero: not a regular file"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn atomic_writes_leave_no_temp_file_and_stale_temps_are_removed() {
+        let dir = scratch("write");
+        write_atomic(&dir.join("x.json"), b"{}").unwrap();
+        // A rename onto a directory fails: the temp file goes too.
+        std::fs::create_dir(dir.join("taken")).unwrap();
+        std::fs::write(dir.join("taken/inside"), b"").unwrap();
+        assert!(write_atomic(&dir.join("taken"), b"{}").is_err());
+        let names = |d: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&dir), ["taken", "x.json"]);
+        // What killed processes left: only the given pid's, then all.
+        std::fs::write(dir.join(".a.json.tmp-11"), b"").unwrap();
+        std::fs::write(dir.join(".b.json.tmp-12"), b"").unwrap();
+        std::fs::write(dir.join(".keep.tmp-me"), b"").unwrap();
+        assert_eq!(remove_stale_temps(&dir, Some(11)), 1);
+        assert_eq!(remove_stale_temps(&dir, None), 1);
+        assert_eq!(names(&dir), [".keep.tmp-me", "taken", "x.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
