@@ -38,11 +38,16 @@ pub fn open(spec: DeviceSpec) -> Result<Device> {
 /// A rayon pool of `threads` threads: candle's CPU ops run in the pool they
 /// are called from, so `pool.install` bounds a run's compute threads
 /// (campaign and table workers use one each; `diff --threads` compares counts).
-pub fn cpu_pool(threads: usize) -> rayon::ThreadPool {
+pub fn cpu_pool(threads: usize) -> Result<rayon::ThreadPool> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
-        .expect("the OS can start the pool's threads")
+        .map_err(|e| {
+            Error::option(
+                "threads",
+                format!("cannot start {threads} compute threads: {e}"),
+            )
+        })
 }
 
 /// Whether this build can run on CUDA at all.

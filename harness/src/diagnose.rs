@@ -507,7 +507,7 @@ fn set_gain(c: &mut Case, gain: f64) {
 
 fn run_variant(v: &Variant, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
     if v.one_thread {
-        crate::device::cpu_pool(1).install(|| run_model(&v.case, factory, opts))
+        crate::device::cpu_pool(1)?.install(|| run_model(&v.case, factory, opts))
     } else {
         run_model(&v.case, factory, opts)
     }

@@ -201,7 +201,7 @@ fn run_arm(
         ..opts.clone()
     };
     let outcome = match threads {
-        Some(n) => crate::device::cpu_pool(n).install(|| run_model(case, factory, &opts))?,
+        Some(n) => crate::device::cpu_pool(n)?.install(|| run_model(case, factory, &opts))?,
         None => run_model(case, factory, &opts)?,
     };
     let empty = Trace::default();

@@ -19,8 +19,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     precisions: Vec<Precision>,
     /// Compare compute thread counts on the case's device: 1,2.
-    #[arg(long, value_delimiter = ',')]
-    threads: Vec<usize>,
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=super::MAX_THREADS))]
+    threads: Vec<u64>,
     /// bitwise, tight (rel 1e-4), loose (rel 5e-2) or a relative tolerance;
     /// default: bitwise for threads, loose with a half precision, else tight.
     #[arg(long, value_parser = Tolerance::parse)]
@@ -40,10 +40,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     } else if !args.precisions.is_empty() {
         Arms::Precisions(args.precisions.clone())
     } else {
-        if args.threads.contains(&0) {
-            anyhow::bail!("--threads: thread counts must be at least 1");
-        }
-        Arms::Threads(args.threads.clone())
+        Arms::Threads(args.threads.iter().map(|&t| t as usize).collect())
     };
     let tolerance = args
         .tolerance

@@ -102,35 +102,47 @@ pub fn main() -> anyhow::Result<Exit> {
     }
 }
 
+/// The most worker or compute threads a command starts.
+pub const MAX_THREADS: u64 = 1024;
+
 /// Size limits shared by the commands that run cases.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LimitArgs {
     /// Reject cases with more trainable parameters than this.
-    #[arg(long, default_value_t = Limits::default().max_params)]
-    max_params: usize,
+    #[arg(long, default_value_t = Limits::default().max_params as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    max_params: u64,
     /// Reject cases with more steps than this.
-    #[arg(long, default_value_t = Limits::default().max_steps)]
-    max_steps: usize,
+    #[arg(long, default_value_t = Limits::default().max_steps as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    max_steps: u64,
     /// Reject cases with a larger batch than this.
-    #[arg(long, default_value_t = Limits::default().max_batch)]
-    max_batch: usize,
-    /// Reject cases whose estimated memory exceeds this many MiB.
-    #[arg(long, default_value_t = Limits::default().max_memory_bytes >> 20)]
-    max_memory_mib: usize,
+    #[arg(long, default_value_t = Limits::default().max_batch as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    max_batch: u64,
+    /// Reject cases whose estimated memory exceeds this many MiB (at most
+    /// 16 TiB); campaign worker processes are also held to it.
+    #[arg(long, default_value_t = (Limits::default().max_memory_bytes >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    max_memory_mib: u64,
 }
 
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
+        // The ranges above keep every value and the byte count within usize.
         Limits {
-            max_params: self.max_params,
-            max_steps: self.max_steps,
-            max_batch: self.max_batch,
-            max_memory_bytes: self.max_memory_mib << 20,
+            max_params: self.max_params as usize,
+            max_steps: self.max_steps as usize,
+            max_batch: self.max_batch as usize,
+            max_memory_bytes: (self.max_memory_mib << 20) as usize,
         }
     }
 }
 
-/// Loads and validates a case file; errors name the file.
+/// Loads and validates a case file; errors name the file once.
 pub fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
-    Case::load_with_limits(path, limits).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    Case::load_with_limits(path, limits).map_err(|e| match e {
+        nanhunt::Error::Io { .. } | nanhunt::Error::Malformed { .. } => anyhow::Error::from(e),
+        e => anyhow::anyhow!("case {}: {e}", path.display()),
+    })
 }

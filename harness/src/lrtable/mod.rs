@@ -515,7 +515,10 @@ pub fn measure(
                 (None, Some(f)) => f,
                 (None, None) => unreachable!("checked above"),
             };
-            let r = pool.install(|| measure_seed(&config.case, seed, factory, opts));
+            let r = match &pool {
+                Ok(pool) => pool.install(|| measure_seed(&config.case, seed, factory, opts)),
+                Err(e) => Err(Error::option("threads", e.to_string())),
+            };
             if let Ok(s) = &r {
                 bar.set_message(format!(
                     "{} {} {}: {} runs",
