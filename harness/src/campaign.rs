@@ -8,15 +8,15 @@
 //! the findings known when it was dispatched (mutation picks from them). With
 //! one job the whole campaign is deterministic.
 
-use crate::error::{Error, Result};
-use crate::journal::{Entry, Journal};
+use crate::error::{Document, Error, Result};
+use crate::journal::{Entry, Journal, Unminimized, MINIMIZE_ATTEMPTS};
 use crate::minimize::{minimize, MinimizeOptions};
 use crate::outcome::Signature;
 use crate::rng::Rng;
 use crate::runner::RunOptions;
 use crate::spec::*;
 use crate::strategy::{generate, StrategyOptions};
-use crate::workers::{Executor, ReproduceJob, RunResult, Workers};
+use crate::workers::{Executor, ReproduceJob, RunResult, WorkerLimits, Workers};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -61,10 +61,14 @@ impl std::str::FromStr for Shard {
 /// Parses `90s`, `15m`, `2h`, `1h30m` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let err = || format!("`{s}` is not a duration: use e.g. 90s, 15m, 2h or 1h30m");
-    if let Ok(secs) = s.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0)
+    // At most 100 years: a longer budget is a typo, and `Duration` overflows past u64 seconds.
+    let seconds = |secs: f64| {
+        (secs.is_finite() && (0.0..=MAX_DURATION_S).contains(&secs))
             .then(|| Duration::from_secs_f64(secs))
-            .ok_or_else(err);
+            .ok_or_else(|| format!("`{s}` is not a duration between 0 and 100 years: use e.g. 90s, 15m, 2h or 1h30m"))
+    };
+    if let Ok(secs) = s.parse::<f64>() {
+        return seconds(secs);
     }
     let mut total = 0f64;
     let mut number = String::new();
@@ -83,11 +87,13 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
             };
         }
     }
-    if !number.is_empty() {
+    if !number.is_empty() || s.is_empty() {
         return Err(err());
     }
-    Ok(Duration::from_secs_f64(total))
+    seconds(total)
 }
+
+const MAX_DURATION_S: f64 = 100.0 * 365.25 * 86400.0;
 
 #[derive(Clone, Debug)]
 pub struct CampaignOptions {
@@ -109,6 +115,8 @@ pub struct CampaignOptions {
     pub progress: bool,
     /// Threads, or one child process per worker (isolates crashes).
     pub workers: Workers,
+    /// Case size limits, the per-run time limit and each child's memory limit.
+    pub limits: WorkerLimits,
 }
 
 impl Default for CampaignOptions {
@@ -126,6 +134,7 @@ impl Default for CampaignOptions {
             minimize_runs: 150,
             progress: false,
             workers: Workers::Threads,
+            limits: WorkerLimits::default(),
         }
     }
 }
@@ -139,6 +148,9 @@ pub struct SignatureSummary {
     pub first_index: u64,
     /// The reproducer file under `repro/`, once minimized.
     pub reproducer: Option<String>,
+    /// Why there is no reproducer, when its minimization gave up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unminimized: Option<String>,
 }
 
 /// `summary.json`.
@@ -154,7 +166,8 @@ pub struct Summary {
     pub rejected: u64,
     pub errors: u64,
     pub signatures: Vec<SignatureSummary>,
-    /// Signatures first seen in this session (the exit code is 1 when any).
+    /// Signatures that no earlier session reported: found in this session,
+    /// or in one that was killed before it ended (the exit code is 1 when any).
     pub new_signatures: Vec<String>,
     pub elapsed_s: f64,
     pub runs_per_s: f64,
@@ -167,13 +180,21 @@ struct State {
     /// Cases of the known signatures, by slug (sorted: mutation picks deterministically).
     found: BTreeMap<String, Case>,
     entries: Vec<Entry>,
-    new: Vec<String>,
     /// Unstable runs of this session (for the progress line).
     unstable: u64,
 }
 
+impl State {
+    fn append(&mut self, entries: Vec<Entry>) -> Result<()> {
+        self.journal.append_group(&entries)?;
+        self.entries.extend(entries);
+        Ok(())
+    }
+}
+
 /// A fresh generated case, or a mutation of a found one.
 fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) -> Case {
+    let limits = &opts.limits.case;
     let mut rng = Rng::keyed(opts.seed, "campaign.dispatch", index);
     let mut case = if !found.is_empty() && rng.uniform() < MUTATION_RATE {
         let base = found
@@ -187,7 +208,7 @@ fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) 
         generate(&opts.strategy, seed)
     };
     case.device = opts.device;
-    if case.validate(&Limits::default()).is_err() {
+    if case.validate(limits).is_err() {
         // A mutation can leave the valid space; fall back to a fresh draw.
         case = generate(&opts.strategy, rng.next_u64());
         case.device = opts.device;
@@ -232,49 +253,75 @@ pub fn reproducer_name(signature: &Signature, case: &Case) -> String {
     )
 }
 
-/// Writes `text` to `path` atomically (temp file in the same directory + rename).
-pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(text.as_bytes())
-            .and_then(|_| f.sync_all())
-            .map_err(|e| Error::io(&tmp, e))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-}
-
-/// Minimizes a finding and writes its reproducer; returns the journal entry.
-pub(crate) fn reproduce(job: &ReproduceJob) -> Result<Option<Entry>> {
+/// Minimizes a finding and writes its reproducer; returns the journal
+/// entry: the reproducer, or `unminimized` when the finding does not come
+/// back from a fresh start.
+pub(crate) fn reproduce(job: &ReproduceJob) -> Result<Entry> {
     let m = minimize(
         &job.case,
         None,
         &MinimizeOptions {
             max_runs: job.minimize_runs,
             run: RunOptions::default(),
+            deadline: job.time_limit.map(|t| Instant::now() + t),
         },
     )?;
     let Some(m) = m.filter(|m| m.signature == job.signature) else {
-        return Ok(None); // not reproducible from a fresh start: nothing to write
+        return Ok(Entry::Unminimized {
+            signature: job.signature.clone(),
+            reason: Unminimized::NotReproducible,
+            message: "the finding did not come back when its case ran from the start".into(),
+        });
     };
     let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
     let repro = m.reproducer(&job.case, provenance);
     let file = reproducer_name(&m.signature, &m.case);
-    write_atomic(&job.out.join(REPRO_DIR).join(&file), &repro.to_json())?;
-    Ok(Some(Entry::Reproducer {
+    crate::files::write_atomic(
+        &job.out.join(REPRO_DIR).join(&file),
+        repro.to_json().as_bytes(),
+    )?;
+    Ok(Entry::Reproducer {
         signature: m.signature,
         file,
         runs_used: m.runs,
         before: m.before,
         after: m.after,
-    }))
+    })
+}
+
+/// Minimizes a finding until it has a reproducer or a settled reason for
+/// none, journaling each attempt; a worker that dies is replaced and the
+/// minimization tried again, up to [`MINIMIZE_ATTEMPTS`] in all.
+fn settle_finding(
+    executor: &mut Executor,
+    state: &Mutex<State>,
+    job: &ReproduceJob,
+    mut attempts: usize,
+) -> Result<()> {
+    while attempts < MINIMIZE_ATTEMPTS {
+        let entry = executor.reproduce(job)?;
+        attempts += 1;
+        let retry = match &entry {
+            Entry::Unminimized {
+                reason, message, ..
+            } => {
+                eprintln!(
+                    "warning: no reproducer for {} (attempt {attempts} of {MINIMIZE_ATTEMPTS}): {message}",
+                    job.signature
+                );
+                reason.retryable()
+            }
+            _ => false,
+        };
+        state
+            .lock()
+            .expect("campaign state poisoned")
+            .append(vec![entry])?;
+        if !retry {
+            break;
+        }
+    }
+    Ok(())
 }
 
 fn reproduce_job(
@@ -282,6 +329,7 @@ fn reproduce_job(
     signature: &Signature,
     opts: &CampaignOptions,
     index: u64,
+    started: Instant,
 ) -> ReproduceJob {
     ReproduceJob {
         index,
@@ -290,6 +338,7 @@ fn reproduce_job(
         out: opts.out.clone(),
         minimize_runs: opts.minimize_runs,
         campaign_seed: opts.seed,
+        time_limit: opts.budget.map(|b| b.saturating_sub(started.elapsed())),
     }
 }
 
@@ -302,12 +351,17 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             out,
             std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
-                "holds a campaign journal: pass --resume to continue it, or choose another --out",
+                "holds a campaign journal: resume it, or choose another output directory",
             ),
         ));
     }
     crate::device::open(opts.device)?;
+    // Locks the journal: from here on no other process writes in `out`.
     let (mut journal, mut entries) = Journal::open(out)?;
+    let journal_path = out.join(crate::journal::JOURNAL_FILE);
+    for dir in [out.clone(), out.join(REPRO_DIR)] {
+        crate::files::remove_stale_temps(&dir, None);
+    }
     let header = Entry::Start {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
         seed: opts.seed,
@@ -322,22 +376,30 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             journal.append(&header)?;
             entries.push(header);
         }
-        Some(Entry::Start { seed, families, clean_data, shard, .. })
-            if *seed == opts.seed
-                && families == &opts.strategy.families
-                && *clean_data == opts.strategy.clean_data
-                && *shard == (opts.shard.index, opts.shard.count) => {}
-        Some(_) => {
-            return Err(Error::invalid(
-                "--resume",
-                "the journal was written by a campaign with another seed, family list, data mode or shard",
-            ))
-        }
+        Some(Entry::Start {
+            seed,
+            families,
+            clean_data,
+            shard,
+            ..
+        }) if *seed == opts.seed
+            && families == &opts.strategy.families
+            && *clean_data == opts.strategy.clean_data
+            && *shard == (opts.shard.index, opts.shard.count) => {}
+        Some(_) => return Err(Error::option(
+            "resume",
+            format!(
+                "{} was written by a campaign with another seed, family list, data mode or shard",
+                journal_path.display()
+            ),
+        )),
     }
 
     let mut done = BTreeSet::new();
     let mut found = BTreeMap::new();
-    let mut reproduced = BTreeSet::new();
+    // Per signature: minimization attempts so far, and whether it is settled.
+    let mut attempts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut settled = BTreeSet::new();
     let mut pending: Vec<(u64, Signature, Case)> = Vec::new();
     for e in &entries {
         match e {
@@ -349,37 +411,56 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
                 signature,
                 case,
             } => {
+                if let Err(e) = case.validate(&Limits::default()) {
+                    return Err(Error::malformed(
+                        Document::Journal,
+                        &journal_path,
+                        format!(
+                            "the finding of run {index} ({signature}) holds an invalid case: {e}"
+                        ),
+                    ));
+                }
                 found.insert(signature.slug(), (**case).clone());
                 pending.push((*index, signature.clone(), (**case).clone()));
             }
             Entry::Reproducer { signature, .. } => {
-                reproduced.insert(signature.slug());
+                settled.insert(signature.slug());
             }
-            Entry::Start { .. } => {}
+            Entry::Unminimized {
+                signature, reason, ..
+            } => {
+                let n = attempts.entry(signature.slug()).or_insert(0);
+                *n += 1;
+                if !reason.retryable() || *n >= MINIMIZE_ATTEMPTS {
+                    settled.insert(signature.slug());
+                }
+            }
+            Entry::Start { .. } | Entry::Reported { .. } => {}
         }
     }
-    pending.retain(|(_, s, _)| !reproduced.contains(&s.slug()));
+    pending.retain(|(_, s, _)| !settled.contains(&s.slug()));
     let state = Mutex::new(State {
         journal,
         done,
         found,
         entries,
-        new: Vec::new(),
         unstable: 0,
     });
 
     let started = Instant::now();
+    let over_budget = || opts.budget.is_some_and(|b| started.elapsed() >= b);
     // Findings whose minimization a killed session did not finish.
-    let mut executor = Executor::new(&opts.workers);
+    let mut executor = Executor::new(&opts.workers, opts.limits.clone());
     for (index, signature, case) in pending {
-        let pool = crate::device::cpu_pool(1);
-        let job = reproduce_job(&case, &signature, opts, index);
-        if let Some(entry) = pool.install(|| executor.reproduce(&job))? {
-            let mut st = state.lock().expect("campaign state poisoned");
-            st.journal.append(&entry)?;
-            st.entries.push(entry);
+        if over_budget() {
+            break; // the next session goes on with them
         }
+        let pool = crate::device::cpu_pool(1)?;
+        let job = reproduce_job(&case, &signature, opts, index, started);
+        let tried = attempts.get(&signature.slug()).copied().unwrap_or(0);
+        pool.install(|| settle_finding(&mut executor, &state, &job, tried))?;
     }
+    drop(executor);
 
     let progress = progress_bar(opts);
     let next_local = AtomicU64::new(0);
@@ -389,17 +470,18 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.max(1) {
             scope.spawn(|| {
-                let pool = crate::device::cpu_pool(1);
-                let result = pool.install(|| {
-                    worker(
-                        opts,
-                        &state,
-                        &next_local,
-                        &session_runs,
-                        &stop,
-                        started,
-                        &progress,
-                    )
+                let result = crate::device::cpu_pool(1).and_then(|pool| {
+                    pool.install(|| {
+                        worker(
+                            opts,
+                            &state,
+                            &next_local,
+                            &session_runs,
+                            &stop,
+                            started,
+                            &progress,
+                        )
+                    })
                 });
                 if let Err(e) = result {
                     stop.store(true, Ordering::SeqCst);
@@ -412,28 +494,59 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     if let Some(e) = first_error.into_inner().expect("poisoned") {
         return Err(e);
     }
-    let st = state.into_inner().expect("campaign state poisoned");
+    let mut st = state.into_inner().expect("campaign state poisoned");
+    let new = unreported(&st.entries);
     let summary = summarize(
         opts,
         &st.entries,
-        st.new.clone(),
+        new.clone(),
         session_runs.load(Ordering::SeqCst),
         started.elapsed(),
     );
-    write_atomic(
+    crate::files::write_atomic(
         &out.join(SUMMARY_FILE),
-        &serde_json::to_string_pretty(&summary).expect("summary serializes"),
+        serde_json::to_string_pretty(&summary)
+            .expect("summary serializes")
+            .as_bytes(),
     )?;
     write_reports(out, &st.entries)?;
+    if !new.is_empty() {
+        // Last: a session killed before this line leaves them to the next one.
+        st.append(vec![Entry::Reported { signatures: new }])?;
+    }
     Ok(summary)
+}
+
+/// The signatures found in a journal that no session has reported yet.
+pub fn unreported(entries: &[Entry]) -> Vec<String> {
+    let reported: BTreeSet<&String> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Reported { signatures } => Some(signatures),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut new = Vec::new();
+    for e in entries {
+        if let Entry::Finding { signature, .. } = e {
+            let slug = signature.slug();
+            if !reported.contains(&slug) && !new.contains(&slug) {
+                new.push(slug);
+            }
+        }
+    }
+    new
 }
 
 /// Writes `report.json`, `report.md` and `report.html` of a campaign's entries.
 pub fn write_reports(out: &Path, entries: &[Entry]) -> Result<()> {
     let report = crate::report::StabilityReport::from_entries(entries);
-    write_atomic(&out.join("report.json"), &report.to_json())?;
-    write_atomic(&out.join("report.md"), &report.to_markdown())?;
-    write_atomic(&out.join("report.html"), &report.to_html())
+    let write =
+        |name: &str, text: String| crate::files::write_atomic(&out.join(name), text.as_bytes());
+    write("report.json", report.to_json())?;
+    write("report.md", report.to_markdown())?;
+    write("report.html", report.to_html())
 }
 
 /// The budget in words: `2h 0m 0s`, `100 runs`, or both.
@@ -477,7 +590,7 @@ fn worker(
     started: Instant,
     progress: &indicatif::ProgressBar,
 ) -> Result<()> {
-    let mut executor = Executor::new(&opts.workers);
+    let mut executor = Executor::new(&opts.workers, opts.limits.clone());
     loop {
         if stop.load(Ordering::SeqCst) || opts.budget.is_some_and(|b| started.elapsed() >= b) {
             return Ok(());
@@ -506,6 +619,7 @@ fn worker(
             message,
         } = executor.run(index, &case)?;
         let millis = t0.elapsed().as_millis() as u64;
+        let unstable = verdict == "unstable";
         let entry = Entry::Run {
             index,
             family: case.family().to_string(),
@@ -514,7 +628,7 @@ fn worker(
             precision: case.precision.name().to_string(),
             device: case.device.to_string(),
             losses,
-            verdict: verdict.clone(),
+            verdict,
             signature: signature.clone(),
             step,
             lr: case.optimizer.lr(),
@@ -523,27 +637,24 @@ fn worker(
         };
         let new_finding = {
             let mut st = state.lock().expect("campaign state poisoned");
-            st.journal.append(&entry)?;
-            st.entries.push(entry);
+            let new = signature.filter(|sig| !st.found.contains_key(&sig.slug()));
+            let mut group = vec![entry];
+            if let Some(sig) = &new {
+                group.push(Entry::Finding {
+                    index,
+                    signature: sig.clone(),
+                    case: Box::new(case.clone()),
+                });
+            }
+            // The run and its finding in one write: no kill separates them.
+            st.append(group)?;
             st.done.insert(index);
-            let new = match &signature {
-                Some(sig) if !st.found.contains_key(&sig.slug()) => {
-                    let finding = Entry::Finding {
-                        index,
-                        signature: sig.clone(),
-                        case: Box::new(case.clone()),
-                    };
-                    st.journal.append(&finding)?;
-                    st.entries.push(finding);
-                    st.found.insert(sig.slug(), case.clone());
-                    st.new.push(sig.slug());
-                    Some(sig.clone())
-                }
-                _ => None,
-            };
+            if let Some(sig) = &new {
+                st.found.insert(sig.slug(), case.clone());
+            }
             let runs = session_runs.fetch_add(1, Ordering::SeqCst) + 1;
             let rate = runs as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            st.unstable += u64::from(verdict == "unstable");
+            st.unstable += u64::from(unstable);
             let unstable = st.unstable;
             progress.set_message(format!(
                 "{rate:.1} runs/s, {unstable} findings, {} signatures",
@@ -553,11 +664,8 @@ fn worker(
             new
         };
         if let Some(sig) = new_finding {
-            if let Some(entry) = executor.reproduce(&reproduce_job(&case, &sig, opts, index))? {
-                let mut st = state.lock().expect("campaign state poisoned");
-                st.journal.append(&entry)?;
-                st.entries.push(entry);
-            }
+            let job = reproduce_job(&case, &sig, opts, index, started);
+            settle_finding(&mut executor, state, &job, 0)?;
         }
     }
 }
@@ -573,6 +681,7 @@ pub fn summarize(
     let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
     let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
     let mut seen_runs = BTreeSet::new();
+    let mut unminimized: BTreeMap<String, String> = BTreeMap::new();
     for e in entries {
         match e {
             Entry::Run {
@@ -598,6 +707,7 @@ pub fn summarize(
                         count: 0,
                         first_index: *index,
                         reproducer: None,
+                        unminimized: None,
                     });
                     s.count += 1;
                     s.first_index = s.first_index.min(*index);
@@ -612,8 +722,16 @@ pub fn summarize(
                     }
                 }
             }
+            Entry::Unminimized {
+                signature, message, ..
+            } => {
+                unminimized.insert(signature.slug(), message.clone());
+            }
             _ => {}
         }
+    }
+    for s in sigs.values_mut().filter(|s| s.reproducer.is_none()) {
+        s.unminimized = unminimized.get(&s.slug).cloned();
     }
     let secs = elapsed.as_secs_f64();
     Summary {

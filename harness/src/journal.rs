@@ -1,18 +1,27 @@
 //! The campaign journal: an append-only JSON-lines file, one event per line,
-//! each line flushed and fsync'd before the campaign goes on. A campaign
-//! killed at any moment (even SIGKILL) leaves at worst a torn last line,
-//! which [`Journal::open`] drops.
+//! each append flushed and fsync'd before the campaign goes on. A campaign
+//! killed at any moment (even SIGKILL) leaves at worst a torn tail, which
+//! [`Journal::open`] cuts off.
+//!
+//! Entries that belong together are appended as one group in one write: the
+//! run that shows a new signature and its `finding`. A kill can still cut
+//! that write short (the kernel may stop a multi-page write at a fatal
+//! signal), so `open` also cuts a run whose new signature has no finding
+//! after it: the run is redone on resume, from the same campaign state.
 
 use crate::error::{Error, Result};
 use crate::minimize::CaseSize;
 use crate::outcome::Signature;
 use crate::spec::Case;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const JOURNAL_FILE: &str = "journal.jsonl";
+/// The lock file beside the journal (see [`Journal::open`]).
+pub const LOCK_FILE: &str = ".lock";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -66,22 +75,59 @@ pub enum Entry {
         before: CaseSize,
         after: CaseSize,
     },
+    /// A minimization of a signature that ended without a reproducer.
+    Unminimized {
+        signature: Signature,
+        reason: Unminimized,
+        message: String,
+    },
+    /// The signatures a session reported as new: it exited 1 for them.
+    /// Signatures found but in no such entry (their session was killed)
+    /// are reported by the next session that ends.
+    Reported { signatures: Vec<String> },
+}
+
+/// Why a minimization left no reproducer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unminimized {
+    /// The finding did not come back when its case was run from the start.
+    NotReproducible,
+    /// The worker process died while minimizing (tried again up to
+    /// [`MINIMIZE_ATTEMPTS`] times).
+    WorkerDied,
+    /// The minimization ran past its time limit and its worker was killed.
+    Timeout,
+}
+
+/// How many times a signature's minimization is started before a campaign
+/// gives up on it (a case that kills its worker every time, say).
+pub const MINIMIZE_ATTEMPTS: usize = 2;
+
+impl Unminimized {
+    /// Whether trying again may help.
+    pub fn retryable(self) -> bool {
+        self == Unminimized::WorkerDied
+    }
 }
 
 pub struct Journal {
     path: PathBuf,
     file: File,
+    /// Held while the journal is open.
+    _lock: File,
 }
 
 impl Journal {
-    /// Opens (creating if needed) the journal in `dir` and returns the
-    /// entries already in it. A torn last line is cut off; a malformed line
-    /// before the last is an error.
+    /// Opens (creating if needed) the journal in `dir`, locked against any
+    /// other process, and returns the entries already in it. What a kill
+    /// left unfinished is cut off; a malformed line before the last is an error.
     pub fn open(dir: &Path) -> Result<(Journal, Vec<Entry>)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let lock = Journal::lock(dir)?;
         let path = dir.join(JOURNAL_FILE);
         let entries = if path.exists() {
-            read_entries(&path, true)?
+            read_repaired(&path)?
         } else {
             Vec::new()
         };
@@ -90,45 +136,136 @@ impl Journal {
             .append(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
-        Ok((Journal { path, file }, entries))
+        Ok((
+            Journal {
+                path,
+                file,
+                _lock: lock,
+            },
+            entries,
+        ))
+    }
+
+    /// Takes the journal's lock, so that one process at a time writes a
+    /// campaign directory (released when the process ends, however it ends).
+    fn lock(dir: &Path) -> Result<File> {
+        let path = dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: flock on a file descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                return Err(Error::io(
+                    dir,
+                    std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        "another nanhunt process is writing this campaign directory",
+                    ),
+                ));
+            }
+        }
+        Ok(file)
     }
 
     /// Appends one entry and syncs it to disk.
     pub fn append(&mut self, entry: &Entry) -> Result<()> {
-        let mut line = serde_json::to_string(entry).expect("journal entries serialize");
-        line.push('\n');
+        self.append_group(std::slice::from_ref(entry))
+    }
+
+    /// Appends entries that belong together in one write, then syncs.
+    pub fn append_group(&mut self, entries: &[Entry]) -> Result<()> {
+        let mut text = String::new();
+        for entry in entries {
+            text.push_str(&serde_json::to_string(entry).expect("journal entries serialize"));
+            text.push('\n');
+        }
         self.file
-            .write_all(line.as_bytes())
+            .write_all(text.as_bytes())
             .and_then(|_| self.file.sync_data())
             .map_err(|e| Error::io(&self.path, e))
     }
 }
 
-/// Reads a journal. Every complete line must be an entry; an unterminated
-/// last line is a write that was cut short, and with `repair` it is removed
-/// from the file so that appends continue on a line boundary.
-pub fn read_entries(path: &Path, repair: bool) -> Result<Vec<Entry>> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let mut entries = Vec::new();
-    for (i, raw) in text[..complete].split(|&b| b == b'\n').enumerate() {
-        if raw.is_empty() {
-            continue;
+/// The largest journal read back (a 2-hour campaign writes a few MB).
+pub const MAX_JOURNAL_BYTES: u64 = 1 << 30;
+
+/// Reads a journal and cuts off what a kill left unfinished: a torn last
+/// line, and a run whose new signature lacks its finding (see the module docs).
+fn read_repaired(path: &Path) -> Result<Vec<Entry>> {
+    let (mut entries, mut complete, len) = parse(path)?;
+    let found: BTreeSet<String> = entries
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Entry::Finding { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .collect();
+    if let Some((
+        offset,
+        Entry::Run {
+            signature: Some(sig),
+            ..
+        },
+    )) = entries.last()
+    {
+        if !found.contains(&sig.slug()) {
+            complete = *offset;
+            entries.pop();
         }
-        let entry = serde_json::from_slice::<Entry>(raw)
-            .map_err(|e| Error::Parse(format!("{}: line {}: {e}", path.display(), i + 1)))?;
-        entries.push(entry);
     }
-    if complete < text.len() && repair {
+    if complete < len {
         let f = OpenOptions::new()
             .write(true)
             .open(path)
             .map_err(|e| Error::io(path, e))?;
-        f.set_len(complete as u64)
+        f.set_len(complete)
             .and_then(|_| f.sync_all())
             .map_err(|e| Error::io(path, e))?;
     }
-    Ok(entries)
+    Ok(entries.into_iter().map(|(_, e)| e).collect())
+}
+
+/// Reads a journal. Every complete line must be an entry; an unterminated
+/// last line is a write that was cut short and is left out. With `repair`,
+/// what a kill left unfinished is also cut off the file, so that appends
+/// continue on a complete group.
+pub fn read_entries(path: &Path, repair: bool) -> Result<Vec<Entry>> {
+    if repair {
+        return read_repaired(path);
+    }
+    Ok(parse(path)?.0.into_iter().map(|(_, e)| e).collect())
+}
+
+/// The entries with the byte offset of each line, the length of the
+/// complete lines, and the file's length.
+#[allow(clippy::type_complexity)]
+fn parse(path: &Path) -> Result<(Vec<(u64, Entry)>, u64, u64)> {
+    let text = crate::files::read_bounded(path, MAX_JOURNAL_BYTES)?;
+    let malformed = |line: usize, reason: String| Error::Malformed {
+        document: crate::error::Document::Journal,
+        path: path.to_path_buf(),
+        reason: format!("line {line}: {reason}"),
+    };
+    let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut entries = Vec::new();
+    let mut offset = 0u64;
+    for (i, raw) in text[..complete].split(|&b| b == b'\n').enumerate() {
+        let start = offset;
+        offset += raw.len() as u64 + 1;
+        if raw.is_empty() {
+            continue;
+        }
+        let entry =
+            serde_json::from_slice::<Entry>(raw).map_err(|e| malformed(i + 1, e.to_string()))?;
+        entries.push((start, entry));
+    }
+    Ok((entries, complete as u64, text.len() as u64))
 }
 
 #[cfg(test)]
@@ -169,6 +306,7 @@ mod tests {
         let (mut j, e) = Journal::open(&dir).unwrap();
         assert_eq!(e, vec![run(0), run(1)]);
         j.append(&run(2)).unwrap();
+        drop(j);
         let (_, e) = Journal::open(&dir).unwrap();
         assert_eq!(e, vec![run(0), run(1), run(2)]);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -2,10 +2,9 @@
 //! journal entries concatenated (runs deduplicated by index), one
 //! reproducer kept per signature (the smallest), and a fresh summary.
 
-use crate::campaign::{
-    summarize, write_atomic, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
-};
+use crate::campaign::{summarize, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE};
 use crate::error::{Error, Result};
+use crate::files::write_atomic;
 use crate::journal::{read_entries, Entry, Journal, JOURNAL_FILE};
 use crate::strategy::StrategyOptions;
 use std::collections::{BTreeMap, BTreeSet};
@@ -88,8 +87,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
     // Copy the kept reproducers and journal them.
     for ((_, _, file), dir, entry) in best.into_values() {
         let from = dir.join(REPRO_DIR).join(&file);
-        let text = std::fs::read_to_string(&from).map_err(|err| Error::io(&from, err))?;
-        write_atomic(&out.join(REPRO_DIR).join(&file), &text)?;
+        let text = crate::files::read_text(&from)?;
+        write_atomic(&out.join(REPRO_DIR).join(&file), text.as_bytes())?;
         merged.push(entry);
     }
     let opts = CampaignOptions {
@@ -117,13 +116,13 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         device,
         budget: format!("{budget} per shard, {} shards", inputs.len()),
     })?;
-    for e in &merged {
-        journal.append(e)?;
-    }
+    journal.append_group(&merged)?;
     let summary = summarize(&opts, &merged, Vec::new(), 0, Duration::ZERO);
     write_atomic(
         &out.join(SUMMARY_FILE),
-        &serde_json::to_string_pretty(&summary).expect("summary serializes"),
+        serde_json::to_string_pretty(&summary)
+            .expect("summary serializes")
+            .as_bytes(),
     )?;
     crate::campaign::write_reports(out, &read_entries(&out.join(JOURNAL_FILE), false)?)?;
     Ok(summary)

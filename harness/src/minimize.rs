@@ -20,6 +20,9 @@ pub struct MinimizeOptions {
     /// Training runs the minimizer may spend (the first reproduction included).
     pub max_runs: usize,
     pub run: RunOptions,
+    /// Stop starting candidates after this moment (a campaign's budget);
+    /// what was kept so far is the result.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for MinimizeOptions {
@@ -27,6 +30,7 @@ impl Default for MinimizeOptions {
         MinimizeOptions {
             max_runs: 300,
             run: RunOptions::default(),
+            deadline: None,
         }
     }
 }
@@ -433,7 +437,11 @@ pub fn minimize(
             if candidate.validate(limits).is_err() {
                 continue;
             }
-            if runs >= opts.max_runs {
+            if runs >= opts.max_runs
+                || opts
+                    .deadline
+                    .is_some_and(|d| std::time::Instant::now() >= d)
+            {
                 break 'passes;
             }
             runs += 1;

@@ -325,6 +325,7 @@ fn minimized_cases_keep_their_signature_are_fixpoints_and_never_grow() {
     let budget = MinimizeOptions {
         max_runs: 400,
         run: RunOptions::default(),
+        deadline: None,
     };
     let mut checked = 0;
     for seed in 0..200u64 {

@@ -2,8 +2,10 @@
 //!
 //! - `campaign`: resume after SIGKILL, shards and merge, the minimizer, corpora/repro.
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
+//! - `crash_safety`: campaigns lose no finding to a kill, a dead or stuck worker.
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
@@ -11,9 +13,11 @@
 
 mod campaign;
 mod cli;
+mod crash_safety;
 mod diagnose;
 mod dump;
 mod fuzz;
+mod hostile_input;
 mod lrtable;
 mod planted;
 mod report;

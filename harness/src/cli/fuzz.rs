@@ -4,9 +4,9 @@ use super::Exit;
 use nanhunt::campaign::{
     parse_duration, run_campaign, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
 };
-use nanhunt::spec::{DeviceSpec, FAMILIES};
+use nanhunt::spec::{DeviceSpec, Limits, FAMILIES};
 use nanhunt::strategy::StrategyOptions;
-use nanhunt::workers::Workers;
+use nanhunt::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,8 +23,8 @@ pub struct Args {
     #[arg(long)]
     runs: Option<u64>,
     /// Parallel workers (one compute thread each).
-    #[arg(long, default_value_t = 1)]
-    jobs: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=super::MAX_THREADS))]
+    jobs: u64,
     /// Run each worker's cases in a child process (isolates a case that
     /// aborts or runs out of memory: it is journaled as a crash) or in a
     /// thread of this process.
@@ -47,12 +47,21 @@ pub struct Args {
     /// Only clean data: no injected pathologies (natural instabilities only).
     #[arg(long)]
     clean_data: bool,
-    /// Longest generated run, in steps.
-    #[arg(long, default_value_t = 30)]
-    max_steps: usize,
+    /// Longest generated run, in steps (generated runs take 3 or more).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=100_000))]
+    max_steps: u64,
     /// Training runs each minimization may spend.
-    #[arg(long, default_value_t = 150)]
-    minimize_runs: usize,
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    minimize_runs: u64,
+    /// A run that takes longer is killed and journaled as a `timeout`
+    /// (process workers): 90s, 15m.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    case_timeout: Duration,
+    /// Reject generated cases whose estimated memory exceeds this many MiB;
+    /// each worker process gets this plus 1 GiB of address space.
+    #[arg(long, default_value_t = (Limits::default().max_memory_bytes >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    max_memory_mib: u64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -65,9 +74,19 @@ enum WorkerKind {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    if args.jobs == 0 {
-        anyhow::bail!("--jobs must be at least 1");
+    if !args.resume && args.out.join(nanhunt::journal::JOURNAL_FILE).exists() {
+        anyhow::bail!(
+            "{} holds a campaign journal: pass --resume to continue it, or choose another --out",
+            args.out.display()
+        );
     }
+    if args.case_timeout.is_zero() {
+        anyhow::bail!("--case-timeout: must be longer than 0 s");
+    }
+    let limits = Limits {
+        max_memory_bytes: (args.max_memory_mib << 20) as usize,
+        ..Limits::default()
+    };
     let families = if args.family.is_empty() {
         FAMILIES.iter().map(|f| f.to_string()).collect()
     } else {
@@ -82,17 +101,17 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             families,
             clean_data: args.clean_data,
             safe_envelope: false,
-            max_steps: args.max_steps,
+            max_steps: args.max_steps as usize,
         },
         budget: args.budget,
         runs,
-        jobs: args.jobs,
+        jobs: args.jobs as usize,
         seed: args.seed,
         device: args.device,
         out: args.out.clone(),
         resume: args.resume,
         shard: args.shard,
-        minimize_runs: args.minimize_runs,
+        minimize_runs: args.minimize_runs as usize,
         progress: !args.quiet,
         workers: match args.workers {
             WorkerKind::Threads => Workers::Threads,
@@ -102,8 +121,13 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
                 })?,
             },
         },
+        limits: WorkerLimits {
+            memory_bytes: Some(limits.max_memory_bytes as u64 + CHILD_MEMORY_HEADROOM),
+            case: limits,
+            case_timeout: args.case_timeout,
+        },
     };
-    let summary = run_campaign(&opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let summary = run_campaign(&opts)?;
     print_summary(&summary, &args.out);
     Ok(if summary.new_signatures.is_empty() {
         Exit::Clean
@@ -128,9 +152,13 @@ pub fn print_summary(s: &Summary, out: &std::path::Path) {
         } else {
             ""
         };
-        let repro = sig.reproducer.as_deref().unwrap_or("(not minimized)");
+        let repro = match (&sig.reproducer, &sig.unminimized) {
+            (Some(file), _) => format!("{REPRO_DIR}/{file}"),
+            (None, Some(why)) => format!("(not minimized: {why})"),
+            (None, None) => "(not minimized yet: resume the campaign)".into(),
+        };
         println!(
-            "  {:5} x {}{new}\n          {REPRO_DIR}/{repro}",
+            "  {:5} x {}{new}\n          {repro}",
             sig.count, sig.signature
         );
     }

@@ -257,7 +257,7 @@ impl StabilityReport {
                         bin.unstable += u64::from(verdict == "unstable");
                     }
                 }
-                Entry::Finding { .. } => {}
+                Entry::Finding { .. } | Entry::Unminimized { .. } | Entry::Reported { .. } => {}
             }
         }
         for row in sigs.values_mut() {

@@ -1,0 +1,372 @@
+//! Campaigns that cannot lose work: the window between a run and its
+//! finding, workers that die between requests or while minimizing, runs past
+//! their time limit, the exit code of a campaign resumed after a kill, and
+//! no temp file left behind.
+
+use crate::support::*;
+use nanhunt::journal::{read_entries, Entry, Unminimized, JOURNAL_FILE};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+const RUNS: &str = "24";
+
+fn fuzz_args(out: &Path) -> Vec<String> {
+    [
+        "fuzz",
+        "--runs",
+        RUNS,
+        "--seed",
+        "5",
+        "--quiet",
+        "--minimize-runs",
+        "40",
+        "--out",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.to_str().unwrap().to_string()])
+    .collect()
+}
+
+fn fuzz_with(out: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(binary());
+    cmd.args(fuzz_args(out)).args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn journal(dir: &Path) -> Vec<Entry> {
+    read_entries(&dir.join(JOURNAL_FILE), false).unwrap()
+}
+
+/// Run entries as JSON without their timings, in journal order.
+fn runs(entries: &[Entry]) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Run { .. } => {
+                let mut e = e.clone();
+                if let Entry::Run { millis, .. } = &mut e {
+                    *millis = 0;
+                }
+                Some(serde_json::to_string(&e).unwrap())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn found(entries: &[Entry]) -> BTreeSet<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Finding { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reproduced(entries: &[Entry]) -> BTreeSet<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Reproducer { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn no_temp_files(dir: &Path) {
+    for sub in [dir.to_path_buf(), dir.join("repro")] {
+        let temps: Vec<_> = files_in(&sub)
+            .into_iter()
+            .filter(|f| f.contains(".tmp-"))
+            .collect();
+        assert!(temps.is_empty(), "{}: {temps:?}", sub.display());
+    }
+}
+
+/// The reference campaign: uninterrupted, one job, so deterministic.
+fn reference(name: &str) -> (std::path::PathBuf, Vec<Entry>) {
+    let dir = scratch(name);
+    let out = fuzz_with(&dir, &[], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let entries = journal(&dir);
+    assert!(
+        found(&entries).len() >= 2,
+        "the reference must find something"
+    );
+    (dir, entries)
+}
+
+#[test]
+fn a_journal_cut_between_a_run_and_its_finding_resumes_with_every_signature_minimized() {
+    let (reference_dir, want) = reference("cut-reference");
+    // Cut the journal right after the run entry of the second new signature,
+    // as a kill between the two appends (or inside their one write) would.
+    let text = std::fs::read_to_string(reference_dir.join(JOURNAL_FILE)).unwrap();
+    let mut kept = String::new();
+    let mut findings = 0;
+    for line in text.lines() {
+        if line.contains("\"event\":\"finding\"") {
+            findings += 1;
+            if findings == 2 {
+                break;
+            }
+        }
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    let dir = scratch("cut-resumed");
+    std::fs::write(dir.join(JOURNAL_FILE), kept).unwrap();
+    // The first signature's reproducer exists, as it did at the kill.
+    std::fs::create_dir_all(dir.join("repro")).unwrap();
+    for e in journal(&dir) {
+        if let Entry::Reproducer { file, .. } = e {
+            std::fs::copy(
+                reference_dir.join("repro").join(&file),
+                dir.join("repro").join(&file),
+            )
+            .unwrap();
+        }
+    }
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let got = journal(&dir);
+    // The cut run was redone from the same state: the same runs, in the same
+    // order, the same signatures, every one minimized, the same files.
+    assert_eq!(runs(&got), runs(&want));
+    assert_eq!(found(&got), found(&want));
+    assert_eq!(reproduced(&got), found(&got), "every signature minimized");
+    assert_eq!(
+        files_in(&dir.join("repro")),
+        files_in(&reference_dir.join("repro"))
+    );
+    assert!(!stdout(&out).contains("not minimized"), "{}", stdout(&out));
+    no_temp_files(&dir);
+}
+
+#[test]
+fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_found() {
+    let (reference_dir, want) = reference("reported-reference");
+    // The session was killed after its last run, before it reported: drop
+    // its `reported` entry.
+    let dir = scratch("reported-resumed");
+    let text = std::fs::read_to_string(reference_dir.join(JOURNAL_FILE)).unwrap();
+    let unreported: String = text
+        .lines()
+        .filter(|l| !l.contains("\"event\":\"reported\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(unreported.len(), text.len(), "the session reported");
+    std::fs::write(dir.join(JOURNAL_FILE), unreported).unwrap();
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    // No run left to do, but signatures no session reported: exit 1.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["runs_this_session"], 0);
+    assert_eq!(
+        summary["new_signatures"].as_array().unwrap().len(),
+        found(&want).len()
+    );
+    // Reported now: the next resume exits 0.
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn a_worker_that_closed_its_pipe_is_replaced_and_the_campaign_finishes() {
+    let (_, want) = reference("pipe-reference");
+    let dir = scratch("pipe-closed");
+    // The child closes its input and exits after answering run 3: the next
+    // write meets a closed pipe (SIGPIPE killed the campaign before).
+    let out = fuzz_with(
+        &dir,
+        &["--workers", "processes"],
+        &[(nanhunt::workers::EXIT_AFTER_INDEX_ENV, "3")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("between requests; starting a fresh one"),
+        "{}",
+        stderr(&out)
+    );
+    // Nothing ran in the dead child: the request went to a fresh one.
+    assert_eq!(runs(&journal(&dir)), runs(&want));
+    assert!(stdout(&out).contains("24 runs"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_worker_that_dies_while_minimizing_is_retried_then_reported() {
+    let (_, want) = reference("minimize-reference");
+    let first = want
+        .iter()
+        .find_map(|e| match e {
+            Entry::Finding {
+                index, signature, ..
+            } => Some((*index, signature.slug())),
+            _ => None,
+        })
+        .unwrap();
+    let dir = scratch("minimize-dies");
+    let out = fuzz_with(
+        &dir,
+        &[],
+        &[(nanhunt::workers::ABORT_MINIMIZE_ENV, &first.0.to_string())],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let got = journal(&dir);
+    let died: Vec<_> = got
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Unminimized {
+                signature,
+                reason,
+                message,
+            } => Some((signature.slug(), *reason, message.clone())),
+            _ => None,
+        })
+        .collect();
+    // Tried twice, journaled twice, then given up on; the others minimized.
+    assert_eq!(died.len(), 2, "{died:?}");
+    for (slug, reason, message) in &died {
+        assert_eq!((slug, *reason), (&first.1, Unminimized::WorkerDied));
+        assert!(message.contains("SIGABRT"), "{message}");
+    }
+    assert!(stderr(&out).contains("attempt 2 of 2"), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("(not minimized: the worker process died"),
+        "{}",
+        stdout(&out)
+    );
+    let mut others = found(&got);
+    others.remove(&first.1);
+    assert_eq!(reproduced(&got), others);
+    no_temp_files(&dir);
+
+    // A resumed campaign does not try a third time...
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        journal(&dir).len(),
+        got.len(),
+        "nothing tried, nothing new to report"
+    );
+}
+
+#[test]
+fn a_minimization_a_killed_session_left_half_tried_is_tried_again_on_resume() {
+    let (reference_dir, want) = reference("retry-reference");
+    let first = want
+        .iter()
+        .find_map(|e| match e {
+            Entry::Finding { signature, .. } => Some(signature.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // One failed attempt journaled, the reproducer entry lost with the kill.
+    let dir = scratch("retry-resumed");
+    let mut text = String::new();
+    for e in &want {
+        let line = match e {
+            Entry::Reproducer { signature, .. } if *signature == first => {
+                serde_json::to_string(&Entry::Unminimized {
+                    signature: first.clone(),
+                    reason: Unminimized::WorkerDied,
+                    message: "the worker process died of signal 9".into(),
+                })
+                .unwrap()
+            }
+            e => serde_json::to_string(e).unwrap(),
+        };
+        text.push_str(&line);
+        text.push('\n');
+    }
+    std::fs::write(dir.join(JOURNAL_FILE), text).unwrap();
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let got = journal(&dir);
+    assert_eq!(
+        reproduced(&got),
+        found(&got),
+        "the second attempt minimized it"
+    );
+    assert_eq!(
+        files_in(&dir.join("repro")),
+        files_in(&reference_dir.join("repro"))
+            .into_iter()
+            .filter(|f| f.starts_with(&first.slug()))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
+    let dir = scratch("timeout");
+    let out = Command::new(binary())
+        .args([
+            "fuzz",
+            "--runs",
+            "5",
+            "--seed",
+            "5",
+            "--quiet",
+            "--minimize-runs",
+            "10",
+        ])
+        .args(["--case-timeout", "2s", "--out", dir.to_str().unwrap()])
+        .env(nanhunt::workers::HANG_INDEX_ENV, "2")
+        .output()
+        .unwrap();
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let entries = journal(&dir);
+    let verdicts: Vec<(u64, String, Option<String>)> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Run {
+                index,
+                verdict,
+                message,
+                ..
+            } => Some((*index, verdict.clone(), message.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(verdicts.len(), 5);
+    for (index, verdict, message) in verdicts {
+        if index == 2 {
+            assert_eq!(verdict, "timeout");
+            assert!(message.unwrap().contains("longer than 2 s"));
+        } else {
+            assert_ne!(verdict, "timeout", "run {index}");
+        }
+    }
+}
+
+#[test]
+fn two_processes_cannot_write_one_campaign() {
+    let dir = scratch("locked");
+    let (_journal, _) = nanhunt::journal::Journal::open(&dir).unwrap();
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another nanhunt process is writing"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1,0 +1,217 @@
+//! Hostile input: numbers out of range, sizes that overflow, files that are
+//! not files, corrupt journals. Each gets a clear error naming what was
+//! wrong, exit 2, and never a panic or a hang.
+
+use crate::support::*;
+use nanhunt::journal::JOURNAL_FILE;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs nanhunt and expects exit 2 with every fragment in its error.
+fn fails_with(args: &[&str], fragments: &[&str]) {
+    let out = nanhunt(args);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: {err}{}",
+        stdout(&out)
+    );
+    for f in fragments {
+        assert!(err.contains(f), "{args:?}: `{f}` not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+fn example_file(dir: &Path, family: &str) -> PathBuf {
+    let path = dir.join(format!("{family}.json"));
+    std::fs::write(&path, nanhunt::Case::example(family).unwrap().to_json()).unwrap();
+    path
+}
+
+#[test]
+fn numbers_out_of_range_are_refused_with_the_option_named() {
+    let dir = scratch("hostile-numbers");
+    let case = example_file(&dir, "cnn");
+    let case = case.to_str().unwrap();
+    let out = dir.join("campaign");
+    let out = out.to_str().unwrap();
+    fails_with(
+        &["fuzz", "--budget", "1e30", "--out", out],
+        &["--budget", "100 years"],
+    );
+    fails_with(
+        &["fuzz", "--jobs", "100000", "--out", out],
+        &["--jobs", "1..=1024"],
+    );
+    fails_with(
+        &["fuzz", "--max-steps", "0", "--out", out],
+        &["--max-steps", "3..=100000"],
+    );
+    fails_with(
+        &["fuzz", "--case-timeout", "0s", "--out", out],
+        &["--case-timeout"],
+    );
+    fails_with(
+        &["diff", case, "--threads", "1,100000"],
+        &["--threads", "1..=1024"],
+    );
+    fails_with(
+        &["run", case, "--max-memory-mib", "17592186044416"],
+        &["--max-memory-mib", "1..=16777216"],
+    );
+    fails_with(&["lr-table", "--seeds", "0"], &["--seeds"]);
+    fails_with(&["minimize", case, "--max-runs", "0"], &["--max-runs"]);
+    assert!(!Path::new(out).exists(), "nothing was started");
+}
+
+#[test]
+fn a_case_whose_batch_does_not_fit_in_memory_is_rejected_before_it_allocates() {
+    // 64 × 512 × 512 inputs at batch 255: 17 GB of batch alone, which the
+    // estimate once left out (it said 4080 MiB).
+    let dir = scratch("hostile-memory");
+    let mut case: serde_json::Value =
+        serde_json::to_value(nanhunt::Case::example("cnn").unwrap()).unwrap();
+    case["model"]["channels"] = 64.into();
+    case["model"]["height"] = 512.into();
+    case["model"]["width"] = 512.into();
+    case["batch_size"] = 255.into();
+    let path = dir.join("big.json");
+    std::fs::write(&path, case.to_string()).unwrap();
+    fails_with(
+        &["run", path.to_str().unwrap()],
+        &[
+            "big.json",
+            "estimated memory",
+            "exceeds the limit of 4096 MiB",
+        ],
+    );
+}
+
+#[test]
+fn paths_that_are_not_regular_files_fail_at_once() {
+    fails_with(&["run", "/dev/zero"], &["/dev/zero", "not a regular file"]);
+    let dir = scratch("hostile-fifo");
+    let fifo = dir.join("case.json");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // A FIFO nobody writes to: reading it would block forever.
+    let mut child = Command::new(binary())
+        .args(["run", fifo.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("`run FIFO` hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_named_once() {
+    let out = nanhunt(&["run", "no/such/case.json"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(err.matches("no/such/case.json").count(), 1, "{err}");
+}
+
+#[test]
+fn corrupt_journals_are_journal_errors_with_the_line() {
+    let dir = scratch("hostile-journal");
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "3",
+        "--seed",
+        "5",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let path = dir.join(JOURNAL_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1] = "{\"event\":\"run\",\"index\":\"zero\"}";
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let d = dir.to_str().unwrap();
+    fails_with(
+        &[
+            "fuzz", "--runs", "3", "--seed", "5", "--quiet", "--resume", "--out", d,
+        ],
+        &["cannot parse journal", "journal.jsonl", "line 2"],
+    );
+    fails_with(&["report", d], &["cannot parse journal", "line 2"]);
+}
+
+#[test]
+fn a_journal_whose_finding_holds_an_invalid_case_does_not_resume() {
+    let dir = scratch("hostile-finding");
+    let d = dir.to_str().unwrap();
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "24",
+        "--seed",
+        "5",
+        "--quiet",
+        "--minimize-runs",
+        "10",
+        "--out",
+        d,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let path = dir.join(JOURNAL_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["event"] == "finding" {
+                v["case"]["batch_size"] = 0.into();
+            }
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(&path, edited.join("\n") + "\n").unwrap();
+    fails_with(
+        &[
+            "fuzz", "--runs", "24", "--seed", "5", "--quiet", "--resume", "--out", d,
+        ],
+        &[
+            "cannot parse journal",
+            "holds an invalid case",
+            "batch_size",
+        ],
+    );
+}
+
+#[test]
+fn minimize_checks_its_output_before_it_starts() {
+    let dir = scratch("hostile-minimize-out");
+    let case = example_file(&dir, "cnn");
+    // The example trains stably: a check after the minimization would
+    // never come (exit 0, "nothing to minimize").
+    fails_with(
+        &[
+            "minimize",
+            case.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        &["--out", "is a directory"],
+    );
+}
