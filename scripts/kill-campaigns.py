@@ -85,9 +85,9 @@ def main():
     ap.add_argument("--binary", default="target/debug/nanhunt")
     ap.add_argument("--campaigns", type=int, default=5)
     ap.add_argument("--kills", type=int, default=12, help="kills per campaign")
-    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--runs", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--child-share", type=float, default=0.3,
+    ap.add_argument("--child-share", type=float, default=0.4,
                     help="share of kills that hit a worker child instead of the main process")
     args = ap.parse_args()
     binary = str(pathlib.Path(args.binary).resolve())
@@ -112,7 +112,7 @@ def main():
             resume = ["--resume"] if (out / "journal.jsonl").exists() else []
             p = subprocess.Popen([binary, *base, "--seed", seed, "--out", str(out), *resume],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.05, max(0.1, t_ref / 3)))
+            time.sleep(rng.uniform(0.02, max(0.05, t_ref * 0.25)))
             if p.poll() is not None:
                 break  # finished before the kill: nothing left to kill
             tail = journal(out)[-1:] if out.exists() else []
@@ -125,7 +125,7 @@ def main():
                 kills += 1
                 totals["kills"] += 1
                 # The campaign goes on with a fresh worker; kill it too a little later.
-                time.sleep(rng.uniform(0.05, max(0.1, t_ref / 3)))
+                time.sleep(rng.uniform(0.02, max(0.05, t_ref * 0.25)))
             if p.poll() is not None:
                 continue
             else:

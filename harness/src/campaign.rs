@@ -386,13 +386,15 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             && families == &opts.strategy.families
             && *clean_data == opts.strategy.clean_data
             && *shard == (opts.shard.index, opts.shard.count) => {}
-        Some(_) => return Err(Error::option(
-            "resume",
-            format!(
+        Some(_) => {
+            return Err(Error::option(
+                "resume",
+                format!(
                 "{} was written by a campaign with another seed, family list, data mode or shard",
                 journal_path.display()
             ),
-        )),
+            ))
+        }
     }
 
     let mut done = BTreeSet::new();
@@ -449,18 +451,20 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
 
     let started = Instant::now();
     let over_budget = || opts.budget.is_some_and(|b| started.elapsed() >= b);
-    // Findings whose minimization a killed session did not finish.
-    let mut executor = Executor::new(&opts.workers, opts.limits.clone());
-    for (index, signature, case) in pending {
-        if over_budget() {
-            break; // the next session goes on with them
+    // Findings whose minimization a killed session did not finish, on one
+    // pool thread: a worker child dies with the thread that started it.
+    crate::device::cpu_pool(1)?.install(|| -> Result<()> {
+        let mut executor = Executor::new(&opts.workers, opts.limits.clone());
+        for (index, signature, case) in pending {
+            if over_budget() {
+                break; // the next session goes on with them
+            }
+            let job = reproduce_job(&case, &signature, opts, index, started);
+            let tried = attempts.get(&signature.slug()).copied().unwrap_or(0);
+            settle_finding(&mut executor, &state, &job, tried)?;
         }
-        let pool = crate::device::cpu_pool(1)?;
-        let job = reproduce_job(&case, &signature, opts, index, started);
-        let tried = attempts.get(&signature.slug()).copied().unwrap_or(0);
-        pool.install(|| settle_finding(&mut executor, &state, &job, tried))?;
-    }
-    drop(executor);
+        Ok(())
+    })?;
 
     let progress = progress_bar(opts);
     let next_local = AtomicU64::new(0);

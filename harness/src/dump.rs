@@ -202,27 +202,30 @@ pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let file_name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "dump".into());
-    let tmp: PathBuf = parent.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    // What an earlier, killed write left beside it.
+    crate::files::remove_stale_temps(parent, None);
+    let tmp = crate::files::temp_path(dir);
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    write_file(&tmp.join(CASE_FILE), case.to_json().as_bytes())?;
-    let map: HashMap<String, Tensor> = named
-        .into_iter()
-        .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
-        .collect::<Result<_>>()?;
-    let state_path = tmp.join(STATE_FILE);
-    candle_core::safetensors::save(&map, &state_path)?;
-    std::fs::File::open(&state_path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(&state_path, e))?;
-    let json = serde_json::to_string_pretty(&dump_stats).expect("dump stats serialize");
-    write_file(&tmp.join(STATS_FILE), json.as_bytes())?;
-    std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))?;
-    Ok(())
+    let written = (|| -> Result<()> {
+        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        write_file(&tmp.join(CASE_FILE), case.to_json().as_bytes())?;
+        let map: HashMap<String, Tensor> = named
+            .into_iter()
+            .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
+            .collect::<Result<_>>()?;
+        let state_path = tmp.join(STATE_FILE);
+        candle_core::safetensors::save(&map, &state_path)?;
+        std::fs::File::open(&state_path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(&state_path, e))?;
+        let json = serde_json::to_string_pretty(&dump_stats).expect("dump stats serialize");
+        write_file(&tmp.join(STATS_FILE), json.as_bytes())?;
+        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written
 }
 
 /// A dump read back from disk.

@@ -57,8 +57,9 @@ pub fn read_text(path: &Path) -> Result<String> {
     })
 }
 
-/// The temp file beside `path` that [`write_atomic`] writes first.
-fn temp_path(path: &Path) -> PathBuf {
+/// The temp file (or directory) beside `path` that an atomic write fills
+/// first: `.NAME.tmp-PID`.
+pub fn temp_path(path: &Path) -> PathBuf {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -109,10 +110,9 @@ pub fn check_writable(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Removes the temp files in `dir` that a process which is no longer
-/// writing left behind: those of `pid` if given, else all of them (call it
-/// only where no other process writes, e.g. under the campaign's lock).
-/// Returns how many were removed.
+/// Removes the temp files in `dir` that a process no longer writing left
+/// behind: those of `pid` if given, else those whose process is gone (a
+/// kill interrupted its write). Returns how many were removed.
 pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
     let Ok(read) = std::fs::read_dir(dir) else {
         return 0;
@@ -120,13 +120,18 @@ pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
     let mut removed = 0;
     for entry in read.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some((_, owner)) = name
+        let Some(owner) = name
             .strip_prefix('.')
             .and_then(|n| n.rsplit_once(TEMP_MARK))
+            .and_then(|(_, owner)| owner.parse::<u32>().ok())
         else {
             continue;
         };
-        if pid.is_some_and(|p| owner != p.to_string()) || owner.parse::<u32>().is_err() {
+        let stale = match pid {
+            Some(p) => owner == p,
+            None => !process_exists(owner),
+        };
+        if !stale {
             continue;
         }
         let path = entry.path();
@@ -138,6 +143,24 @@ pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
         removed += usize::from(gone.is_ok());
     }
     removed
+}
+
+/// Whether a process with this id runs (on other platforms: assume it does).
+fn process_exists(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let sent = unsafe { libc::kill(pid, 0) };
+        sent == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
 }
 
 #[cfg(test)]
@@ -191,13 +214,28 @@ mod tests {
             v
         };
         assert_eq!(names(&dir), ["taken", "x.json"]);
-        // What killed processes left: only the given pid's, then all.
+        // What a process left: the given pid's; then those of processes
+        // that are gone, never a live one's.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
         std::fs::write(dir.join(".a.json.tmp-11"), b"").unwrap();
-        std::fs::write(dir.join(".b.json.tmp-12"), b"").unwrap();
+        std::fs::write(dir.join(format!(".b.json.tmp-{dead}")), b"").unwrap();
+        std::fs::write(dir.join(format!(".c.json.tmp-{me}")), b"").unwrap();
         std::fs::write(dir.join(".keep.tmp-me"), b"").unwrap();
         assert_eq!(remove_stale_temps(&dir, Some(11)), 1);
+        #[cfg(unix)]
         assert_eq!(remove_stale_temps(&dir, None), 1);
-        assert_eq!(names(&dir), [".keep.tmp-me", "taken", "x.json"]);
+        assert_eq!(
+            names(&dir),
+            [
+                format!(".c.json.tmp-{me}").as_str(),
+                ".keep.tmp-me",
+                "taken",
+                "x.json"
+            ]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

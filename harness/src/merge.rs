@@ -51,8 +51,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
                         }
                         Some(h) if *h == this => {}
                         Some(_) => {
-                            return Err(Error::invalid(
-                                "merge",
+                            return Err(Error::option(
+                                "inputs",
                                 format!("{} comes from a campaign with another seed, family list or data mode", dir.display()),
                             ))
                         }
@@ -79,8 +79,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         }
     }
     let Some((seed, families, clean_data)) = header else {
-        return Err(Error::invalid(
-            "merge",
+        return Err(Error::option(
+            "inputs",
             "no campaign journal among the inputs",
         ));
     };

@@ -64,8 +64,9 @@ impl Default for WorkerLimits {
     }
 }
 
-/// The default `--case-timeout`: the slowest of 400 generated cases took
-/// under 3 s here (docs/PERFORMANCE.md); a run 20 times longer is stuck.
+/// The default `--case-timeout`: the slowest of 1000 generated cases took
+/// 0.32 s here (docs/PERFORMANCE.md); a run 200 times longer is stuck, even
+/// on a slower runner or device.
 pub const DEFAULT_CASE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a child's address space holds besides the case's tensors (the
@@ -329,7 +330,8 @@ impl Drop for Worker {
 
 /// A child in its own process group (a terminal's Ctrl-C reaches the
 /// campaign, whose death then ends it), killed when the thread that started
-/// it ends (Linux), under an address-space limit.
+/// it ends (Linux: so an executor must stay on one thread), under an
+/// address-space limit.
 fn isolate(command: &mut Command, memory_bytes: Option<u64>) {
     #[cfg(unix)]
     {

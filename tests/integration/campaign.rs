@@ -3,7 +3,7 @@
 //! reproducers in `corpora/repro/` still reproduce.
 
 use crate::support::*;
-use nanhunt::journal::{read_entries, Entry, JOURNAL_FILE};
+use nanhunt::journal::{Entry, JOURNAL_FILE};
 use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
 use nanhunt::strategy::{generate, StrategyOptions};
 use nanhunt::{Outcome, RunOptions};
@@ -32,34 +32,11 @@ fn fuzz(out: &Path, extra: &[&str]) -> std::process::Output {
     nanhunt(&args)
 }
 
-fn journal(dir: &Path) -> Vec<Entry> {
-    read_entries(&dir.join(JOURNAL_FILE), false).unwrap()
-}
-
 fn run_indices(entries: &[Entry]) -> Vec<u64> {
     entries
         .iter()
         .filter_map(|e| match e {
             Entry::Run { index, .. } => Some(*index),
-            _ => None,
-        })
-        .collect()
-}
-
-fn reproducer_files(dir: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(dir.join("repro"))
-        .map(|rd| {
-            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn signatures(entries: &[Entry]) -> BTreeSet<String> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Finding { signature, .. } => Some(signature.slug()),
             _ => None,
         })
         .collect()
@@ -144,23 +121,6 @@ fn a_campaign_killed_with_sigkill_resumes_without_loss_or_duplicates() {
         !files.iter().any(|f| f.starts_with('.')),
         "no temp files left: {files:?}"
     );
-}
-
-/// The run entries by index, without their timings.
-fn runs_by_index(entries: &[Entry]) -> BTreeMap<u64, Entry> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Run { index, .. } => {
-                let mut e = e.clone();
-                if let Entry::Run { millis, .. } = &mut e {
-                    *millis = 0;
-                }
-                Some((*index, e))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]

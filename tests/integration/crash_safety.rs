@@ -4,7 +4,7 @@
 //! no temp file left behind.
 
 use crate::support::*;
-use nanhunt::journal::{read_entries, Entry, Unminimized, JOURNAL_FILE};
+use nanhunt::journal::{Entry, Unminimized, JOURNAL_FILE};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
@@ -38,34 +38,11 @@ fn fuzz_with(out: &Path, extra: &[&str], env: &[(&str, &str)]) -> std::process::
     cmd.output().unwrap()
 }
 
-fn journal(dir: &Path) -> Vec<Entry> {
-    read_entries(&dir.join(JOURNAL_FILE), false).unwrap()
-}
-
-/// Run entries as JSON without their timings, in journal order.
+/// Run entries as JSON (where NaN losses are equal), by index, without timings.
 fn runs(entries: &[Entry]) -> Vec<String> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Run { .. } => {
-                let mut e = e.clone();
-                if let Entry::Run { millis, .. } = &mut e {
-                    *millis = 0;
-                }
-                Some(serde_json::to_string(&e).unwrap())
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-fn found(entries: &[Entry]) -> BTreeSet<String> {
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Finding { signature, .. } => Some(signature.slug()),
-            _ => None,
-        })
+    runs_by_index(entries)
+        .values()
+        .map(|e| serde_json::to_string(e).unwrap())
         .collect()
 }
 
@@ -79,21 +56,11 @@ fn reproduced(entries: &[Entry]) -> BTreeSet<String> {
         .collect()
 }
 
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 fn no_temp_files(dir: &Path) {
     for sub in [dir.to_path_buf(), dir.join("repro")] {
-        let temps: Vec<_> = files_in(&sub)
-            .into_iter()
+        let temps: Vec<_> = std::fs::read_dir(&sub)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|f| f.contains(".tmp-"))
             .collect();
         assert!(temps.is_empty(), "{}: {temps:?}", sub.display());
@@ -107,7 +74,7 @@ fn reference(name: &str) -> (std::path::PathBuf, Vec<Entry>) {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let entries = journal(&dir);
     assert!(
-        found(&entries).len() >= 2,
+        signatures(&entries).len() >= 2,
         "the reference must find something"
     );
     (dir, entries)
@@ -150,18 +117,19 @@ fn a_journal_cut_between_a_run_and_its_finding_resumes_with_every_signature_mini
     // The cut run was redone from the same state: the same runs, in the same
     // order, the same signatures, every one minimized, the same files.
     assert_eq!(runs(&got), runs(&want));
-    assert_eq!(found(&got), found(&want));
-    assert_eq!(reproduced(&got), found(&got), "every signature minimized");
+    assert_eq!(signatures(&got), signatures(&want));
     assert_eq!(
-        files_in(&dir.join("repro")),
-        files_in(&reference_dir.join("repro"))
+        reproduced(&got),
+        signatures(&got),
+        "every signature minimized"
     );
+    assert_eq!(reproducer_files(&dir), reproducer_files(&reference_dir));
     assert!(!stdout(&out).contains("not minimized"), "{}", stdout(&out));
     no_temp_files(&dir);
 }
 
 #[test]
-fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_found() {
+fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_signatures() {
     let (reference_dir, want) = reference("reported-reference");
     // The session was killed after its last run, before it reported: drop
     // its `reported` entry.
@@ -182,7 +150,7 @@ fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_found() {
     assert_eq!(summary["runs_this_session"], 0);
     assert_eq!(
         summary["new_signatures"].as_array().unwrap().len(),
-        found(&want).len()
+        signatures(&want).len()
     );
     // Reported now: the next resume exits 0.
     let out = fuzz_with(&dir, &["--resume"], &[]);
@@ -254,7 +222,7 @@ fn a_worker_that_dies_while_minimizing_is_retried_then_reported() {
         "{}",
         stdout(&out)
     );
-    let mut others = found(&got);
+    let mut others = signatures(&got);
     others.remove(&first.1);
     assert_eq!(reproduced(&got), others);
     no_temp_files(&dir);
@@ -303,22 +271,47 @@ fn a_minimization_a_killed_session_left_half_tried_is_tried_again_on_resume() {
     let got = journal(&dir);
     assert_eq!(
         reproduced(&got),
-        found(&got),
+        signatures(&got),
         "the second attempt minimized it"
     );
     assert_eq!(
-        files_in(&dir.join("repro")),
-        files_in(&reference_dir.join("repro"))
+        reproducer_files(&dir),
+        reproducer_files(&reference_dir)
             .into_iter()
             .filter(|f| f.starts_with(&first.slug()))
-            .collect::<Vec<_>>()
+            .collect()
     );
+}
+
+/// The address-space limit of one of `pid`'s children, once it has one.
+#[cfg(target_os = "linux")]
+fn child_address_space_limit(pid: u32) -> Option<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        let children: Vec<String> = tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        for child in children {
+            if let Ok(limits) = std::fs::read_to_string(format!("/proc/{child}/limits")) {
+                if let Some(line) = limits.lines().find(|l| l.starts_with("Max address space")) {
+                    return line.split_whitespace().nth(3).map(str::to_string);
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
 }
 
 #[test]
 fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
     let dir = scratch("timeout");
-    let out = Command::new(binary())
+    let child = Command::new(binary())
         .args([
             "fuzz",
             "--runs",
@@ -329,10 +322,20 @@ fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
             "--minimize-runs",
             "10",
         ])
-        .args(["--case-timeout", "2s", "--out", dir.to_str().unwrap()])
+        .args(["--case-timeout", "2s", "--max-memory-mib", "2048"])
+        .args(["--out", dir.to_str().unwrap()])
         .env(nanhunt::workers::HANG_INDEX_ENV, "2")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // Each worker is held to --max-memory-mib plus 1 GiB of address space.
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        child_address_space_limit(child.id()).as_deref(),
+        Some((3u64 << 30).to_string().as_str())
+    );
+    let out = child.wait_with_output().unwrap();
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
     let entries = journal(&dir);
     let verdicts: Vec<(u64, String, Option<String>)> = entries
@@ -369,4 +372,31 @@ fn two_processes_cannot_write_one_campaign() {
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn minimizations_left_by_a_killed_session_stay_within_the_next_sessions_budget() {
+    let (reference_dir, want) = reference("budget-reference");
+    // Killed before any minimization finished: no reproducer entries.
+    let dir = scratch("budget-resumed");
+    let text: String = want
+        .iter()
+        .filter(|e| !matches!(e, Entry::Reproducer { .. }))
+        .map(|e| serde_json::to_string(e).unwrap() + "\n")
+        .collect();
+    std::fs::write(dir.join(JOURNAL_FILE), text).unwrap();
+    // A spent budget: nothing is minimized, and the summary says so.
+    let out = fuzz_with(&dir, &["--resume", "--budget", "0s"], &[]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    assert!(reproduced(&journal(&dir)).is_empty());
+    assert!(
+        stdout(&out).contains("(not minimized yet: resume the campaign)"),
+        "{}",
+        stdout(&out)
+    );
+    // Without one, every pending finding is minimized.
+    let out = fuzz_with(&dir, &["--resume"], &[]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    assert_eq!(reproduced(&journal(&dir)), signatures(&want));
+    assert_eq!(reproducer_files(&dir), reproducer_files(&reference_dir));
 }

@@ -26,9 +26,9 @@ fn write_case(dir: &std::path::Path, name: &str, case: &Case) -> std::path::Path
     path
 }
 
-#[test]
-fn a_dump_replays_bit_for_bit_from_its_saved_state() {
-    let dir = scratch("dump-replay");
+/// Runs the diverging case with `--dump DIR/scene`; returns (DIR, the dump).
+fn dump_diverging(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = scratch(name);
     let case = write_case(&dir, "case.json", &diverging_case());
     let dump = dir.join("scene");
     let out = nanhunt(&[
@@ -38,6 +38,12 @@ fn a_dump_replays_bit_for_bit_from_its_saved_state() {
         dump.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    (dir, dump)
+}
+
+#[test]
+fn a_dump_replays_bit_for_bit_from_its_saved_state() {
+    let (dir, dump) = dump_diverging("dump-replay");
     for file in ["case.json", "state.safetensors", "stats.json"] {
         assert!(dump.join(file).is_file(), "{file} missing");
     }
@@ -184,23 +190,14 @@ fn reproducers_replay_and_say_when_fixed_or_different() {
     );
 }
 
-/// A dump written by `run --dump`, and its tensors.
+/// A dump of the diverging case, and its tensors.
 fn dump_of_diverging_case(
     name: &str,
 ) -> (
     std::path::PathBuf,
     std::collections::HashMap<String, candle_core::Tensor>,
 ) {
-    let dir = scratch(name);
-    let case = write_case(&dir, "case.json", &diverging_case());
-    let dump = dir.join("scene");
-    let out = nanhunt(&[
-        "run",
-        case.to_str().unwrap(),
-        "--dump",
-        dump.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let (_, dump) = dump_diverging(name);
     let tensors =
         candle_core::safetensors::load(dump.join("state.safetensors"), &candle_core::Device::Cpu)
             .unwrap();
@@ -253,6 +250,9 @@ fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_nam
     reshaped.insert("optimizer/m.block0.conv.weight".into(), t);
     candle_core::safetensors::save(&reshaped, &state).unwrap();
     replay_fails_with(&dump, &["`optimizer/m.block0.conv.weight`", "shape"]);
+    // Not safetensors at all.
+    std::fs::write(&state, b"not a safetensors file").unwrap();
+    replay_fails_with(&dump, &["cannot parse dump", "state.safetensors"]);
 }
 
 #[test]

@@ -142,12 +142,19 @@ fn corrupt_journals_are_journal_errors_with_the_line() {
         dir.to_str().unwrap(),
     ]);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    // Another campaign's options are an option error, not a case error.
+    let d = dir.to_str().unwrap();
+    fails_with(
+        &[
+            "fuzz", "--runs", "3", "--seed", "6", "--quiet", "--resume", "--out", d,
+        ],
+        &["invalid option `resume`", "journal.jsonl", "another seed"],
+    );
     let path = dir.join(JOURNAL_FILE);
     let text = std::fs::read_to_string(&path).unwrap();
     let mut lines: Vec<&str> = text.lines().collect();
     lines[1] = "{\"event\":\"run\",\"index\":\"zero\"}";
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let d = dir.to_str().unwrap();
     fails_with(
         &[
             "fuzz", "--runs", "3", "--seed", "5", "--quiet", "--resume", "--out", d,

@@ -1,6 +1,8 @@
 //! Shared helpers: the built `nanhunt` binary and the checked-in case files.
 
+use nanhunt::journal::{read_entries, Entry, JOURNAL_FILE};
 use nanhunt::spec::OptimizerSpec;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -138,4 +140,46 @@ pub fn python_with_safetensors() -> Command {
         py.env("PYTHONPATH", lib);
     }
     py
+}
+
+// Campaign journals, as the campaign and crash-safety tests read them.
+
+pub fn journal(dir: &Path) -> Vec<Entry> {
+    read_entries(&dir.join(JOURNAL_FILE), false).unwrap()
+}
+
+pub fn reproducer_files(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir.join("repro"))
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn signatures(entries: &[Entry]) -> BTreeSet<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Finding { signature, .. } => Some(signature.slug()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The run entries by index, without their timings.
+pub fn runs_by_index(entries: &[Entry]) -> BTreeMap<u64, Entry> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Run { index, .. } => {
+                let mut e = e.clone();
+                if let Entry::Run { millis, .. } = &mut e {
+                    *millis = 0;
+                }
+                Some((*index, e))
+            }
+            _ => None,
+        })
+        .collect()
 }

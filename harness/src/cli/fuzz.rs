@@ -122,7 +122,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             },
         },
         limits: WorkerLimits {
-            memory_bytes: Some(limits.max_memory_bytes as u64 + CHILD_MEMORY_HEADROOM),
+            // CUDA reserves far more address space than it uses: an
+            // address-space limit would stop it from starting at all.
+            memory_bytes: (args.device == DeviceSpec::Cpu)
+                .then_some(limits.max_memory_bytes as u64 + CHILD_MEMORY_HEADROOM),
             case: limits,
             case_timeout: args.case_timeout,
         },
