@@ -14,7 +14,11 @@ finally resumed to completion. Then it checks:
 - with only the main process killed (--jobs 1), the journal's runs and the
   reproducer files are identical to the uninterrupted run's.
 
-  python3 scripts/kill-campaigns.py --binary target/debug/nanhunt --campaigns 5 --kills 12
+  python3 scripts/kill-campaigns.py --binary target/debug/nanhunt --campaigns 8 --kills 12
+  python3 scripts/kill-campaigns.py --campaigns 4 --kills 12 --child-share 0 --seed 1
+
+(the second kills only main processes, so every campaign is also compared
+with its uninterrupted run).
 
 Exit 0 when every check holds; prints the figures.
 """
@@ -96,7 +100,7 @@ def main():
     base = ["fuzz", "--runs", str(args.runs), "--quiet", "--minimize-runs", "40"]
     failures = []
     totals = dict(kills=0, main=0, child=0, during_minimization=0, orphans=0,
-                  lost=0, duplicates=0, replayed=0, signatures=0)
+                  lost=0, duplicates=0, replayed=0, signatures=0, compared=0, identical=0)
 
     for c in range(args.campaigns):
         seed = str(100 + c + args.seed * 1000)
@@ -185,8 +189,11 @@ def main():
         if child_kills == 0:
             want = journal(ref)
             ref_files = sorted(f.name for f in (ref / "repro").iterdir()) if (ref / "repro").exists() else []
+            totals["compared"] += 1
             if runs(want) != by_index or ref_files != files:
                 failures.append(f"campaign {c}: differs from the uninterrupted run")
+            else:
+                totals["identical"] += 1
         print(f"campaign {c} (seed {seed}): {kills} kills ({child_kills} of workers), "
               f"{len(by_index)} runs, {len(findings)} signatures, {len(files)} reproducers", flush=True)
 
@@ -195,6 +202,8 @@ def main():
     print(f"findings lost: {totals['lost']}, duplicated runs: {totals['duplicates']}, "
           f"orphaned workers: {totals['orphans']}, reproducers replayed: {totals['replayed']}, "
           f"signatures: {totals['signatures']}")
+    print(f"identical to the uninterrupted run (campaigns with only the main process killed): "
+          f"{totals['identical']} of {totals['compared']}")
     for f in failures:
         print("FAIL:", f)
     shutil.rmtree(work, ignore_errors=True)

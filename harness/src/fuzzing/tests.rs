@@ -97,9 +97,16 @@ fn targets_flag_what_they_must() {
         !value.is_finite(),
         "outside the documented 1e18 the square overflows"
     );
-    // Bytes that are not UTF-8 are rejected; malformed JSON passes (an error, no panic).
+    // Bytes that are not UTF-8 are rejected; malformed JSON is parsed (an
+    // error, no panic) and rejected from the corpus, so that the corpus
+    // keeps inputs that reach validation; a parsed but invalid case passes.
     assert_eq!(case_json(&[0xff, 0xfe]), Verdict::Reject);
-    assert_eq!(case_json(b"{\"format\": 1"), Verdict::Pass);
+    assert_eq!(case_json(b"{\"format\": 1"), Verdict::Reject);
+    let other_format = Case::example("cnn")
+        .unwrap()
+        .to_json()
+        .replace("\"format\": 1", "\"format\": 2");
+    assert_eq!(case_json(other_format.as_bytes()), Verdict::Pass);
     assert_eq!(check("nope", b"", Envelope::Documented), None);
 }
 
