@@ -29,6 +29,9 @@ pub const SUMMARY_FILE: &str = "summary.json";
 /// The share of runs that mutate a found case instead of generating a new one.
 const MUTATION_RATE: f64 = 0.25;
 
+/// The most shards a campaign splits into (run indices stay far from u64's end).
+pub const MAX_SHARDS: u64 = 1 << 20;
+
 /// `--shard I/N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
@@ -45,13 +48,15 @@ impl Default for Shard {
 impl std::str::FromStr for Shard {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let err = || format!("`{s}` is not a shard: expected I/N with 0 <= I < N, e.g. 3/8");
+        let err = || {
+            format!("`{s}` is not a shard: expected I/N with 0 <= I < N <= {MAX_SHARDS}, e.g. 3/8")
+        };
         let (i, n) = s.split_once('/').ok_or_else(err)?;
         let (index, count): (u64, u64) = (
             i.trim().parse().map_err(|_| err())?,
             n.trim().parse().map_err(|_| err())?,
         );
-        if count == 0 || index >= count {
+        if count == 0 || index >= count || count > MAX_SHARDS {
             return Err(err());
         }
         Ok(Shard { index, count })
@@ -767,6 +772,7 @@ mod tests {
     fn shards_and_durations_parse() {
         assert_eq!("3/8".parse::<Shard>(), Ok(Shard { index: 3, count: 8 }));
         assert!("8/8".parse::<Shard>().is_err());
+        assert!("0/18446744073709551615".parse::<Shard>().is_err());
         assert!("x".parse::<Shard>().is_err());
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));

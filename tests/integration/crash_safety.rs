@@ -283,29 +283,76 @@ fn a_minimization_a_killed_session_left_half_tried_is_tried_again_on_resume() {
     );
 }
 
-/// The address-space limit of one of `pid`'s children, once it has one.
+/// A child process of `pid`, once it has one (Linux).
 #[cfg(target_os = "linux")]
-fn child_address_space_limit(pid: u32) -> Option<String> {
+fn worker_child(pid: u32) -> Option<u32> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::time::Instant::now() < deadline {
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten();
-        let children: Vec<String> = tasks
+        let child = tasks
             .flatten()
             .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-            .collect();
-        for child in children {
-            if let Ok(limits) = std::fs::read_to_string(format!("/proc/{child}/limits")) {
-                if let Some(line) = limits.lines().find(|l| l.starts_with("Max address space")) {
-                    return line.split_whitespace().nth(3).map(str::to_string);
-                }
-            }
+            .find_map(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+        if child.is_some() {
+            return child;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     None
+}
+
+/// Whether a process runs (gone and zombies do not).
+#[cfg(target_os = "linux")]
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+/// The address-space limit of one of `pid`'s children, once it has one.
+#[cfg(target_os = "linux")]
+fn child_address_space_limit(pid: u32) -> Option<String> {
+    let child = worker_child(pid)?;
+    let limits = std::fs::read_to_string(format!("/proc/{child}/limits")).ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    line.split_whitespace().nth(3).map(str::to_string)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_campaign_takes_its_workers_with_it() {
+    let dir = scratch("orphans");
+    // The worker hangs in its first run; the campaign is SIGKILLed meanwhile.
+    let mut campaign = Command::new(binary())
+        .args([
+            "fuzz",
+            "--runs",
+            "3",
+            "--quiet",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .env(nanhunt::workers::HANG_INDEX_ENV, "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let worker = worker_child(campaign.id()).expect("the campaign starts a worker");
+    campaign.kill().unwrap();
+    campaign.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while running(worker) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!running(worker), "worker {worker} outlived its campaign");
 }
 
 #[test]
