@@ -11,12 +11,12 @@
 use crate::error::{Document, Error, Result};
 use crate::journal::{Entry, Journal, Unminimized, MINIMIZE_ATTEMPTS};
 use crate::minimize::{minimize, MinimizeOptions};
-use crate::outcome::Signature;
+use crate::outcome::{Signature, Verdict};
 use crate::rng::Rng;
 use crate::runner::RunOptions;
 use crate::spec::*;
 use crate::strategy::{generate, StrategyOptions};
-use crate::workers::{Executor, ReproduceJob, RunResult, WorkerLimits, Workers};
+use crate::workers::{Executor, ReproduceJob, WorkerLimits, Workers};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -620,30 +620,11 @@ fn worker(
             (index, case_for(index, opts, &st.found))
         };
         let t0 = Instant::now();
-        let RunResult {
-            verdict,
-            signature,
-            step,
-            losses,
-            message,
-        } = executor.run(index, &case)?;
+        let record = executor.run(index, &case)?;
         let millis = t0.elapsed().as_millis() as u64;
-        let unstable = verdict == "unstable";
-        let entry = Entry::Run {
-            index,
-            family: case.family().to_string(),
-            loss: case.loss.name().to_string(),
-            optimizer: case.optimizer.name().to_string(),
-            precision: case.precision.name().to_string(),
-            device: case.device.to_string(),
-            losses,
-            verdict,
-            signature: signature.clone(),
-            step,
-            lr: case.optimizer.lr(),
-            millis,
-            message,
-        };
+        let unstable = record.verdict == Verdict::Unstable;
+        let signature = record.signature.clone();
+        let entry = Entry::run(index, &case, record, millis);
         let new_finding = {
             let mut st = state.lock().expect("campaign state poisoned");
             let new = signature.filter(|sig| !st.found.contains_key(&sig.slug()));
@@ -703,11 +684,13 @@ pub fn summarize(
                     continue; // merged shards may repeat a run
                 }
                 runs += 1;
-                match verdict.as_str() {
-                    "stable" => stable += 1,
-                    "unstable" => unstable += 1,
-                    "rejected" => rejected += 1,
-                    _ => errors += 1,
+                match verdict {
+                    Verdict::Stable => stable += 1,
+                    Verdict::Unstable => unstable += 1,
+                    Verdict::Rejected => rejected += 1,
+                    Verdict::Error | Verdict::Panic | Verdict::Crash | Verdict::Timeout => {
+                        errors += 1
+                    }
                 }
                 if let Some(sig) = signature {
                     let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {

@@ -16,7 +16,7 @@ use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
 use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
 use crate::models::ModelFactory;
-use crate::outcome::{Finding, FindingKind, Outcome, Phase};
+use crate::outcome::{Finding, FindingKind, Outcome, Phase, Verdict};
 use crate::runner::{run_model, RunOptions};
 use crate::spec::*;
 use serde::Serialize;
@@ -614,7 +614,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     let mut causes: Vec<Cause> = Vec::new();
     for v in variants(&case) {
         let (verified, result) = match arm_for(&v, &hardware) {
-            Some(arm) => (arm.verdict == "stable", arm_text(arm)),
+            Some(arm) => (arm.verdict == Verdict::Stable, arm_text(arm)),
             None => {
                 let outcome = run_variant(&v, factory, &run_opts)?;
                 runs += 1;

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::models::{factory_for, BuiltinFactory, ModelFactory};
-use crate::outcome::{FindingKind, Outcome, Signature, Trace};
+use crate::outcome::{FindingKind, Outcome, Signature, Trace, Verdict};
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, DeviceSpec, Precision};
 use serde::Serialize;
@@ -97,7 +97,7 @@ pub struct ArmRun {
     /// process's default pool).
     pub device: DeviceSpec,
     pub threads: Option<usize>,
-    pub verdict: String,
+    pub verdict: Verdict,
     /// The first finding, if any.
     pub signature: Option<Signature>,
     pub finding_step: Option<usize>,
@@ -235,7 +235,7 @@ fn run_arm(
         label,
         device: case.device,
         threads,
-        verdict: outcome.verdict().into(),
+        verdict: outcome.verdict(),
         signature,
         finding_step,
         non_finite_step,

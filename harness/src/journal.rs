@@ -11,7 +11,8 @@
 
 use crate::error::{Error, Result};
 use crate::minimize::CaseSize;
-use crate::outcome::Signature;
+use crate::outcome::{Signature, Verdict};
+use crate::record::RunResult;
 use crate::spec::Case;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -47,7 +48,7 @@ pub enum Entry {
         optimizer: String,
         precision: String,
         device: String,
-        verdict: String,
+        verdict: Verdict,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<Signature>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +109,34 @@ impl Unminimized {
     /// Whether trying again may help.
     pub fn retryable(self) -> bool {
         self == Unminimized::WorkerDied
+    }
+}
+
+impl Entry {
+    /// The `run` entry of campaign run `index` of `case`.
+    pub fn run(index: u64, case: &Case, record: RunResult, millis: u64) -> Entry {
+        let RunResult {
+            verdict,
+            signature,
+            step,
+            losses,
+            message,
+        } = record;
+        Entry::Run {
+            index,
+            family: case.family().to_string(),
+            loss: case.loss.name().to_string(),
+            optimizer: case.optimizer.name().to_string(),
+            precision: case.precision.name().to_string(),
+            device: case.device.to_string(),
+            verdict,
+            signature,
+            step,
+            lr: case.optimizer.lr(),
+            millis,
+            losses,
+            message,
+        }
     }
 }
 
@@ -281,7 +310,7 @@ mod tests {
             precision: "f32".into(),
             device: "cpu".into(),
             losses: vec![1.5, 0.25],
-            verdict: "stable".into(),
+            verdict: Verdict::Stable,
             signature: None,
             step: None,
             lr: 1e-3,

@@ -29,6 +29,7 @@ pub mod models;
 pub mod optim;
 pub mod outcome;
 pub mod probe;
+pub mod record;
 pub mod regression;
 pub mod replay;
 pub mod report;
@@ -42,6 +43,6 @@ pub mod strategy;
 pub mod workers;
 
 pub use error::{Error, Result};
-pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
+pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};
 pub use runner::{run, run_model, run_with_options, RunOptions};
 pub use spec::{Case, Limits};

@@ -19,12 +19,58 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
-    pub fn verdict(&self) -> &'static str {
+/// How one run ended, as the journal, the report and `diff` record it: an
+/// [`Outcome`]'s three, or one of the ways a campaign's run can end
+/// without one. Serialized by name (`"stable"`, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Stable,
+    Unstable,
+    Rejected,
+    /// The run ended in an `Err` (a bug or an I/O failure).
+    Error,
+    /// The run panicked (caught).
+    Panic,
+    /// The worker process running it died.
+    Crash,
+    /// The run took longer than the campaign's `--case-timeout`.
+    Timeout,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
         match self {
-            Outcome::Stable { .. } => "stable",
-            Outcome::Unstable { .. } => "unstable",
-            Outcome::Rejected { .. } => "rejected",
+            Verdict::Stable => "stable",
+            Verdict::Unstable => "unstable",
+            Verdict::Rejected => "rejected",
+            Verdict::Error => "error",
+            Verdict::Panic => "panic",
+            Verdict::Crash => "crash",
+            Verdict::Timeout => "timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A verdict equals its name (as in tests: `assert_eq!(v, "crash")`).
+impl PartialEq<&str> for Verdict {
+    fn eq(&self, name: &&str) -> bool {
+        self.name() == *name
+    }
+}
+
+impl Outcome {
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Outcome::Stable { .. } => Verdict::Stable,
+            Outcome::Unstable { .. } => Verdict::Unstable,
+            Outcome::Rejected { .. } => Verdict::Rejected,
         }
     }
 

@@ -18,7 +18,8 @@
 use crate::error::{Error, Result};
 use crate::journal::{Entry, Unminimized};
 use crate::models::BuiltinFactory;
-use crate::outcome::{Outcome, Signature};
+use crate::outcome::{Signature, Verdict};
+pub use crate::record::RunResult;
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, Limits};
 use serde::{Deserialize, Serialize};
@@ -83,22 +84,13 @@ pub enum Workers {
     Processes { exe: PathBuf },
 }
 
-/// The result of one campaign run, as journaled.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RunResult {
-    /// stable, unstable, rejected, error, panic, crash or timeout.
-    pub verdict: String,
-    pub signature: Option<Signature>,
-    pub step: Option<usize>,
-    #[serde(with = "crate::floats::vec")]
-    pub losses: Vec<f64>,
-    pub message: Option<String>,
-}
-
 /// Runs one case in this process under `limits`; a panic is caught and reported.
 pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
     let Some(factory) = BuiltinFactory::new(&case.model) else {
-        return failed("rejected", "a campaign runs built-in families only".into());
+        return failed(
+            Verdict::Rejected,
+            "a campaign runs built-in families only".into(),
+        );
     };
     let options = RunOptions {
         limits: limits.clone(),
@@ -107,31 +99,10 @@ pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         run_model(case, &factory, &options)
     }));
-    let losses: Vec<f64> = match &outcome {
-        Ok(Ok(o)) => o
-            .trace()
-            .map(|t| t.losses.iter().map(|&l| l as f32 as f64).collect())
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    let (verdict, signature, step, message) = match outcome {
-        Ok(Ok(Outcome::Stable { .. })) => ("stable", None, None, None),
-        Ok(Ok(Outcome::Unstable { finding })) => (
-            "unstable",
-            Some(finding.signature.clone()),
-            Some(finding.step),
-            None,
-        ),
-        Ok(Ok(Outcome::Rejected { reason })) => ("rejected", None, None, Some(reason)),
-        Ok(Err(e)) => ("error", None, None, Some(e.to_string())),
-        Err(_) => ("panic", None, None, Some("the run panicked".to_string())),
-    };
-    RunResult {
-        verdict: verdict.to_string(),
-        signature,
-        step,
-        losses,
-        message,
+    match outcome {
+        Ok(Ok(outcome)) => RunResult::of(&outcome),
+        Ok(Err(e)) => failed(Verdict::Error, e.to_string()),
+        Err(_) => failed(Verdict::Panic, "the run panicked".into()),
     }
 }
 
@@ -483,14 +454,14 @@ impl Executor {
                 return Err(Error::Worker(format!("answered {other:?} to a run")))
             }
             Some((_, Err(Failure::TimedOut(limit)))) => failed(
-                "timeout",
+                Verdict::Timeout,
                 format!(
                     "the run took longer than {:.0} s (--case-timeout); its worker was killed",
                     limit.as_secs_f64()
                 ),
             ),
             Some((_, Err(Failure::Died(how) | Failure::Gone(how)))) => {
-                failed("crash", self.with_memory_note(how))
+                failed(Verdict::Crash, self.with_memory_note(how))
             }
         })
     }
@@ -546,9 +517,9 @@ impl Executor {
     }
 }
 
-fn failed(verdict: &str, message: String) -> RunResult {
+fn failed(verdict: Verdict, message: String) -> RunResult {
     RunResult {
-        verdict: verdict.into(),
+        verdict,
         signature: None,
         step: None,
         losses: Vec::new(),

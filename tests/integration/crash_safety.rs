@@ -385,7 +385,7 @@ fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
     let out = child.wait_with_output().unwrap();
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
     let entries = journal(&dir);
-    let verdicts: Vec<(u64, String, Option<String>)> = entries
+    let verdicts: Vec<(u64, nanhunt::Verdict, Option<String>)> = entries
         .iter()
         .filter_map(|e| match e {
             Entry::Run {
@@ -393,7 +393,7 @@ fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
                 verdict,
                 message,
                 ..
-            } => Some((*index, verdict.clone(), message.clone())),
+            } => Some((*index, *verdict, message.clone())),
             _ => None,
         })
         .collect();

@@ -105,7 +105,7 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
             .draw()
             .ok()?;
         for c in &curves {
-            let color = if c.verdict == "stable" {
+            let color = if c.verdict == crate::outcome::Verdict::Stable {
                 PALETTE[2]
             } else {
                 PALETTE[1]

@@ -12,7 +12,7 @@ mod user;
 pub use user::{user_report, UserCampaign};
 
 use crate::journal::Entry;
-use crate::outcome::Signature;
+use crate::outcome::{Signature, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -67,7 +67,7 @@ pub struct SignatureRow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Curve {
     pub family: String,
-    pub verdict: String,
+    pub verdict: Verdict,
     pub index: u64,
     pub signature: Option<String>,
     #[serde(with = "crate::floats::vec")]
@@ -127,7 +127,8 @@ impl StabilityReport {
         let mut groups: BTreeMap<(String, String, String, String, String), Group> = BTreeMap::new();
         let mut sigs: BTreeMap<String, SignatureRow> = BTreeMap::new();
         let mut reproducer_of: BTreeMap<String, String> = BTreeMap::new();
-        let mut curves: BTreeMap<(String, String), Curve> = BTreeMap::new();
+        // Stable sorts before unstable, by name as before and by declaration.
+        let mut curves: BTreeMap<(String, Verdict), Curve> = BTreeMap::new();
         let mut bins: BTreeMap<(String, i32), LrBin> = BTreeMap::new();
         let mut seen = std::collections::BTreeSet::new();
         for e in entries {
@@ -199,15 +200,16 @@ impl StabilityReport {
                     });
                     for t in [&mut totals, &mut g.totals] {
                         t.runs += 1;
-                        match verdict.as_str() {
-                            "stable" => t.stable += 1,
-                            "unstable" => t.unstable += 1,
+                        match verdict {
+                            Verdict::Stable => t.stable += 1,
+                            Verdict::Unstable => t.unstable += 1,
+                            // Rejected runs too: the summary counts them apart.
                             _ => t.errors += 1,
                         }
                     }
-                    match verdict.as_str() {
-                        "stable" => widen(&mut g.lr_stable, *lr),
-                        "unstable" => widen(&mut g.lr_unstable, *lr),
+                    match verdict {
+                        Verdict::Stable => widen(&mut g.lr_stable, *lr),
+                        Verdict::Unstable => widen(&mut g.lr_unstable, *lr),
                         _ => {}
                     }
                     if let (Some(sig), Some(step)) = (signature, step) {
@@ -224,17 +226,18 @@ impl StabilityReport {
                         row.count += 1;
                         row.first_step = row.first_step.min(*step);
                     }
-                    if verdict == "stable" || verdict == "unstable" {
+                    if matches!(verdict, Verdict::Stable | Verdict::Unstable) {
                         // The representative run of a family and verdict: the lowest index.
-                        let slot = curves
-                            .entry((family.clone(), verdict.clone()))
-                            .or_insert_with(|| Curve {
-                                family: family.clone(),
-                                verdict: verdict.clone(),
-                                index: u64::MAX,
-                                signature: None,
-                                losses: Vec::new(),
-                            });
+                        let slot =
+                            curves
+                                .entry((family.clone(), *verdict))
+                                .or_insert_with(|| Curve {
+                                    family: family.clone(),
+                                    verdict: *verdict,
+                                    index: u64::MAX,
+                                    signature: None,
+                                    losses: Vec::new(),
+                                });
                         if *index < slot.index {
                             slot.index = *index;
                             slot.signature = signature.as_ref().map(|s| s.slug());
@@ -254,7 +257,7 @@ impl StabilityReport {
                                 unstable: 0,
                             });
                         bin.runs += 1;
-                        bin.unstable += u64::from(verdict == "unstable");
+                        bin.unstable += u64::from(*verdict == Verdict::Unstable);
                     }
                 }
                 Entry::Finding { .. } | Entry::Unminimized { .. } | Entry::Reported { .. } => {}

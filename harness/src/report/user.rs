@@ -6,7 +6,7 @@ use crate::campaign::mutate;
 use crate::error::Result;
 use crate::journal::Entry;
 use crate::models::ModelFactory;
-use crate::outcome::Outcome;
+use crate::record::RunResult;
 use crate::rng::Rng;
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, Limits};
@@ -55,33 +55,8 @@ pub fn user_report(
             }
         };
         let outcome = run_model(&case, factory, &RunOptions::default())?;
-        let (verdict, signature, step) = match &outcome {
-            Outcome::Stable { .. } => ("stable", None, None),
-            Outcome::Unstable { finding } => (
-                "unstable",
-                Some(finding.signature.clone()),
-                Some(finding.step),
-            ),
-            Outcome::Rejected { .. } => ("rejected", None, None),
-        };
-        entries.push(Entry::Run {
-            index,
-            family: case.family().to_string(),
-            loss: case.loss.name().to_string(),
-            optimizer: case.optimizer.name().to_string(),
-            precision: case.precision.name().to_string(),
-            device: case.device.to_string(),
-            verdict: verdict.to_string(),
-            signature,
-            step,
-            lr: case.optimizer.lr(),
-            millis: 0,
-            losses: outcome
-                .trace()
-                .map(|t| t.losses.clone())
-                .unwrap_or_default(),
-            message: None,
-        });
+        let record = RunResult::of(&outcome);
+        entries.push(Entry::run(index, &case, record, 0));
     }
     Ok(StabilityReport::from_entries(&entries))
 }

@@ -1,0 +1,42 @@
+//! The record of one training run: how it ended (a typed [`Verdict`]), its
+//! signature and failing step, its losses. Made once from an [`Outcome`]
+//! (or from the way a worker died) and carried unchanged to the journal,
+//! the report and `summary.json`.
+
+use crate::outcome::{Outcome, Signature, Verdict};
+use serde::{Deserialize, Serialize};
+
+/// The record of one run, as journaled (and sent by worker processes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub verdict: Verdict,
+    pub signature: Option<Signature>,
+    pub step: Option<usize>,
+    #[serde(with = "crate::floats::vec")]
+    pub losses: Vec<f64>,
+    pub message: Option<String>,
+}
+
+impl RunResult {
+    /// The record of a run that ended in an [`Outcome`]; losses rounded to
+    /// f32 (for the report's curves), as the journal keeps them.
+    pub fn of(outcome: &Outcome) -> RunResult {
+        let (signature, step, message) = match outcome {
+            Outcome::Stable { .. } => (None, None, None),
+            Outcome::Unstable { finding } => {
+                (Some(finding.signature.clone()), Some(finding.step), None)
+            }
+            Outcome::Rejected { reason } => (None, None, Some(reason.clone())),
+        };
+        RunResult {
+            verdict: outcome.verdict(),
+            signature,
+            step,
+            losses: outcome
+                .trace()
+                .map(|t| t.losses.iter().map(|&l| l as f32 as f64).collect())
+                .unwrap_or_default(),
+            message,
+        }
+    }
+}
