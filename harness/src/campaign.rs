@@ -267,16 +267,26 @@ pub(crate) fn reproduce(job: &ReproduceJob) -> Result<Entry> {
         None,
         &MinimizeOptions {
             max_runs: job.minimize_runs,
-            run: RunOptions::default(),
+            run: RunOptions {
+                limits: job.limits.clone(),
+                ..RunOptions::default()
+            },
             deadline: job.time_limit.map(|t| Instant::now() + t),
         },
-    )?;
+    );
+    let not_reproducible = |message: String| Entry::Unminimized {
+        signature: job.signature.clone(),
+        reason: Unminimized::NotReproducible,
+        message,
+    };
+    let m = match m {
+        Err(Error::Rejected(reason)) => return Ok(not_reproducible(reason)),
+        m => m?,
+    };
     let Some(m) = m.filter(|m| m.signature == job.signature) else {
-        return Ok(Entry::Unminimized {
-            signature: job.signature.clone(),
-            reason: Unminimized::NotReproducible,
-            message: "the finding did not come back when its case ran from the start".into(),
-        });
+        return Ok(not_reproducible(
+            "the finding did not come back when its case ran from the start".into(),
+        ));
     };
     let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
     let repro = m.reproducer(&job.case, provenance);
@@ -343,6 +353,7 @@ fn reproduce_job(
         out: opts.out.clone(),
         minimize_runs: opts.minimize_runs,
         campaign_seed: opts.seed,
+        limits: opts.limits.case.clone(),
         time_limit: opts.budget.map(|b| b.saturating_sub(started.elapsed())),
     }
 }

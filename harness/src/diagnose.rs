@@ -547,7 +547,8 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     let mut runs = 1;
     let finding = match outcome {
         Outcome::Unstable { finding } => *finding,
-        Outcome::Stable { .. } | Outcome::Rejected { .. } => {
+        Outcome::Rejected { reason } => return Err(crate::error::Error::Rejected(reason)),
+        Outcome::Stable { .. } => {
             return Ok(Diagnosis {
                 finding: None,
                 batch_raw: None,

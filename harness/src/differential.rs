@@ -223,7 +223,7 @@ fn run_arm(
         }
         Outcome::Stable { trace } => (None, None, None, trace),
         Outcome::Rejected { reason } => {
-            return Err(Error::invalid(format!("arm `{label}`"), reason.clone()))
+            return Err(Error::Rejected(format!("arm `{label}`: {reason}")))
         }
     };
     let trace = if trace.losses.is_empty() {

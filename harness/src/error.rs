@@ -11,6 +11,11 @@ pub enum Error {
     #[error("invalid case: field `{field}`: {reason}")]
     InvalidCase { field: String, reason: String },
 
+    /// A case the runner rejected as written (the reason names the field):
+    /// `Outcome::Rejected` where a command needs a case that runs.
+    #[error("{0}")]
+    Rejected(String),
+
     /// A command or library option out of its range.
     #[error("invalid option `{field}`: {reason}")]
     InvalidOption { field: String, reason: String },
@@ -130,6 +135,7 @@ impl Error {
         matches!(
             self,
             Error::InvalidCase { .. }
+                | Error::Rejected(_)
                 | Error::InvalidOption { .. }
                 | Error::Parse(..)
                 | Error::Malformed { .. }

@@ -417,7 +417,7 @@ fn run_candidate(
 
 /// Shrinks `case` while it keeps failing with its signature. `factory` is a
 /// user model's factory (`None` for the built-in families). `None` when the
-/// case does not fail at all.
+/// case does not fail at all; `Err(Rejected)` when it cannot run.
 pub fn minimize(
     case: &Case,
     factory: Option<&dyn ModelFactory>,
@@ -425,7 +425,8 @@ pub fn minimize(
 ) -> Result<Option<Minimized>> {
     let (signature, mut step) = match run_candidate(case, factory, &opts.run)? {
         Outcome::Unstable { finding } => (finding.signature.clone(), finding.step),
-        _ => return Ok(None),
+        Outcome::Stable { .. } => return Ok(None),
+        Outcome::Rejected { reason } => return Err(crate::error::Error::Rejected(reason)),
     };
     let mut runs = 1;
     let mut current = case.clone();

@@ -161,7 +161,7 @@ pub fn replay_reproducer(
     let actual = match run_model(&repro.case, factory, &RunOptions::default())? {
         Outcome::Unstable { finding } => Some(*finding),
         Outcome::Stable { .. } => None,
-        Outcome::Rejected { reason } => return Err(Error::invalid("case", reason)),
+        Outcome::Rejected { reason } => return Err(Error::Rejected(reason)),
     };
     Ok(ReplayReport::new(
         repro.expected.signature.clone(),

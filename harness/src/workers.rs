@@ -115,6 +115,9 @@ pub struct ReproduceJob {
     pub out: PathBuf,
     pub minimize_runs: usize,
     pub campaign_seed: u64,
+    /// The campaign's case limits, which every candidate is held to.
+    #[serde(default)]
+    pub limits: Limits,
     /// Stop shrinking after this long (what is left of the campaign's budget).
     #[serde(default)]
     pub time_limit: Option<Duration>,

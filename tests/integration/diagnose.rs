@@ -162,3 +162,28 @@ fn the_cli_prints_the_steps_and_the_ranked_causes() {
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("nothing to diagnose"));
 }
+
+/// A case the runner rejects (here: a user's model with nothing to train)
+/// is an error for diagnose and minimize (as for the LR tables), never "trained
+/// stably" or "does not fail".
+#[test]
+fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
+    use nanhunt::models::{Model, ModuleModel};
+    let mut case = Case::example("cnn").unwrap();
+    case.model = ModelSpec::Custom(CustomSpec {
+        name: "nothing_to_train".into(),
+        input: InputSpec::Vector { features: 4 },
+        outputs: 4,
+        init: InitSpec::default(),
+    });
+    let factory = |_: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(ModuleModel(candle_nn::seq())))
+    };
+    let rejected = |e: nanhunt::Error| {
+        assert!(matches!(e, nanhunt::Error::Rejected(_)), "{e:?}");
+        assert!(e.to_string().contains("no trainable parameters"), "{e}");
+    };
+    rejected(diagnose(&case, &factory, &RunOptions::default()).unwrap_err());
+    let opts = nanhunt::minimize::MinimizeOptions::default();
+    rejected(nanhunt::minimize::minimize(&case, Some(&factory), &opts).unwrap_err());
+}

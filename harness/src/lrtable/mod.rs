@@ -441,7 +441,7 @@ pub fn probe_at(
                 ),
             )),
         },
-        Outcome::Rejected { reason } => Err(Error::invalid("case", reason)),
+        Outcome::Rejected { reason } => Err(Error::Rejected(reason)),
     }
 }
 
@@ -551,7 +551,7 @@ pub fn measure(
                 }
                 // A configuration the case rules reject becomes a row that
                 // says why; anything else is an error of the whole table.
-                Err(e @ Error::InvalidCase { .. }) => {
+                Err(e @ (Error::InvalidCase { .. } | Error::Rejected(_))) => {
                     if seeds.is_ok() {
                         seeds = Err(e.to_string());
                     }
