@@ -50,10 +50,20 @@ fn main() -> anyhow::Result<()> {
         .collect();
     let opts = LrTableOptions {
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        progress: true,
+        progress: Some(std::sync::Arc::new(SeedsDone)),
         ..LrTableOptions::default()
     };
     let table = measure(&configs, Some(&factory), &opts)?;
     print!("{}", table.to_markdown());
     Ok(())
+}
+
+/// Progress as a line on stderr per measured seed (any `Progress` will do).
+#[derive(Debug)]
+struct SeedsDone;
+
+impl nanhunt::progress::Progress for SeedsDone {
+    fn update(&self, done: u64, status: &str) {
+        eprintln!("{done} seeds measured {status}");
+    }
 }

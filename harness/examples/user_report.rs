@@ -4,8 +4,8 @@
 //! Run: `cargo run -p nanhunt --example user_report`
 
 use candle_nn::VarBuilder;
+use nanhunt::campaign::{user_report, UserCampaign};
 use nanhunt::models::{Model, ModuleModel};
-use nanhunt::report::{user_report, UserCampaign};
 use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, LossSpec, ModelSpec};
 
 fn my_model(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {

@@ -29,6 +29,7 @@ pub mod models;
 pub mod optim;
 pub mod outcome;
 pub mod probe;
+pub mod progress;
 pub mod record;
 pub mod regression;
 pub mod replay;
@@ -40,7 +41,7 @@ pub mod scaler;
 pub mod spec;
 pub mod state;
 pub mod strategy;
-pub mod workers;
+pub use campaign::workers;
 
 pub use error::{Error, Result};
 pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};

@@ -569,6 +569,34 @@ pub fn generate(opts: &StrategyOptions, seed: u64) -> Case {
         .current()
 }
 
+/// A random nudge of one knob (the neighbourhood of a finding).
+pub fn mutate(base: &Case, rng: &mut crate::rng::Rng) -> Case {
+    let mut c = base.clone();
+    match rng.below(7) {
+        0 => {
+            let lr = c.optimizer.lr() * 10f64.powf(rng.uniform_in(-1.0, 1.0));
+            c.optimizer.set_lr(lr);
+        }
+        1 => c.seed = rng.next_u64() % 1000,
+        2 => {
+            c.precision = match rng.below(4) {
+                0 => Precision::F32,
+                1 => Precision::F16,
+                2 => Precision::Bf16,
+                _ => Precision::Mixed {
+                    compute: HalfType::F16,
+                    loss_scaling: LossScaling::default(),
+                },
+            }
+        }
+        3 => c.steps = (c.steps * 2).min(60),
+        4 => c.data.scale *= 10f64.powf(rng.uniform_in(-1.0, 1.0)),
+        5 => c.clip = ClipSpec::None,
+        _ => c.batch_size = 1 + rng.below(16),
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

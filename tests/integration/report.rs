@@ -4,8 +4,9 @@
 use crate::support::*;
 use candle_nn::VarBuilder;
 use nanhunt::campaign::{run_campaign, CampaignOptions};
+use nanhunt::campaign::{user_report, UserCampaign};
 use nanhunt::models::{Model, ModuleModel};
-use nanhunt::report::{user_report, StabilityReport, UserCampaign};
+use nanhunt::report::StabilityReport;
 use nanhunt::spec::*;
 use nanhunt::strategy::StrategyOptions;
 

@@ -112,7 +112,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         resume: args.resume,
         shard: args.shard,
         minimize_runs: args.minimize_runs as usize,
-        progress: !args.quiet,
+        progress: super::progress::Bar::unless(args.quiet, "runs"),
         workers: match args.workers {
             WorkerKind::Threads => Workers::Threads,
             WorkerKind::Processes => Workers::Processes {

@@ -131,7 +131,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         full_batch: args.full_batch,
         curvature: !args.no_curvature,
         jobs,
-        progress: !args.quiet,
+        progress: super::progress::Bar::unless(args.quiet, "seeds"),
         run: RunOptions {
             device: Some(args.device),
             limits,

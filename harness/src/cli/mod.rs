@@ -12,6 +12,7 @@ mod import_artifact;
 mod lr_table;
 mod merge;
 mod minimize;
+mod progress;
 mod replay;
 mod report;
 mod run;

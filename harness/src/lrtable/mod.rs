@@ -137,7 +137,8 @@ pub struct LrTableOptions {
     pub power: PowerIteration,
     /// Worker threads (seeds run in parallel).
     pub jobs: usize,
-    pub progress: bool,
+    /// Where to report the seeds measured (none: nowhere).
+    pub progress: Option<crate::progress::Reporter>,
     pub run: RunOptions,
 }
 
@@ -154,7 +155,7 @@ impl Default for LrTableOptions {
             curvature: true,
             power: PowerIteration::default(),
             jobs: 1,
-            progress: false,
+            progress: None,
             run: RunOptions::default(),
         }
     }
@@ -501,7 +502,9 @@ pub fn measure(
     let results: Mutex<Vec<Option<Result<SeedResult>>>> =
         Mutex::new(items.iter().map(|_| None).collect());
     let next = AtomicUsize::new(0);
-    let bar = progress_bar(opts, items.len());
+    let progress = crate::progress::or_silent(&opts.progress);
+    progress.start(Some(items.len() as u64));
+    let done = AtomicUsize::new(0);
     let work = || {
         let pool = crate::device::cpu_pool(1);
         loop {
@@ -519,16 +522,17 @@ pub fn measure(
                 Ok(pool) => pool.install(|| measure_seed(&config.case, seed, factory, opts)),
                 Err(e) => Err(Error::option("threads", e.to_string())),
             };
-            if let Ok(s) = &r {
-                bar.set_message(format!(
+            let status = match &r {
+                Ok(s) => format!(
                     "{} {} {}: {} runs",
                     config.family,
                     config.optimizer,
                     config.case.precision.name(),
                     s.runs
-                ));
-            }
-            bar.inc(1);
+                ),
+                Err(_) => String::new(),
+            };
+            progress.update(done.fetch_add(1, Ordering::SeqCst) as u64 + 1, &status);
             results.lock().expect("no worker panics")[k] = Some(r);
         }
     };
@@ -537,7 +541,7 @@ pub fn measure(
             s.spawn(work);
         }
     });
-    bar.finish_and_clear();
+    progress.finish();
     let mut results = results.into_inner().expect("no worker panics").into_iter();
     let mut rows = Vec::new();
     for config in configs {
@@ -580,21 +584,6 @@ pub fn measure(
         grid_runs: rows.iter().map(|r| r.grid_runs).sum(),
         rows,
     })
-}
-
-fn progress_bar(opts: &LrTableOptions, items: usize) -> indicatif::ProgressBar {
-    if !opts.progress {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(items as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} seeds {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar
 }
 
 #[cfg(test)]

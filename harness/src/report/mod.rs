@@ -7,9 +7,6 @@
 
 mod html;
 mod markdown;
-mod user;
-
-pub use user::{user_report, UserCampaign};
 
 use crate::journal::Entry;
 use crate::outcome::{Signature, Verdict};

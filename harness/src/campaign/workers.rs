@@ -6,7 +6,7 @@
 //!
 //! Parent and child speak JSON lines over the child's stdin and stdout: a
 //! [`Request`] per line in, a [`Response`] per line out. Both sides run the
-//! same code ([`run_case`], `campaign::reproduce`), so a campaign's results
+//! same code ([`run_case`], [`super::reproduce::reproduce`]), so a campaign's results
 //! do not depend on the kind of worker.
 //!
 //! A child cannot take the campaign down or outlive it: it runs in its own
@@ -15,10 +15,11 @@
 //! kills it; a write to a child that died between requests is a dead
 //! worker (replaced, the request sent again), never a SIGPIPE of the campaign.
 
+use super::reproduce::ReproduceJob;
 use crate::error::{Error, Result};
 use crate::journal::{Entry, Unminimized};
 use crate::models::BuiltinFactory;
-use crate::outcome::{Signature, Verdict};
+use crate::outcome::Verdict;
 pub use crate::record::RunResult;
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, Limits};
@@ -106,23 +107,6 @@ pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
     }
 }
 
-/// What minimizing a finding needs besides the case.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ReproduceJob {
-    pub index: u64,
-    pub case: Case,
-    pub signature: Signature,
-    pub out: PathBuf,
-    pub minimize_runs: usize,
-    pub campaign_seed: u64,
-    /// The campaign's case limits, which every candidate is held to.
-    #[serde(default)]
-    pub limits: Limits,
-    /// Stop shrinking after this long (what is left of the campaign's budget).
-    #[serde(default)]
-    pub time_limit: Option<Duration>,
-}
-
 /// Borrowed when sent, owned when received.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request<'a> {
@@ -178,7 +162,7 @@ pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<()> {
                 if abort_minimize == Some(job.index) {
                     std::process::abort();
                 }
-                Response::Reproduce(crate::campaign::reproduce(&job).map_err(|e| e.to_string()))
+                Response::Reproduce(super::reproduce::reproduce(&job).map_err(|e| e.to_string()))
             }
         };
         if exit {
@@ -485,7 +469,7 @@ impl Executor {
             message,
         };
         let (pid, response) = match self.call(&Request::Reproduce(Cow::Borrowed(job)), timeout)? {
-            None => return crate::campaign::reproduce(job),
+            None => return super::reproduce::reproduce(job),
             Some(answer) => answer,
         };
         let entry = match response {
@@ -508,7 +492,7 @@ impl Executor {
             }
         };
         // The dead child may have left a half-written reproducer.
-        crate::files::remove_stale_temps(&job.out.join(crate::campaign::REPRO_DIR), Some(pid));
+        crate::files::remove_stale_temps(&job.out.join(super::reproduce::REPRO_DIR), Some(pid));
         Ok(entry)
     }
 

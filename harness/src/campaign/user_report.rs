@@ -1,15 +1,15 @@
 //! A seeded campaign around a user's own model, returning a report ready
 //! for `insta::assert_snapshot!` in the user's test suite.
 
-use super::StabilityReport;
-use crate::campaign::mutate;
 use crate::error::Result;
 use crate::journal::Entry;
 use crate::models::ModelFactory;
 use crate::record::RunResult;
+use crate::report::StabilityReport;
 use crate::rng::Rng;
 use crate::runner::{run_model, RunOptions};
 use crate::spec::{Case, Limits};
+use crate::strategy::mutate;
 
 /// How many runs and from which seed.
 #[derive(Clone, Debug)]

@@ -1,0 +1,397 @@
+//! Fuzz campaigns: generate cases (and mutate around what was found), run
+//! them on parallel workers, dedup failures by signature, minimize every new
+//! signature into a reproducer, and journal everything so that a killed
+//! campaign resumes without losing a finding or writing a duplicate.
+//!
+//! Run indices are global: shard `i` of `n` runs indices `i, i+n, i+2n, …`,
+//! and the case of an index is a function of (campaign seed, index) and of
+//! the findings known when it was dispatched (mutation picks from them). With
+//! one job the whole campaign is deterministic.
+
+mod options;
+mod reproduce;
+mod summary;
+mod user_report;
+pub mod workers;
+
+pub use options::{budget_text, parse_duration, CampaignOptions, Shard, MAX_SHARDS};
+pub use reproduce::{reproduce, reproducer_name, ReproduceJob, REPRO_DIR};
+pub use summary::{summarize, unreported, SignatureSummary, Summary, SUMMARY_FILE};
+pub use user_report::{user_report, UserCampaign};
+
+use crate::error::{Document, Error, Result};
+use crate::journal::{Entry, Journal, MINIMIZE_ATTEMPTS};
+use crate::outcome::{Signature, Verdict};
+use crate::progress::Progress;
+use crate::rng::Rng;
+use crate::spec::*;
+use crate::strategy::{generate, mutate};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+use workers::Executor;
+
+/// The share of runs that mutate a found case instead of generating a new one.
+const MUTATION_RATE: f64 = 0.25;
+
+/// Shared state of the workers.
+struct State {
+    journal: Journal,
+    done: BTreeSet<u64>,
+    /// Cases of the known signatures, by slug (sorted: mutation picks deterministically).
+    found: BTreeMap<String, Case>,
+    entries: Vec<Entry>,
+    /// Unstable runs of this session (for the progress line).
+    unstable: u64,
+}
+
+impl State {
+    fn append(&mut self, entries: Vec<Entry>) -> Result<()> {
+        self.journal.append_group(&entries)?;
+        self.entries.extend(entries);
+        Ok(())
+    }
+}
+
+/// A fresh generated case, or a mutation of a found one.
+fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) -> Case {
+    let limits = &opts.limits.case;
+    let mut rng = Rng::keyed(opts.seed, "campaign.dispatch", index);
+    let mut case = if !found.is_empty() && rng.uniform() < MUTATION_RATE {
+        let base = found
+            .values()
+            .nth(rng.below(found.len()))
+            .expect("non-empty")
+            .clone();
+        mutate(&base, &mut rng)
+    } else {
+        let seed = Rng::keyed(opts.seed, "campaign.generate", index).next_u64();
+        generate(&opts.strategy, seed)
+    };
+    case.device = opts.device;
+    if case.validate(limits).is_err() {
+        // A mutation can leave the valid space; fall back to a fresh draw.
+        case = generate(&opts.strategy, rng.next_u64());
+        case.device = opts.device;
+    }
+    case
+}
+
+/// Minimizes a finding until it has a reproducer or a settled reason for
+/// none, journaling each attempt; a worker that dies is replaced and the
+/// minimization tried again, up to [`MINIMIZE_ATTEMPTS`] in all.
+fn settle_finding(
+    executor: &mut Executor,
+    state: &Mutex<State>,
+    job: &ReproduceJob,
+    mut attempts: usize,
+) -> Result<()> {
+    while attempts < MINIMIZE_ATTEMPTS {
+        let entry = executor.reproduce(job)?;
+        attempts += 1;
+        let retry = match &entry {
+            Entry::Unminimized {
+                reason, message, ..
+            } => {
+                eprintln!(
+                    "warning: no reproducer for {} (attempt {attempts} of {MINIMIZE_ATTEMPTS}): {message}",
+                    job.signature
+                );
+                reason.retryable()
+            }
+            _ => false,
+        };
+        state
+            .lock()
+            .expect("campaign state poisoned")
+            .append(vec![entry])?;
+        if !retry {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn reproduce_job(
+    case: &Case,
+    signature: &Signature,
+    opts: &CampaignOptions,
+    index: u64,
+    started: Instant,
+) -> ReproduceJob {
+    ReproduceJob {
+        index,
+        case: case.clone(),
+        signature: signature.clone(),
+        out: opts.out.clone(),
+        minimize_runs: opts.minimize_runs,
+        campaign_seed: opts.seed,
+        limits: opts.limits.case.clone(),
+        time_limit: opts.budget.map(|b| b.saturating_sub(started.elapsed())),
+    }
+}
+
+/// Runs a campaign to its budget; see the module docs.
+pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
+    let out = &opts.out;
+    let has_journal = out.join(crate::journal::JOURNAL_FILE).exists();
+    if has_journal && !opts.resume {
+        return Err(Error::io(
+            out,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "holds a campaign journal: resume it, or choose another output directory",
+            ),
+        ));
+    }
+    crate::device::open(opts.device)?;
+    // Locks the journal: from here on no other process writes in `out`.
+    let (mut journal, mut entries) = Journal::open(out)?;
+    let journal_path = out.join(crate::journal::JOURNAL_FILE);
+    for dir in [out.clone(), out.join(REPRO_DIR)] {
+        crate::files::remove_stale_temps(&dir, None);
+    }
+    let header = Entry::Start {
+        nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
+        seed: opts.seed,
+        families: opts.strategy.families.clone(),
+        clean_data: opts.strategy.clean_data,
+        shard: (opts.shard.index, opts.shard.count),
+        device: opts.device.to_string(),
+        budget: budget_text(opts),
+    };
+    match entries.first() {
+        None => {
+            journal.append(&header)?;
+            entries.push(header);
+        }
+        Some(Entry::Start {
+            seed,
+            families,
+            clean_data,
+            shard,
+            ..
+        }) if *seed == opts.seed
+            && families == &opts.strategy.families
+            && *clean_data == opts.strategy.clean_data
+            && *shard == (opts.shard.index, opts.shard.count) => {}
+        Some(_) => {
+            return Err(Error::option(
+                "resume",
+                format!(
+                "{} was written by a campaign with another seed, family list, data mode or shard",
+                journal_path.display()
+            ),
+            ))
+        }
+    }
+
+    let mut done = BTreeSet::new();
+    let mut found = BTreeMap::new();
+    // Per signature: minimization attempts so far, and whether it is settled.
+    let mut attempts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut settled = BTreeSet::new();
+    let mut pending: Vec<(u64, Signature, Case)> = Vec::new();
+    for e in &entries {
+        match e {
+            Entry::Run { index, .. } => {
+                done.insert(*index);
+            }
+            Entry::Finding {
+                index,
+                signature,
+                case,
+            } => {
+                if let Err(e) = case.validate(&Limits::default()) {
+                    return Err(Error::malformed(
+                        Document::Journal,
+                        &journal_path,
+                        format!(
+                            "the finding of run {index} ({signature}) holds an invalid case: {e}"
+                        ),
+                    ));
+                }
+                found.insert(signature.slug(), (**case).clone());
+                pending.push((*index, signature.clone(), (**case).clone()));
+            }
+            Entry::Reproducer { signature, .. } => {
+                settled.insert(signature.slug());
+            }
+            Entry::Unminimized {
+                signature, reason, ..
+            } => {
+                let n = attempts.entry(signature.slug()).or_insert(0);
+                *n += 1;
+                if !reason.retryable() || *n >= MINIMIZE_ATTEMPTS {
+                    settled.insert(signature.slug());
+                }
+            }
+            Entry::Start { .. } | Entry::Reported { .. } => {}
+        }
+    }
+    pending.retain(|(_, s, _)| !settled.contains(&s.slug()));
+    let state = Mutex::new(State {
+        journal,
+        done,
+        found,
+        entries,
+        unstable: 0,
+    });
+
+    let started = Instant::now();
+    let over_budget = || opts.budget.is_some_and(|b| started.elapsed() >= b);
+    // Findings whose minimization a killed session did not finish, on one
+    // pool thread: a worker child dies with the thread that started it.
+    crate::device::cpu_pool(1)?.install(|| -> Result<()> {
+        let mut executor = Executor::new(&opts.workers, opts.limits.clone());
+        for (index, signature, case) in pending {
+            if over_budget() {
+                break; // the next session goes on with them
+            }
+            let job = reproduce_job(&case, &signature, opts, index, started);
+            let tried = attempts.get(&signature.slug()).copied().unwrap_or(0);
+            settle_finding(&mut executor, &state, &job, tried)?;
+        }
+        Ok(())
+    })?;
+
+    let progress = crate::progress::or_silent(&opts.progress);
+    progress.start(opts.runs);
+    let next_local = AtomicU64::new(0);
+    let session_runs = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.max(1) {
+            scope.spawn(|| {
+                let result = crate::device::cpu_pool(1).and_then(|pool| {
+                    pool.install(|| {
+                        worker(
+                            opts,
+                            &state,
+                            &next_local,
+                            &session_runs,
+                            &stop,
+                            started,
+                            progress,
+                        )
+                    })
+                });
+                if let Err(e) = result {
+                    stop.store(true, Ordering::SeqCst);
+                    first_error.lock().expect("poisoned").get_or_insert(e);
+                }
+            });
+        }
+    });
+    progress.finish();
+    if let Some(e) = first_error.into_inner().expect("poisoned") {
+        return Err(e);
+    }
+    let mut st = state.into_inner().expect("campaign state poisoned");
+    let new = unreported(&st.entries);
+    let summary = summarize(
+        opts,
+        &st.entries,
+        new.clone(),
+        session_runs.load(Ordering::SeqCst),
+        started.elapsed(),
+    );
+    crate::files::write_atomic(
+        &out.join(SUMMARY_FILE),
+        serde_json::to_string_pretty(&summary)
+            .expect("summary serializes")
+            .as_bytes(),
+    )?;
+    write_reports(out, &st.entries)?;
+    if !new.is_empty() {
+        // Last: a session killed before this line leaves them to the next one.
+        st.append(vec![Entry::Reported { signatures: new }])?;
+    }
+    Ok(summary)
+}
+
+/// Writes `report.json`, `report.md` and `report.html` of a campaign's entries.
+pub fn write_reports(out: &Path, entries: &[Entry]) -> Result<()> {
+    let report = crate::report::StabilityReport::from_entries(entries);
+    let write =
+        |name: &str, text: String| crate::files::write_atomic(&out.join(name), text.as_bytes());
+    write("report.json", report.to_json())?;
+    write("report.md", report.to_markdown())?;
+    write("report.html", report.to_html())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    opts: &CampaignOptions,
+    state: &Mutex<State>,
+    next_local: &AtomicU64,
+    session_runs: &AtomicU64,
+    stop: &AtomicBool,
+    started: Instant,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let mut executor = Executor::new(&opts.workers, opts.limits.clone());
+    loop {
+        if stop.load(Ordering::SeqCst) || opts.budget.is_some_and(|b| started.elapsed() >= b) {
+            return Ok(());
+        }
+        // The next local index of this shard that is not journaled yet.
+        let (index, case) = {
+            let st = state.lock().expect("campaign state poisoned");
+            let local = loop {
+                let l = next_local.fetch_add(1, Ordering::SeqCst);
+                if !st.done.contains(&(opts.shard.index + l * opts.shard.count)) {
+                    break l;
+                }
+            };
+            if opts.runs.is_some_and(|n| local >= n) {
+                return Ok(());
+            }
+            let index = opts.shard.index + local * opts.shard.count;
+            (index, case_for(index, opts, &st.found))
+        };
+        let t0 = Instant::now();
+        let record = executor.run(index, &case)?;
+        let millis = t0.elapsed().as_millis() as u64;
+        let unstable = record.verdict == Verdict::Unstable;
+        let signature = record.signature.clone();
+        let entry = Entry::run(index, &case, record, millis);
+        let new_finding = {
+            let mut st = state.lock().expect("campaign state poisoned");
+            let new = signature.filter(|sig| !st.found.contains_key(&sig.slug()));
+            let mut group = vec![entry];
+            if let Some(sig) = &new {
+                group.push(Entry::Finding {
+                    index,
+                    signature: sig.clone(),
+                    case: Box::new(case.clone()),
+                });
+            }
+            // The run and its finding in one write: no kill separates them.
+            st.append(group)?;
+            st.done.insert(index);
+            if let Some(sig) = &new {
+                st.found.insert(sig.slug(), case.clone());
+            }
+            let runs = session_runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let rate = runs as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            st.unstable += u64::from(unstable);
+            let unstable = st.unstable;
+            progress.update(
+                st.done.len() as u64,
+                &format!(
+                    "{rate:.1} runs/s, {unstable} findings, {} signatures",
+                    st.found.len()
+                ),
+            );
+            new
+        };
+        if let Some(sig) = new_finding {
+            let job = reproduce_job(&case, &sig, opts, index, started);
+            settle_finding(&mut executor, state, &job, 0)?;
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! What a campaign is asked to do: its options, `--shard I/N` and
+//! `--budget` durations.
+
+use super::workers::{WorkerLimits, Workers};
+use crate::progress::Reporter;
+use crate::spec::DeviceSpec;
+use crate::strategy::StrategyOptions;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The most shards a campaign splits into (run indices stay far from u64's end).
+pub const MAX_SHARDS: u64 = 1 << 20;
+
+/// `--shard I/N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { index: 0, count: 1 }
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let err = || {
+            format!("`{s}` is not a shard: expected I/N with 0 <= I < N <= {MAX_SHARDS}, e.g. 3/8")
+        };
+        let (i, n) = s.split_once('/').ok_or_else(err)?;
+        let (index, count): (u64, u64) = (
+            i.trim().parse().map_err(|_| err())?,
+            n.trim().parse().map_err(|_| err())?,
+        );
+        if count == 0 || index >= count || count > MAX_SHARDS {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// Parses `90s`, `15m`, `2h`, `1h30m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let err = || format!("`{s}` is not a duration: use e.g. 90s, 15m, 2h or 1h30m");
+    // At most 100 years: a longer budget is a typo, and `Duration` overflows past u64 seconds.
+    let seconds = |secs: f64| {
+        (secs.is_finite() && (0.0..=MAX_DURATION_S).contains(&secs))
+            .then(|| Duration::from_secs_f64(secs))
+            .ok_or_else(|| format!("`{s}` is not a duration between 0 and 100 years: use e.g. 90s, 15m, 2h or 1h30m"))
+    };
+    if let Ok(secs) = s.parse::<f64>() {
+        return seconds(secs);
+    }
+    let mut total = 0f64;
+    let mut number = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            number.push(ch);
+        } else {
+            let v: f64 = number.parse().map_err(|_| err())?;
+            number.clear();
+            total += v * match ch {
+                's' => 1.0,
+                'm' => 60.0,
+                'h' => 3600.0,
+                'd' => 86400.0,
+                _ => return Err(err()),
+            };
+        }
+    }
+    if !number.is_empty() || s.is_empty() {
+        return Err(err());
+    }
+    seconds(total)
+}
+
+const MAX_DURATION_S: f64 = 100.0 * 365.25 * 86400.0;
+
+#[derive(Clone, Debug)]
+pub struct CampaignOptions {
+    pub strategy: StrategyOptions,
+    /// Stop after this long (checked between runs).
+    pub budget: Option<Duration>,
+    /// Stop after this many runs of this shard (resumed runs count).
+    pub runs: Option<u64>,
+    pub jobs: usize,
+    pub seed: u64,
+    pub device: DeviceSpec,
+    pub out: PathBuf,
+    /// Continue the campaign journaled in `out` (else `out` must be new or empty).
+    pub resume: bool,
+    pub shard: Shard,
+    /// Training runs each minimization may spend.
+    pub minimize_runs: usize,
+    /// Where to report the runs done (none: nowhere).
+    pub progress: Option<Reporter>,
+    /// Threads, or one child process per worker (isolates crashes).
+    pub workers: Workers,
+    /// Case size limits, the per-run time limit and each child's memory limit.
+    pub limits: WorkerLimits,
+}
+
+impl Default for CampaignOptions {
+    fn default() -> Self {
+        CampaignOptions {
+            strategy: StrategyOptions::default(),
+            budget: None,
+            runs: Some(100),
+            jobs: 1,
+            seed: 0,
+            device: DeviceSpec::Cpu,
+            out: PathBuf::from("nanhunt-out"),
+            resume: false,
+            shard: Shard::default(),
+            minimize_runs: 150,
+            progress: None,
+            workers: Workers::Threads,
+            limits: WorkerLimits::default(),
+        }
+    }
+}
+
+/// The budget in words: `2h 0m 0s`, `100 runs`, or both.
+pub fn budget_text(opts: &CampaignOptions) -> String {
+    let time = opts.budget.map(|d| {
+        let s = d.as_secs();
+        format!("{}h {}m {}s", s / 3600, s / 60 % 60, s % 60)
+    });
+    let runs = opts.runs.map(|n| format!("{n} runs"));
+    match (time, runs) {
+        (Some(t), Some(r)) => format!("{t} or {r}"),
+        (Some(t), None) => t,
+        (None, Some(r)) => r,
+        (None, None) => "unbounded".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_and_durations_parse() {
+        assert_eq!("3/8".parse::<Shard>(), Ok(Shard { index: 3, count: 8 }));
+        assert!("8/8".parse::<Shard>().is_err());
+        assert!("0/18446744073709551615".parse::<Shard>().is_err());
+        assert!("x".parse::<Shard>().is_err());
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("10m5").is_err());
+    }
+}

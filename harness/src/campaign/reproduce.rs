@@ -1,0 +1,118 @@
+//! Turning a finding into a reproducer: minimize its case while the
+//! signature holds, write `repro/<signature>-<hash>.json`, and say in a
+//! journal entry what came of it. Worker processes and threads run this
+//! same code.
+
+use crate::error::{Error, Result};
+use crate::journal::{Entry, Unminimized};
+use crate::minimize::{minimize, MinimizeOptions};
+use crate::outcome::Signature;
+use crate::runner::RunOptions;
+use crate::spec::{Case, Limits};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub const REPRO_DIR: &str = "repro";
+
+/// What minimizing a finding needs besides the case.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReproduceJob {
+    pub index: u64,
+    pub case: Case,
+    pub signature: Signature,
+    pub out: PathBuf,
+    pub minimize_runs: usize,
+    pub campaign_seed: u64,
+    /// The campaign's case limits, which every candidate is held to.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Stop shrinking after this long (what is left of the campaign's budget).
+    #[serde(default)]
+    pub time_limit: Option<Duration>,
+}
+
+/// The reproducer file name: `<signature-slug>-<short hash of the case>.json`.
+pub fn reproducer_name(signature: &Signature, case: &Case) -> String {
+    format!(
+        "{}-{}.json",
+        signature.slug(),
+        &format!("{:016x}", crate::rng::fnv1a(case.to_json().as_bytes()))[..8]
+    )
+}
+
+/// Minimizes a finding and writes its reproducer; returns the journal
+/// entry: the reproducer, or `unminimized` when the finding does not come
+/// back from a fresh start.
+pub fn reproduce(job: &ReproduceJob) -> Result<Entry> {
+    let m = minimize(
+        &job.case,
+        None,
+        &MinimizeOptions {
+            max_runs: job.minimize_runs,
+            run: RunOptions {
+                limits: job.limits.clone(),
+                ..RunOptions::default()
+            },
+            deadline: job.time_limit.map(|t| Instant::now() + t),
+        },
+    );
+    let not_reproducible = |message: String| Entry::Unminimized {
+        signature: job.signature.clone(),
+        reason: Unminimized::NotReproducible,
+        message,
+    };
+    let m = match m {
+        Err(Error::Rejected(reason)) => return Ok(not_reproducible(reason)),
+        m => m?,
+    };
+    let Some(m) = m.filter(|m| m.signature == job.signature) else {
+        return Ok(not_reproducible(
+            "the finding did not come back when its case ran from the start".into(),
+        ));
+    };
+    let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
+    let repro = m.reproducer(&job.case, provenance);
+    let file = reproducer_name(&m.signature, &m.case);
+    crate::files::write_atomic(
+        &job.out.join(REPRO_DIR).join(&file),
+        repro.to_json().as_bytes(),
+    )?;
+    Ok(Entry::Reproducer {
+        signature: m.signature,
+        file,
+        runs_used: m.runs,
+        before: m.before,
+        after: m.after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reproducer_names_are_safe_and_stable() {
+        let c = Case::example("cnn").unwrap();
+        let sig = Signature {
+            kind: crate::FindingKind::Nan,
+            phase: crate::Phase::Augment,
+            stage: "augment.normalize".into(),
+            family: "cnn".into(),
+            optimizer: "adam".into(),
+            precision: "f32".into(),
+            device: "cuda:0".into(),
+        };
+        let name = reproducer_name(&sig, &c);
+        assert_eq!(name, reproducer_name(&sig, &c));
+        assert!(
+            name.starts_with("nan-augment-augment.normalize-cnn-adam-f32-cuda_0-"),
+            "{name}"
+        );
+        assert!(
+            name.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch)),
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,154 @@
+//! `summary.json`: what a campaign's journal holds, signature by signature,
+//! and which signatures no session has reported yet.
+
+use super::options::CampaignOptions;
+use crate::journal::Entry;
+use crate::outcome::{Signature, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// One distinct signature of a campaign.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignatureSummary {
+    pub slug: String,
+    pub signature: Signature,
+    pub count: u64,
+    pub first_index: u64,
+    /// The reproducer file under `repro/`, once minimized.
+    pub reproducer: Option<String>,
+    /// Why there is no reproducer, when its minimization gave up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unminimized: Option<String>,
+}
+
+/// `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub seed: u64,
+    pub families: Vec<String>,
+    pub shard: (u64, u64),
+    pub runs: u64,
+    pub runs_this_session: u64,
+    pub stable: u64,
+    pub unstable: u64,
+    pub rejected: u64,
+    pub errors: u64,
+    pub signatures: Vec<SignatureSummary>,
+    /// Signatures that no earlier session reported: found in this session,
+    /// or in one that was killed before it ended (the exit code is 1 when any).
+    pub new_signatures: Vec<String>,
+    pub elapsed_s: f64,
+    pub runs_per_s: f64,
+}
+
+/// The signatures found in a journal that no session has reported yet.
+pub fn unreported(entries: &[Entry]) -> Vec<String> {
+    let reported: BTreeSet<&String> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Reported { signatures } => Some(signatures),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut new = Vec::new();
+    for e in entries {
+        if let Entry::Finding { signature, .. } = e {
+            let slug = signature.slug();
+            if !reported.contains(&slug) && !new.contains(&slug) {
+                new.push(slug);
+            }
+        }
+    }
+    new
+}
+
+/// The summary of a campaign's journal entries.
+pub fn summarize(
+    opts: &CampaignOptions,
+    entries: &[Entry],
+    new: Vec<String>,
+    session_runs: u64,
+    elapsed: Duration,
+) -> Summary {
+    let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
+    let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
+    let mut seen_runs = BTreeSet::new();
+    let mut unminimized: BTreeMap<String, String> = BTreeMap::new();
+    for e in entries {
+        match e {
+            Entry::Run {
+                index,
+                verdict,
+                signature,
+                ..
+            } => {
+                if !seen_runs.insert(*index) {
+                    continue; // merged shards may repeat a run
+                }
+                runs += 1;
+                match verdict {
+                    Verdict::Stable => stable += 1,
+                    Verdict::Unstable => unstable += 1,
+                    Verdict::Rejected => rejected += 1,
+                    Verdict::Error | Verdict::Panic | Verdict::Crash | Verdict::Timeout => {
+                        errors += 1
+                    }
+                }
+                if let Some(sig) = signature {
+                    let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {
+                        slug: sig.slug(),
+                        signature: sig.clone(),
+                        count: 0,
+                        first_index: *index,
+                        reproducer: None,
+                        unminimized: None,
+                    });
+                    s.count += 1;
+                    s.first_index = s.first_index.min(*index);
+                }
+            }
+            Entry::Reproducer {
+                signature, file, ..
+            } => {
+                if let Some(s) = sigs.get_mut(&signature.slug()) {
+                    if s.reproducer.as_ref().is_none_or(|f| file < f) {
+                        s.reproducer = Some(file.clone());
+                    }
+                }
+            }
+            Entry::Unminimized {
+                signature, message, ..
+            } => {
+                unminimized.insert(signature.slug(), message.clone());
+            }
+            _ => {}
+        }
+    }
+    for s in sigs.values_mut().filter(|s| s.reproducer.is_none()) {
+        s.unminimized = unminimized.get(&s.slug).cloned();
+    }
+    let secs = elapsed.as_secs_f64();
+    Summary {
+        seed: opts.seed,
+        families: opts.strategy.families.clone(),
+        shard: (opts.shard.index, opts.shard.count),
+        runs,
+        runs_this_session: session_runs,
+        stable,
+        unstable,
+        rejected,
+        errors,
+        signatures: sigs.into_values().collect(),
+        new_signatures: new,
+        elapsed_s: secs,
+        runs_per_s: if secs > 0.0 {
+            session_runs as f64 / secs
+        } else {
+            0.0
+        },
+    }
+}
