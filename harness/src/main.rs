@@ -12,6 +12,9 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(e) => {
             eprintln!("error: {e:#}");
+            if cli::is_internal(&e) {
+                eprintln!("(an internal error, not bad input: please report it with the case)");
+            }
             cli::Exit::Error.into()
         }
     }

@@ -39,8 +39,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         dump: args.dump.clone(),
         ..RunOptions::default()
     };
-    let d = nanhunt::diagnose::diagnose(&case, &factory, &opts)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    let d =
+        nanhunt::diagnose::diagnose(&case, &factory, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {

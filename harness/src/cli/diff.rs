@@ -49,8 +49,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         limits,
         ..RunOptions::default()
     };
-    let d = compare(&case, None, &arms, tolerance, &opts)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    let d = compare(&case, None, &arms, tolerance, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string(&d)?);
     } else {

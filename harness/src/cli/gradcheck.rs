@@ -16,8 +16,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let case = load_case(&args.case, &args.limits.limits())?;
-    let report = nanhunt::gradcheck::check_case(&case)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    let report = nanhunt::gradcheck::check_case(&case).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

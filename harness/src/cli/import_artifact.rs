@@ -110,8 +110,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             args.artifact.display()
         )
     })?;
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| nanhunt::Error::io(&args.out, e))?;
     let opts = MinimizeOptions {
         max_runs: args.max_runs as usize,
         run: RunOptions {

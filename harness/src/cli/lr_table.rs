@@ -139,7 +139,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         },
         ..LrTableOptions::default()
     };
-    let table = measure(&configs, None, &opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let table = measure(&configs, None, &opts)?;
     let text = render(&table, args.format);
     match &args.out {
         Some(path) => {

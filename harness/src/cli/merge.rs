@@ -14,8 +14,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let summary =
-        nanhunt::merge::merge(&args.inputs, &args.out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let summary = nanhunt::merge::merge(&args.inputs, &args.out)?;
     super::fuzz::print_summary(&summary, &args.out);
     Ok(if summary.signatures.is_empty() {
         Exit::Clean

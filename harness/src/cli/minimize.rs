@@ -32,7 +32,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let case = load_case(&args.case, &limits)?;
     if let Some(out) = &args.out {
         // Before the minimization, not after it: a bad --out fails at once.
-        nanhunt::files::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
+        nanhunt::files::check_writable(out).map_err(|e| anyhow::Error::from(e).context("--out"))?;
     }
     if BuiltinFactory::new(&case.model).is_none() {
         anyhow::bail!(

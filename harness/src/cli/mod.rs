@@ -144,6 +144,47 @@ impl LimitArgs {
 pub fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
     Case::load_with_limits(path, limits).map_err(|e| match e {
         nanhunt::Error::Io { .. } | nanhunt::Error::Malformed { .. } => anyhow::Error::from(e),
-        e => anyhow::anyhow!("case {}: {e}", path.display()),
+        e => anyhow::Error::from(e).context(format!("case {}", path.display())),
     })
+}
+
+/// Names `path` in an error about it, unless the error already does; the
+/// library error stays inside (see [`is_internal`]).
+pub fn in_file(path: &Path) -> impl FnOnce(nanhunt::Error) -> anyhow::Error + '_ {
+    move |e| match e {
+        nanhunt::Error::Io { .. } | nanhunt::Error::Malformed { .. } => anyhow::Error::from(e),
+        e => anyhow::Error::from(e).context(path.display().to_string()),
+    }
+}
+
+/// Whether an error is nanhunt's own failure rather than the input's: a
+/// library error that is not about the input (a candle error, a worker
+/// that answered nonsense). Bad flags, cases and files are input errors.
+pub fn is_internal(e: &anyhow::Error) -> bool {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<nanhunt::Error>())
+        .is_some_and(|e| !e.is_input_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_errors_and_internal_errors_are_told_apart() {
+        let candle = nanhunt::Error::Candle(candle_core::Error::Msg("matmul shapes".into()));
+        assert!(is_internal(&in_file(Path::new("case.json"))(candle)));
+        let invalid = nanhunt::Error::invalid("steps", "must be at least 1");
+        let e = in_file(Path::new("case.json"))(invalid);
+        assert!(!is_internal(&e));
+        assert_eq!(
+            format!("{e:#}"),
+            "case.json: invalid case: field `steps`: must be at least 1"
+        );
+        assert!(!is_internal(&anyhow::anyhow!("--jobs must be at least 1")));
+        // An error that names its file is not prefixed with it again.
+        let io = nanhunt::Error::io("case.json", std::io::ErrorKind::NotFound.into());
+        let e = in_file(Path::new("case.json"))(io);
+        assert_eq!(format!("{e:#}").matches("case.json").count(), 1, "{e:#}");
+    }
 }

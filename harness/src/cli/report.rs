@@ -23,8 +23,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let report = StabilityReport::from_dir(&args.dir)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.dir.display()))?;
+    let report = StabilityReport::from_dir(&args.dir).map_err(super::in_file(&args.dir))?;
     let text = match args.format {
         Format::Md => report.to_markdown(),
         Format::Json => report.to_json(),

@@ -35,8 +35,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         dump: args.dump.clone(),
         ..RunOptions::default()
     };
-    let outcome = nanhunt::run_with_options(&case, &opts)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.case.display()))?;
+    let outcome = nanhunt::run_with_options(&case, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string(&outcome)?);
     } else {
