@@ -392,22 +392,15 @@ fn variants(case: &Case) -> Vec<Variant> {
     }
     let half_master = matches!(case.precision, Precision::F16 | Precision::Bf16);
     let safe_eps = if half_master { 1e-4 } else { 1e-8 };
-    let eps = match case.optimizer {
-        OptimizerSpec::Adam { eps, .. }
-        | OptimizerSpec::Adamw { eps, .. }
-        | OptimizerSpec::Rmsprop { eps, .. } => Some(eps),
-        OptimizerSpec::Sgd { .. } => None,
-    };
-    if let Some(eps) = eps.filter(|&e| e < safe_eps) {
+    if let Some(eps) = case.optimizer.eps().filter(|&e| e < safe_eps) {
         out.push(variant(
             CauseKind::OptimizerEps,
             format!("optimizer eps {eps:e} -> {safe_eps:e}"),
             case,
-            |c| match &mut c.optimizer {
-                OptimizerSpec::Adam { eps, .. }
-                | OptimizerSpec::Adamw { eps, .. }
-                | OptimizerSpec::Rmsprop { eps, .. } => *eps = safe_eps,
-                OptimizerSpec::Sgd { .. } => {}
+            |c| {
+                if let Some(eps) = c.optimizer.eps_mut() {
+                    *eps = safe_eps;
+                }
             },
         ));
     }

@@ -120,14 +120,23 @@ pub fn round1(x: f64) -> f64 {
 }
 
 /// Candidate simplifications of `c`, whose failure is at `step`, simplest
-/// first. Each differs from `c` in one respect.
+/// first: the [`proposals`] that grow no size axis (a guard: the proposals
+/// are written, and tested, never to grow one).
 fn candidates(c: &Case, step: usize) -> Vec<Case> {
-    let mut out = Vec::new();
     let size = CaseSize::of(c);
+    proposals(c, step)
+        .into_iter()
+        .filter(|n| CaseSize::of(n).within(&size))
+        .collect()
+}
+
+/// Each differs from `c` in one respect.
+fn proposals(c: &Case, step: usize) -> Vec<Case> {
+    let mut out = Vec::new();
     let mut push = |f: &dyn Fn(&mut Case)| {
         let mut n = c.clone();
         f(&mut n);
-        if &n != c && CaseSize::of(&n).within(&size) {
+        if &n != c {
             out.push(n);
         }
     };
@@ -488,13 +497,28 @@ mod tests {
 
     #[test]
     fn candidates_never_grow_a_case() {
+        // The proposals themselves, before the guard that drops growth.
         let opts = crate::strategy::StrategyOptions::default();
+        let mut proposed = 0;
         for seed in 0..30 {
             let c = crate::strategy::generate(&opts, seed);
             let size = CaseSize::of(&c);
-            for n in candidates(&c, c.steps / 2) {
-                assert!(CaseSize::of(&n).within(&size), "seed {seed}");
+            for n in proposals(&c, c.steps / 2) {
+                let after = CaseSize::of(&n);
+                assert!(after.within(&size), "seed {seed}: {size:?} -> {after:?}");
+                proposed += 1;
             }
+        }
+        assert!(proposed > 30 * 5, "{proposed} proposals");
+        // ... and the guard: a case grown along any axis is not within.
+        let c = crate::spec::Case::example("cnn").unwrap();
+        let size = CaseSize::of(&c);
+        let mut longer = c.clone();
+        longer.steps += 1;
+        let mut wider = c.clone();
+        wider.batch_size += 1;
+        for grown in [longer, wider] {
+            assert!(!CaseSize::of(&grown).within(&size));
         }
     }
 }

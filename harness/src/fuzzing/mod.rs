@@ -16,7 +16,7 @@ use crate::losses;
 use crate::outcome::{FindingKind, Outcome};
 use crate::rng::Rng;
 use crate::runner::{run_with_options, RunOptions};
-use crate::spec::{Case, Limits, OptimizerSpec};
+use crate::spec::{Case, Limits};
 use crate::strategy::safe_envelope;
 use arbitrary::Unstructured;
 use candle_core::{Device, Tensor, Var};
@@ -64,10 +64,7 @@ impl Envelope {
     pub fn apply(self, case: &mut Case) {
         safe_envelope(case);
         if self == Envelope::Planted {
-            if let OptimizerSpec::Adam { eps, .. }
-            | OptimizerSpec::Adamw { eps, .. }
-            | OptimizerSpec::Rmsprop { eps, .. } = &mut case.optimizer
-            {
+            if let Some(eps) = case.optimizer.eps_mut() {
                 *eps = 0.0;
             }
         }

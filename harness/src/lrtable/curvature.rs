@@ -84,12 +84,7 @@ pub fn prediction_rule(optimizer: &OptimizerSpec) -> &'static str {
 }
 
 fn preconditioner_eps(optimizer: &OptimizerSpec) -> Option<f64> {
-    match *optimizer {
-        OptimizerSpec::Sgd { .. } => None,
-        OptimizerSpec::Adam { eps, .. }
-        | OptimizerSpec::Adamw { eps, .. }
-        | OptimizerSpec::Rmsprop { eps, .. } => Some(eps),
-    }
+    optimizer.eps()
 }
 
 /// A point in parameter space: one tensor per trainable variable.

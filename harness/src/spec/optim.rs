@@ -95,6 +95,27 @@ impl OptimizerSpec {
             | OptimizerSpec::Rmsprop { lr, .. } => *lr = value,
         }
     }
+
+    /// The eps of the update's denominator (None for SGD, which has none).
+    pub fn eps(&self) -> Option<f64> {
+        match *self {
+            OptimizerSpec::Sgd { .. } => None,
+            OptimizerSpec::Adam { eps, .. }
+            | OptimizerSpec::Adamw { eps, .. }
+            | OptimizerSpec::Rmsprop { eps, .. } => Some(eps),
+        }
+    }
+
+    /// The eps of the update's denominator, to change it. Written as a full
+    /// match so that a new optimizer must say whether it has one.
+    pub fn eps_mut(&mut self) -> Option<&mut f64> {
+        match self {
+            OptimizerSpec::Sgd { .. } => None,
+            OptimizerSpec::Adam { eps, .. }
+            | OptimizerSpec::Adamw { eps, .. }
+            | OptimizerSpec::Rmsprop { eps, .. } => Some(eps),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
