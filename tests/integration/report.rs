@@ -143,3 +143,30 @@ fn a_users_model_report_snapshots_and_changes_with_stability() {
         "a change in stability must show in the snapshot"
     );
 }
+
+/// Every file in snapshots/ belongs to a snapshot assertion in this suite
+/// (what `cargo insta test --unreferenced=reject` checks): a renamed or
+/// deleted assertion cannot leave its old snapshot behind.
+#[test]
+fn every_snapshot_file_is_referenced_by_an_assertion() {
+    let mut names = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("tests/integration")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for part in text.split("assert_snapshot!(\"").skip(1) {
+            names.insert(part.split('"').next().unwrap().to_string());
+        }
+    }
+    assert!(names.len() >= 4, "{names:?}");
+    for entry in std::fs::read_dir(root().join("snapshots")).unwrap() {
+        let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let name = file
+            .strip_suffix(".snap")
+            .unwrap_or_else(|| panic!("snapshots/{file}: not a snapshot (a pending .snap.new?)"));
+        // A per-device suffix: name@suffix.snap.
+        let name = name.split('@').next().unwrap();
+        assert!(
+            names.contains(name),
+            "snapshots/{file} is referenced by no assertion"
+        );
+    }
+}
