@@ -12,7 +12,7 @@
 //! a fix was verified and by how well they match where the failure was
 //! produced.
 
-use crate::data::{apply_pathologies, Generator, HostBatch, HostInput};
+use crate::data::{Generator, HostBatch, HostInput};
 use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
 use crate::models::ModelFactory;
@@ -406,7 +406,7 @@ fn variants(case: &Case) -> Vec<Variant> {
     }
     if case.model.init().gain > 2.0 {
         out.push(variant(CauseKind::InitScale, "init gain 1.0", case, |c| {
-            set_gain(c, 1.0)
+            c.model.init_mut().gain = 1.0
         }));
     }
     // Step 4: the loss and normalization eps values.
@@ -489,15 +489,6 @@ fn variants(case: &Case) -> Vec<Variant> {
     out
 }
 
-fn set_gain(c: &mut Case, gain: f64) {
-    match &mut c.model {
-        ModelSpec::Cnn(m) => m.init.gain = gain,
-        ModelSpec::Transformer(m) => m.init.gain = gain,
-        ModelSpec::Rnn(m) => m.init.gain = gain,
-        ModelSpec::Custom(m) => m.init.gain = gain,
-    }
-}
-
 fn run_variant(v: &Variant, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
     if v.one_thread {
         crate::device::cpu_pool(1)?.install(|| run_model(&v.case, factory, opts))
@@ -553,15 +544,10 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             })
         }
     };
-    let mut case = case.clone();
-    if let Some(d) = opts.device {
-        case.device = d;
-    }
+    let case = case.on(opts.device);
 
     // Step 2: the failing step's batch, before and after augmentation.
-    let generator = Generator::new(&case);
-    let mut raw = generator.batch(finding.step, case.batch_size);
-    apply_pathologies(&mut raw, &case.data.pathologies, case.seed, finding.step);
+    let raw = Generator::new(&case).data_batch(finding.step, case.batch_size);
     let mut augmented = raw.clone();
     crate::augment::apply_all(&mut augmented, &case.augment, case.seed, finding.step);
     let (scan_raw, scan_aug) = (BatchScan::of(&raw), BatchScan::of(&augmented));
@@ -775,8 +761,7 @@ mod tests {
                 from_step: 0,
             },
         ];
-        let mut b = Generator::new(&c).batch(0, 8);
-        apply_pathologies(&mut b, &c.data.pathologies, c.seed, 0);
+        let b = Generator::new(&c).data_batch(0, 8);
         let s = BatchScan::of(&b);
         assert_eq!(s.constant_features, vec![2]);
         assert_eq!(s.all_zero_samples, 2);

@@ -375,9 +375,8 @@ fn model_candidates(c: &Case) -> Vec<Case> {
         ModelSpec::Custom(_) => {}
     }
     with(&|s| {
-        let mut init = s.init();
+        let init = s.init_mut();
         init.gain = round1(init.gain);
-        set_init(s, init);
     });
     out
 }
@@ -399,15 +398,6 @@ fn set_classes(s: &mut ModelSpec, n: usize) {
         ModelSpec::Transformer(t) => t.classes = t.classes.min(n),
         ModelSpec::Rnn(r) => r.classes = r.classes.min(n),
         ModelSpec::Custom(_) => {}
-    }
-}
-
-fn set_init(s: &mut ModelSpec, init: InitSpec) {
-    match s {
-        ModelSpec::Cnn(m) => m.init = init,
-        ModelSpec::Transformer(t) => t.init = init,
-        ModelSpec::Rnn(r) => r.init = init,
-        ModelSpec::Custom(c) => c.init = init,
     }
 }
 

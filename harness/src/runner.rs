@@ -186,10 +186,7 @@ pub struct Session<'a> {
 impl<'a> Session<'a> {
     /// Validates the case, opens the device and creates the parameters.
     pub fn new(case: &Case, factory: &'a dyn ModelFactory, opts: &RunOptions) -> Result<Self> {
-        let mut case = case.clone();
-        if let Some(d) = opts.device {
-            case.device = d;
-        }
+        let case = case.on(opts.device);
         case.validate(&opts.limits)?;
         let device = device::open(case.device)?;
         let precision = &case.precision;
@@ -276,8 +273,7 @@ impl<'a> Session<'a> {
     /// The batch of `step` without any check (for dumps).
     pub fn batch_unchecked(&self, step: usize) -> HostBatch {
         let case = &self.case;
-        let mut batch = self.generator.batch(step, case.batch_size);
-        apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
+        let mut batch = self.generator.data_batch(step, case.batch_size);
         augment::apply_all(&mut batch, &case.augment, case.seed, step);
         batch
     }

@@ -466,9 +466,10 @@ pub fn safe_envelope(case: &mut Case) {
         *eps = eps.max(SAFE_EPS);
     }
     case.clip = ClipSpec::Norm { max_norm: 1.0 };
+    let init = case.model.init_mut();
+    init.gain = init.gain.min(2.0);
     match &mut case.model {
         ModelSpec::Cnn(m) => {
-            m.init.gain = m.init.gain.min(2.0);
             for b in &mut m.blocks {
                 if let Some(e) = &mut b.batch_norm_eps {
                     *e = e.max(1e-5);
@@ -476,12 +477,10 @@ pub fn safe_envelope(case: &mut Case) {
             }
         }
         ModelSpec::Transformer(t) => {
-            t.init.gain = t.init.gain.min(2.0);
             t.norm_eps = t.norm_eps.max(1e-5);
             t.attention_scale = AttentionScale::InvSqrtD;
         }
-        ModelSpec::Rnn(r) => r.init.gain = r.init.gain.min(2.0),
-        ModelSpec::Custom(_) => {}
+        ModelSpec::Rnn(_) | ModelSpec::Custom(_) => {}
     }
 }
 

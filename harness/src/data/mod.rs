@@ -83,6 +83,13 @@ impl Generator {
         }
     }
 
+    /// The batch of `step` with the case's pathologies, before augmentation.
+    pub fn data_batch(&self, step: usize, batch_size: usize) -> HostBatch {
+        let mut batch = self.batch(step, batch_size);
+        apply_pathologies(&mut batch, &self.data.pathologies, self.seed, step);
+        batch
+    }
+
     /// The raw batch of `step` (before pathologies and augmentation).
     pub fn batch(&self, step: usize, batch_size: usize) -> HostBatch {
         let step = if self.data.full_batch { 0 } else { step };

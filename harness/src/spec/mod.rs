@@ -101,6 +101,15 @@ impl Case {
     pub fn family(&self) -> &str {
         self.model.family()
     }
+
+    /// The case as run with a device override (`--device`), if any.
+    pub fn on(&self, device: Option<DeviceSpec>) -> Case {
+        let mut case = self.clone();
+        if let Some(d) = device {
+            case.device = d;
+        }
+        case
+    }
 }
 
 /// Where a case runs: `cpu` or `cuda:N` (`cuda` means `cuda:0`).

@@ -71,6 +71,16 @@ impl ModelSpec {
             ModelSpec::Custom(c) => c.init,
         }
     }
+
+    /// The initialization, to change it (every family has one).
+    pub fn init_mut(&mut self) -> &mut InitSpec {
+        match self {
+            ModelSpec::Cnn(c) => &mut c.init,
+            ModelSpec::Transformer(t) => &mut t.init,
+            ModelSpec::Rnn(r) => &mut r.init,
+            ModelSpec::Custom(c) => &mut c.init,
+        }
+    }
 }
 
 /// The input a model consumes, per sample.
