@@ -7,14 +7,14 @@ use crate::data::{apply_pathologies, apply_pathology, Generator, HostBatch, Host
 use crate::device;
 use crate::dump;
 use crate::error::{Error, Result};
-use crate::localize;
+
 use crate::losses;
 use crate::models::{BuiltinFactory, ModelFactory, ParamStore, Tracer};
 use crate::optim::{self, Optimizer};
 use crate::outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
-use crate::probe::{scan_all, scan_host, DivergenceTracker, TensorScan, TensorStats};
-use crate::scaler::{LossScaler, ScaleVerdict};
-use crate::spec::{dtype_max, Case, ClipSpec, DeviceSpec, Limits};
+use crate::probe::{scan_all, scan_host, DivergenceTracker, TensorStats};
+use crate::scaler::LossScaler;
+use crate::spec::{dtype_max, Case, DeviceSpec, Limits};
 pub use crate::state::Snapshot;
 use candle_core::{DType, Device, Tensor, Var};
 
@@ -167,15 +167,13 @@ pub struct Session<'a> {
     trace: Trace,
     probe: bool,
     watch_divergence: bool,
-    /// One host synchronization per step (accelerators; see RunOptions).
-    accelerator: bool,
+    /// How the probe reads values back (chosen once: see [`Readback`]).
+    readback: Readback,
     /// Accelerator mode: the last completed step, its LR and the state
     /// before it, whose update is checked at the next step's copy.
     unchecked: Option<(usize, f64, Snapshot)>,
     /// Device→host synchronizations made by the probe in accelerator mode.
     syncs: u64,
-    /// Set by `step_inner` when its failure belongs to the previous step's update.
-    deferred_hit: bool,
     compute: DType,
     loss_dtype: DType,
     half: bool,
@@ -224,10 +222,13 @@ impl<'a> Session<'a> {
             trace: Trace::default(),
             probe: opts.probe,
             watch_divergence: opts.watch_divergence,
-            accelerator: opts.accelerator_probe || !device.is_cpu(),
+            readback: if opts.accelerator_probe || !device.is_cpu() {
+                Readback::Deferred
+            } else {
+                Readback::InPlace
+            },
             unchecked: None,
             syncs: 0,
-            deferred_hit: false,
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
@@ -447,22 +448,25 @@ impl<'a> Session<'a> {
         } else {
             None
         };
-        let Some(failure) = self.step_inner(step, lr, &mut Tracer::off(), false)? else {
-            if self.accelerator {
-                self.unchecked = before.map(|b| (step, lr, b));
+        let failure = match self.step_inner(step, lr, &mut Tracer::off(), false)? {
+            None => {
+                if self.readback == Readback::Deferred {
+                    self.unchecked = before.map(|b| (step, lr, b));
+                }
+                return Ok(None);
             }
-            return Ok(None);
+            Some(Failed::ThisStep(failure)) => failure,
+            Some(Failed::PreviousUpdate(failure)) => {
+                // The previous step's update failed; this step's copy saw it.
+                let (prev, prev_lr, prev_before) = self
+                    .unchecked
+                    .take()
+                    .expect("a deferred check follows a completed step");
+                let localized = self.localize(prev, prev_lr, &prev_before, &failure)?;
+                self.failed_before = Some(prev_before);
+                return Ok(Some(self.finding(prev, localized)));
+            }
         };
-        if std::mem::take(&mut self.deferred_hit) {
-            // The previous step's update failed; this step's copy saw it.
-            let (prev, prev_lr, prev_before) = self
-                .unchecked
-                .take()
-                .expect("a deferred check follows a completed step");
-            let localized = self.localize(prev, prev_lr, &prev_before, &failure)?;
-            self.failed_before = Some(prev_before);
-            return Ok(Some(self.finding(prev, localized)));
-        }
         let failure = match before {
             Some(snapshot) => {
                 let localized = self.localize(step, lr, &snapshot, &failure)?;
@@ -569,302 +573,17 @@ impl<'a> Session<'a> {
         let history = self.trace.clone();
         self.restore(before)?;
         let mut tracer = Tracer::on();
+        // A traced re-run reads values in place: its failure is this step's.
         let traced = self.step_inner(step, lr, &mut tracer, true)?;
         self.restore(&after)?;
         self.trace = history;
-        Ok(match traced {
+        Ok(match traced.map(Failed::into_failure) {
             Some(f) => *f,
             None => Failure {
                 detail: format!("{} (not reproduced under tracing)", first.detail),
                 ..first.clone()
             },
         })
-    }
-
-    /// One step. `fine` (localization) checks the data stage by stage and
-    /// analyses the tracer's records when the loss or a gradient fails.
-    fn step_inner(
-        &mut self,
-        step: usize,
-        lr: f64,
-        tracer: &mut Tracer,
-        fine: bool,
-    ) -> Result<Option<Box<Failure>>> {
-        self.trace.lrs.push(lr);
-        let batch = match self.batch_checked(step, fine) {
-            Ok(b) => b,
-            Err(f) => return Ok(Some(f)),
-        };
-        let Forward {
-            output,
-            logits,
-            loss,
-        } = self.forward_loss(&batch, tracer)?;
-        // Accelerator mode reads the loss with the gradients, below.
-        let fast = self.accelerator && !fine;
-        let mut loss_value = f64::NAN;
-        if !fast {
-            loss_value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            self.trace.losses.push(loss_value);
-            // In execution order the forward stages come first: a non-finite
-            // stage output is the producer even when a later op masked it
-            // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
-            if fine && localize::first_forward(tracer.records())?.is_some() {
-                return Ok(Some(Box::new(
-                    self.forward_failure(&output, &logits, loss_value, tracer)?,
-                )));
-            }
-            if !loss_value.is_finite() {
-                return Ok(Some(Box::new(
-                    self.forward_failure(&output, &logits, loss_value, tracer)?,
-                )));
-            }
-        }
-
-        // Backward.
-        let scale = self.scaler.scale;
-        let scaled = if scale != 1.0 {
-            (&loss * scale)?
-        } else {
-            loss.clone()
-        };
-        let grad_store = scaled.backward()?;
-        let mut grads = Vec::with_capacity(self.vars.len());
-        for (var, name) in self.vars.iter().zip(&self.names) {
-            match grad_store.get(var.as_tensor()) {
-                Some(g) => grads.push(g.clone()),
-                None => {
-                    return Err(Error::MissingGradient {
-                        param: name.clone(),
-                    })
-                }
-            }
-        }
-
-        let mut fused = None;
-        if fast {
-            // The one synchronization of the step: the loss, the gradients
-            // and (for the previous step's update) parameters and optimizer
-            // state, reduced on the device and copied back together.
-            let n = grads.len();
-            let (value, scans, previous) = {
-                let mut tensors: Vec<&Tensor> = grads.iter().collect();
-                if self.probe && self.unchecked.is_some() {
-                    tensors.extend(self.update_tensors());
-                }
-                let (value, scans) = crate::probe::scan_step(&loss, &tensors)?;
-                let previous = match scans[n..].iter().position(|s| !s.is_finite()) {
-                    Some(i) => Some(self.update_failure(i, &scans[n + i], tensors[n + i])?),
-                    None => None,
-                };
-                (value, scans, previous)
-            };
-            self.syncs += 1;
-            if let Some(f) = previous {
-                self.trace.lrs.pop();
-                self.deferred_hit = true;
-                return Ok(Some(Box::new(f)));
-            }
-            loss_value = value;
-            self.trace.losses.push(loss_value);
-            if !loss_value.is_finite() {
-                return Ok(Some(Box::new(
-                    self.forward_failure(&output, &logits, loss_value, tracer)?,
-                )));
-            }
-            fused = Some(scans[..n].to_vec());
-        }
-        let scaling = self.case.precision.loss_scaling().is_some();
-        let needs_scan = self.probe
-            || scale != 1.0
-            || matches!(self.case.clip, ClipSpec::Norm { .. })
-            || scaling;
-        let mut norm = None;
-        if needs_scan {
-            let scans = match fused {
-                Some(scans) => scans,
-                None => scan_all(&grads.iter().collect::<Vec<_>>())?,
-            };
-            let bad = scans.iter().position(|s| !s.is_finite());
-            let verdict = if scaling {
-                self.scaler.update(bad.is_none())
-            } else if bad.is_none() {
-                ScaleVerdict::Apply
-            } else {
-                ScaleVerdict::Fail
-            };
-            match (verdict, bad) {
-                (ScaleVerdict::Skip, _) => {
-                    self.trace.skipped_steps += 1;
-                    return Ok(None);
-                }
-                (ScaleVerdict::Fail, Some(i)) => {
-                    let mut f =
-                        self.backward_failure(i, &scans[i], &grads[i], tracer, &grad_store)?;
-                    if self.scaler.is_dynamic() {
-                        f.kind = FindingKind::ScaleCollapse;
-                        f.detail = format!(
-                            "gradients kept overflowing: the loss scale fell to {} after {} skipped steps; {}",
-                            self.scaler.scale, self.scaler.skipped, f.detail
-                        );
-                    }
-                    return Ok(Some(Box::new(f)));
-                }
-                _ => {}
-            }
-            let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
-            norm = Some(optim::global_norm(&sum_sq) / scale);
-        }
-        if scale != 1.0 {
-            for g in grads.iter_mut() {
-                *g = (&*g * (1.0 / scale))?;
-            }
-        }
-        if let Some(n) = norm {
-            self.trace.grad_norms.push(n);
-        }
-        optim::clip(&self.case.clip, &mut grads, norm.unwrap_or(0.0))?;
-        if fine {
-            let refs: Vec<&Tensor> = grads.iter().collect();
-            if let Some((i, s)) = scan_all(&refs)?
-                .into_iter()
-                .enumerate()
-                .find(|(_, s)| !s.is_finite())
-            {
-                let mut f = self.tensor_failure(
-                    &s,
-                    Phase::Update,
-                    "clip".into(),
-                    format!(
-                        "clipping made the gradient of `{}` non-finite",
-                        self.names[i]
-                    ),
-                    &grads[i],
-                )?;
-                f.op = Some("clip".into());
-                return Ok(Some(Box::new(f)));
-            }
-        }
-
-        // Update.
-        self.optimizer.step(&self.vars, &grads, lr)?;
-        // Accelerator mode checks the update at the next step's copy.
-        if self.probe && !fast {
-            if let Some(f) = self.check_update()? {
-                return Ok(Some(Box::new(f)));
-            }
-        }
-        if !self.watch_divergence {
-            return Ok(None);
-        }
-        if let Some(smoothed) = self.tracker.push(loss_value) {
-            // A failed update comes before divergence, as on the CPU path
-            // (an extra synchronization, only when the run is over anyway).
-            if self.probe && fast {
-                if let Some(f) = self.check_update()? {
-                    return Ok(Some(Box::new(f)));
-                }
-            }
-            return Ok(Some(Box::new(Failure::new(
-                FindingKind::Divergence,
-                Phase::Update,
-                "loss_trend",
-                format!(
-                    "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
-                    self.case.divergence_factor,
-                    self.tracker.best()
-                ),
-            ))));
-        }
-        Ok(None)
-    }
-
-    /// The loss is not finite: blame the first non-finite forward stage
-    /// (traced), else the model output, else the loss itself.
-    fn forward_failure(
-        &self,
-        output: &Tensor,
-        logits: &Tensor,
-        loss_value: f64,
-        tracer: &Tracer,
-    ) -> Result<Failure> {
-        if let Some((i, scan)) = localize::first_forward(tracer.records())? {
-            let r = &tracer.records()[i];
-            let mut f = self.tensor_failure(
-                &scan,
-                Phase::Forward,
-                r.name.clone(),
-                format!(
-                    "stage `{}` produced non-finite values from finite inputs",
-                    r.name
-                ),
-                &r.output,
-            )?;
-            f.op = localize::op_of(&r.name);
-            return Ok(f);
-        }
-        let out_scan = scan_all(&[output])?[0];
-        if !out_scan.is_finite() {
-            return self.tensor_failure(
-                &out_scan,
-                Phase::Forward,
-                "output".into(),
-                "the model output is not finite".into(),
-                output,
-            );
-        }
-        Ok(Failure {
-            op: Some(self.case.loss.name().to_string()),
-            stats: Some(TensorStats::of_tensor(logits)?),
-            ..Failure::new(
-                self.kind_of_value(loss_value),
-                Phase::Loss,
-                format!("loss.{}", self.case.loss.name()),
-                format!("the loss is {loss_value} although the model output is finite"),
-            )
-        })
-    }
-
-    /// Gradient `i` is not finite: blame the stage whose backward produced
-    /// it (traced), else the loss's backward, else the parameter's own gradient.
-    fn backward_failure(
-        &self,
-        i: usize,
-        scan: &TensorScan,
-        grad: &Tensor,
-        tracer: &Tracer,
-        grad_store: &candle_core::backprop::GradStore,
-    ) -> Result<Failure> {
-        if tracer.enabled() {
-            if let Some(p) = localize::first_backward(tracer.records(), grad_store)? {
-                let (stage, op) = match &p.stage {
-                    Some(s) => (s.clone(), localize::op_of(s)),
-                    None => (
-                        format!("loss.{}", self.case.loss.name()),
-                        Some(self.case.loss.name().to_string()),
-                    ),
-                };
-                let mut f = self.tensor_failure(
-                    &p.scan,
-                    Phase::Backward,
-                    stage.clone(),
-                    format!(
-                        "the backward pass of `{stage}` made the gradient of `{}` non-finite",
-                        p.receiver
-                    ),
-                    &p.grad,
-                )?;
-                f.op = op;
-                return Ok(f);
-            }
-        }
-        self.tensor_failure(
-            scan,
-            Phase::Backward,
-            format!("grad.{}", self.names[i]),
-            format!("the gradient of `{}` is not finite", self.names[i]),
-            grad,
-        )
     }
 
     /// Scans parameters and optimizer state after an update.
@@ -882,65 +601,17 @@ impl<'a> Session<'a> {
             return Ok(None);
         };
         let scan = scan_all(&[tensors[i]])?[0];
-        Ok(Some(self.update_failure(i, &scan, tensors[i])?))
+        Ok(Some(self.namer().update_failure(i, &scan, tensors[i])?))
     }
 
-    /// Tensor `i` of [`Self::update_tensors`] is not finite after the update.
-    fn update_failure(&self, i: usize, scan: &TensorScan, tensor: &Tensor) -> Result<Failure> {
-        let state: Vec<(usize, &'static str, &Tensor)> = self.optimizer.state_tensors().collect();
-        let (stage, what) = if i < self.vars.len() {
-            let name = &self.names[i];
-            (format!("param.{name}"), format!("parameter `{name}`"))
-        } else {
-            let (p, kind, _) = state[i - self.vars.len()];
-            let name = format!("{kind}.{}", self.names[p]);
-            (
-                format!("optimizer.{name}"),
-                format!("optimizer state `{name}`"),
-            )
-        };
-        self.tensor_failure(
-            scan,
-            Phase::Update,
-            stage,
-            format!("{what} is not finite after the update"),
-            tensor,
-        )
-    }
-
-    fn kind_of_value(&self, v: f64) -> FindingKind {
-        if v.is_nan() {
-            FindingKind::Nan
-        } else if self.half {
-            // In half precision an infinity is an overflow of the format.
-            FindingKind::Overflow
-        } else {
-            FindingKind::Inf
+    /// The view of this session that names failures.
+    fn namer(&self) -> Namer<'_> {
+        Namer {
+            case: &self.case,
+            names: &self.names,
+            optimizer: &self.optimizer,
+            half: self.half,
         }
-    }
-
-    fn tensor_failure(
-        &self,
-        scan: &TensorScan,
-        phase: Phase,
-        stage: String,
-        detail: String,
-        t: &Tensor,
-    ) -> Result<Failure> {
-        let kind = if scan.nan > 0 {
-            FindingKind::Nan
-        } else {
-            self.kind_of_value(f64::INFINITY)
-        };
-        Ok(Failure {
-            stats: Some(TensorStats::of_tensor(t)?),
-            ..Failure::new(
-                kind,
-                phase,
-                stage,
-                format!("{detail} ({} NaN, {} Inf)", scan.nan, scan.inf),
-            )
-        })
     }
 
     fn finding(&self, step: usize, f: Failure) -> Finding {
@@ -970,6 +641,12 @@ impl<'a> Session<'a> {
         }
     }
 }
+
+mod naming;
+mod step;
+
+use naming::Namer;
+use step::{Failed, Readback};
 
 #[cfg(test)]
 mod tests;

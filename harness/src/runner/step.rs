@@ -1,0 +1,338 @@
+//! One training step as a chain of phases: batch → forward and loss →
+//! backward → (one device→host copy, on accelerators) → gradient scan →
+//! clip → update → watch. Each phase either hands its result on or ends the
+//! step ([`Flow`]); how values come back from the device is chosen once per
+//! session ([`Readback`]), not decided line by line.
+
+use super::{Failure, Forward, Session};
+use crate::data::HostBatch;
+use crate::error::{Error, Result};
+use crate::localize;
+use crate::models::Tracer;
+use crate::optim;
+use crate::outcome::{FindingKind, Phase};
+use crate::probe::{scan_all, TensorScan};
+use crate::scaler::ScaleVerdict;
+use crate::spec::ClipSpec;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor};
+
+/// How the probe reads values back from the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Readback {
+    /// Each value where it is made, at no cost (the CPU, and every traced
+    /// re-run, which must name the first producer).
+    InPlace,
+    /// One device→host copy per step, with the gradients: the loss, every
+    /// gradient, and the previous step's parameters and optimizer state,
+    /// whose update is checked there (accelerators).
+    Deferred,
+}
+
+/// A failed step: its own failure, or (deferred readback) the previous
+/// step's update, seen at this step's copy.
+pub(super) enum Failed {
+    ThisStep(Box<Failure>),
+    PreviousUpdate(Box<Failure>),
+}
+
+impl Failed {
+    pub fn into_failure(self) -> Box<Failure> {
+        match self {
+            Failed::ThisStep(f) | Failed::PreviousUpdate(f) => f,
+        }
+    }
+}
+
+/// What a phase hands on: the step goes on with a value, or ends (a
+/// failure, or a step that dynamic loss scaling skips).
+enum Flow<T> {
+    Go(T),
+    End(Option<Failed>),
+}
+
+fn fail<T>(f: Failure) -> Result<Flow<T>> {
+    Ok(Flow::End(Some(Failed::ThisStep(Box::new(f)))))
+}
+
+/// The value a phase handed on, or the step's end.
+macro_rules! go {
+    ($flow:expr) => {
+        match $flow? {
+            Flow::Go(v) => v,
+            Flow::End(end) => return Ok(end),
+        }
+    };
+}
+
+impl Session<'_> {
+    /// One step. `fine` (localization) checks the data stage by stage and
+    /// analyses the tracer's records when the loss or a gradient fails.
+    pub(super) fn step_inner(
+        &mut self,
+        step: usize,
+        lr: f64,
+        tracer: &mut Tracer,
+        fine: bool,
+    ) -> Result<Option<Failed>> {
+        self.trace.lrs.push(lr);
+        let readback = if fine {
+            Readback::InPlace
+        } else {
+            self.readback
+        };
+        let batch = go!(self.batch_phase(step, fine));
+        let (forward, loss_value) = go!(self.forward_phase(&batch, tracer, readback, fine));
+        // The scale the loss was multiplied by; the scaler may change it below.
+        let scale = self.scaler.scale;
+        let (mut grads, grad_store) = self.backward_phase(&forward.loss, scale)?;
+        let (loss_value, scans) = match readback {
+            Readback::InPlace => (loss_value, None),
+            Readback::Deferred => {
+                let (value, scans) = go!(self.copy_phase(&forward, &grads, tracer));
+                (value, Some(scans))
+            }
+        };
+        let norm = go!(self.scan_phase(&grads, scans, scale, tracer, &grad_store));
+        go!(self.clip_phase(&mut grads, norm, scale, fine));
+        go!(self.update_phase(&grads, lr, readback));
+        self.watch_phase(loss_value, readback)
+    }
+
+    /// The batch, checked after the data and every augmentation.
+    fn batch_phase(&self, step: usize, fine: bool) -> Result<Flow<HostBatch>> {
+        Ok(match self.batch_checked(step, fine) {
+            Ok(b) => Flow::Go(b),
+            Err(f) => Flow::End(Some(Failed::ThisStep(f))),
+        })
+    }
+
+    /// The forward pass and the loss; read in place, the loss is checked
+    /// here (deferred, it comes back with the gradients: NaN until then).
+    fn forward_phase(
+        &mut self,
+        batch: &HostBatch,
+        tracer: &mut Tracer,
+        readback: Readback,
+        fine: bool,
+    ) -> Result<Flow<(Forward, f64)>> {
+        let forward = self.forward_loss(batch, tracer)?;
+        if readback == Readback::Deferred {
+            return Ok(Flow::Go((forward, f64::NAN)));
+        }
+        let loss_value = forward.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        self.trace.losses.push(loss_value);
+        // In execution order the forward stages come first: a non-finite
+        // stage output is the producer even when a later op masked it
+        // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
+        if (fine && localize::first_forward(tracer.records())?.is_some()) || !loss_value.is_finite()
+        {
+            let namer = self.namer();
+            return fail(namer.forward_failure(
+                &forward.output,
+                &forward.logits,
+                loss_value,
+                tracer,
+            )?);
+        }
+        Ok(Flow::Go((forward, loss_value)))
+    }
+
+    /// The gradients of the (scaled) loss, one per trainable variable.
+    fn backward_phase(&self, loss: &Tensor, scale: f64) -> Result<(Vec<Tensor>, GradStore)> {
+        let scaled = if scale != 1.0 {
+            (loss * scale)?
+        } else {
+            loss.clone()
+        };
+        let grad_store = scaled.backward()?;
+        let mut grads = Vec::with_capacity(self.vars.len());
+        for (var, name) in self.vars.iter().zip(&self.names) {
+            match grad_store.get(var.as_tensor()) {
+                Some(g) => grads.push(g.clone()),
+                None => {
+                    return Err(Error::MissingGradient {
+                        param: name.clone(),
+                    })
+                }
+            }
+        }
+        Ok((grads, grad_store))
+    }
+
+    /// Deferred readback's one synchronization of the step: the loss, the
+    /// gradients and (for the previous step's update) parameters and
+    /// optimizer state, reduced on the device and copied back together.
+    /// Hands on the loss and the gradients' scans.
+    fn copy_phase(
+        &mut self,
+        forward: &Forward,
+        grads: &[Tensor],
+        tracer: &Tracer,
+    ) -> Result<Flow<(f64, Vec<TensorScan>)>> {
+        let n = grads.len();
+        let (value, scans, previous) = {
+            let mut tensors: Vec<&Tensor> = grads.iter().collect();
+            if self.probe && self.unchecked.is_some() {
+                tensors.extend(self.update_tensors());
+            }
+            let (value, scans) = crate::probe::scan_step(&forward.loss, &tensors)?;
+            let previous = match scans[n..].iter().position(|s| !s.is_finite()) {
+                Some(i) => Some(
+                    self.namer()
+                        .update_failure(i, &scans[n + i], tensors[n + i])?,
+                ),
+                None => None,
+            };
+            (value, scans, previous)
+        };
+        self.syncs += 1;
+        if let Some(f) = previous {
+            // This step did not happen: its LR leaves the history again.
+            self.trace.lrs.pop();
+            return Ok(Flow::End(Some(Failed::PreviousUpdate(Box::new(f)))));
+        }
+        self.trace.losses.push(value);
+        if !value.is_finite() {
+            let namer = self.namer();
+            return fail(namer.forward_failure(&forward.output, &forward.logits, value, tracer)?);
+        }
+        Ok(Flow::Go((value, scans[..n].to_vec())))
+    }
+
+    /// The gradients' scan, where the probe, loss scaling or clipping needs
+    /// it: a non-finite gradient fails the step (or makes dynamic scaling
+    /// skip it); hands on the global gradient norm.
+    fn scan_phase(
+        &mut self,
+        grads: &[Tensor],
+        scans: Option<Vec<TensorScan>>,
+        scale: f64,
+        tracer: &Tracer,
+        grad_store: &GradStore,
+    ) -> Result<Flow<Option<f64>>> {
+        let scaling = self.case.precision.loss_scaling().is_some();
+        let needs_scan = self.probe
+            || scale != 1.0
+            || matches!(self.case.clip, ClipSpec::Norm { .. })
+            || scaling;
+        if !needs_scan {
+            return Ok(Flow::Go(None));
+        }
+        let scans = match scans {
+            Some(scans) => scans,
+            None => scan_all(&grads.iter().collect::<Vec<_>>())?,
+        };
+        let bad = scans.iter().position(|s| !s.is_finite());
+        let verdict = if scaling {
+            self.scaler.update(bad.is_none())
+        } else if bad.is_none() {
+            ScaleVerdict::Apply
+        } else {
+            ScaleVerdict::Fail
+        };
+        match (verdict, bad) {
+            (ScaleVerdict::Skip, _) => {
+                self.trace.skipped_steps += 1;
+                return Ok(Flow::End(None));
+            }
+            (ScaleVerdict::Fail, Some(i)) => {
+                let mut f = self
+                    .namer()
+                    .backward_failure(i, &scans[i], &grads[i], tracer, grad_store)?;
+                if self.scaler.is_dynamic() {
+                    f.kind = FindingKind::ScaleCollapse;
+                    f.detail = format!(
+                        "gradients kept overflowing: the loss scale fell to {} after {} skipped steps; {}",
+                        self.scaler.scale, self.scaler.skipped, f.detail
+                    );
+                }
+                return fail(f);
+            }
+            _ => {}
+        }
+        let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
+        Ok(Flow::Go(Some(optim::global_norm(&sum_sq) / scale)))
+    }
+
+    /// Unscaled, recorded and clipped gradients; a traced re-run checks
+    /// that clipping kept them finite.
+    fn clip_phase(
+        &mut self,
+        grads: &mut [Tensor],
+        norm: Option<f64>,
+        scale: f64,
+        fine: bool,
+    ) -> Result<Flow<()>> {
+        if scale != 1.0 {
+            for g in grads.iter_mut() {
+                *g = (&*g * (1.0 / scale))?;
+            }
+        }
+        if let Some(n) = norm {
+            self.trace.grad_norms.push(n);
+        }
+        optim::clip(&self.case.clip, grads, norm.unwrap_or(0.0))?;
+        if fine {
+            let refs: Vec<&Tensor> = grads.iter().collect();
+            if let Some((i, s)) = scan_all(&refs)?
+                .into_iter()
+                .enumerate()
+                .find(|(_, s)| !s.is_finite())
+            {
+                let mut f = self.namer().tensor_failure(
+                    &s,
+                    Phase::Update,
+                    "clip".into(),
+                    format!(
+                        "clipping made the gradient of `{}` non-finite",
+                        self.names[i]
+                    ),
+                    &grads[i],
+                )?;
+                f.op = Some("clip".into());
+                return fail(f);
+            }
+        }
+        Ok(Flow::Go(()))
+    }
+
+    /// The optimizer's update; read in place, parameters and optimizer
+    /// state are checked now (deferred: at the next step's copy).
+    fn update_phase(&mut self, grads: &[Tensor], lr: f64, readback: Readback) -> Result<Flow<()>> {
+        self.optimizer.step(&self.vars, grads, lr)?;
+        if self.probe && readback == Readback::InPlace {
+            if let Some(f) = self.check_update()? {
+                return fail(f);
+            }
+        }
+        Ok(Flow::Go(()))
+    }
+
+    /// The loss trend: divergence ends the run.
+    fn watch_phase(&mut self, loss_value: f64, readback: Readback) -> Result<Option<Failed>> {
+        if !self.watch_divergence {
+            return Ok(None);
+        }
+        let Some(smoothed) = self.tracker.push(loss_value) else {
+            return Ok(None);
+        };
+        // A failed update comes before divergence, as when read in place
+        // (an extra synchronization, only when the run is over anyway).
+        if self.probe && readback == Readback::Deferred {
+            if let Some(f) = self.check_update()? {
+                return Ok(Some(Failed::ThisStep(Box::new(f))));
+            }
+        }
+        Ok(Some(Failed::ThisStep(Box::new(Failure::new(
+            FindingKind::Divergence,
+            Phase::Update,
+            "loss_trend",
+            format!(
+                "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
+                self.case.divergence_factor,
+                self.tracker.best()
+            ),
+        )))))
+    }
+}
