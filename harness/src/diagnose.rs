@@ -15,6 +15,7 @@
 use crate::data::{Generator, HostBatch, HostInput};
 use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
+use crate::localize::StageKind;
 use crate::models::ModelFactory;
 use crate::outcome::{Finding, FindingKind, Outcome, Phase, Verdict};
 use crate::runner::{run_model, RunOptions};
@@ -205,8 +206,10 @@ impl CauseKind {
                 }
                 _ => 0,
             },
-            CauseKind::NormEps => match (f.phase, op) {
-                (Phase::Forward | Phase::Backward, "bn" | "ln1" | "ln2" | "final_ln") => 58,
+            // By kind, not by the built-in names: `ln1` has the op `ln`
+            // (indices trimmed), and a user's `layer_norm` is a norm too.
+            CauseKind::NormEps => match (f.phase, StageKind::of_op(op)) {
+                (Phase::Forward | Phase::Backward, StageKind::Norm) => 58,
                 _ => 0,
             },
             CauseKind::LearningRate => match (f.kind, f.phase) {

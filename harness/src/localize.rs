@@ -23,6 +23,27 @@ pub fn op_of(stage: &str) -> Option<String> {
     (!trimmed.is_empty()).then(|| trimmed.to_string())
 }
 
+/// What kind of computation a stage is, where code branches on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageKind {
+    /// A normalization: built-in `bn`, `ln1`, `final_ln`; a user's
+    /// `layer_norm`, `LayerNorm`, `rms_norm`, `norm2`, `group_norm`, ...
+    Norm,
+    Other,
+}
+
+impl StageKind {
+    /// The kind of a stage's op (as [`op_of`] names it).
+    pub fn of_op(op: &str) -> StageKind {
+        let op = op.to_ascii_lowercase();
+        if op == "bn" || op == "ln" || op.ends_with("_ln") || op.contains("norm") {
+            StageKind::Norm
+        } else {
+            StageKind::Other
+        }
+    }
+}
+
 /// The first forward record that is not finite.
 pub fn first_forward(records: &[Record]) -> Result<Option<(usize, TensorScan)>> {
     let outputs: Vec<&Tensor> = records.iter().map(|r| &r.output).collect();
@@ -77,5 +98,24 @@ mod tests {
         assert_eq!(op_of("layer0.t3.gates").as_deref(), Some("gates"));
         assert_eq!(op_of("augment[1].normalize").as_deref(), Some("normalize"));
         assert_eq!(op_of("embed").as_deref(), Some("embed"));
+    }
+
+    #[test]
+    fn built_in_and_user_norm_layers_are_norm_stages() {
+        for stage in [
+            "block0.bn",
+            "layer1.ln1",
+            "final_ln",
+            "encoder.layer_norm",
+            "blocks[3].norm2",
+            "model.RMSNorm",
+        ] {
+            let op = op_of(stage).unwrap();
+            assert_eq!(StageKind::of_op(&op), StageKind::Norm, "{stage}");
+        }
+        for stage in ["block0.conv", "layer0.attn.softmax", "head.linear", "embed"] {
+            let op = op_of(stage).unwrap();
+            assert_eq!(StageKind::of_op(&op), StageKind::Other, "{stage}");
+        }
     }
 }

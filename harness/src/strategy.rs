@@ -33,6 +33,36 @@ impl Default for StrategyOptions {
     }
 }
 
+impl StrategyOptions {
+    /// Checks the options before anything is drawn: known, non-empty
+    /// families, and room for the 3 steps a generated run takes at least.
+    pub fn validate(&self) -> crate::Result<()> {
+        if self.families.is_empty() {
+            return Err(crate::Error::option("families", "name at least one family"));
+        }
+        if let Some(f) = self
+            .families
+            .iter()
+            .find(|f| !FAMILIES.contains(&f.as_str()))
+        {
+            return Err(crate::Error::option(
+                "families",
+                format!("no strategy draws `{f}`: expected one of {FAMILIES:?}"),
+            ));
+        }
+        if self.max_steps < 3 {
+            return Err(crate::Error::option(
+                "max_steps",
+                format!(
+                    "generated runs take at least 3 steps, got {}",
+                    self.max_steps
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// 10^x for x uniform in [lo, hi]: log-scale draws for learning rates and scales.
 fn log_uniform(lo: f64, hi: f64) -> impl Strategy<Value = f64> + Clone {
     (lo..hi).prop_map(|e: f64| 10f64.powf(e))
@@ -189,11 +219,14 @@ fn rnn() -> impl Strategy<Value = ModelSpec> {
 }
 
 /// The model of a family.
+/// Models of a built-in family; any other name is a caller's mistake
+/// ([`StrategyOptions::validate`] catches it first) and panics.
 pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
     match family {
         "cnn" => cnn().boxed(),
         "transformer" => transformer().boxed(),
-        _ => rnn().boxed(),
+        "rnn" => rnn().boxed(),
+        other => panic!("no strategy draws the family `{other}` (expected one of {FAMILIES:?})"),
     }
 }
 
@@ -646,6 +679,17 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn options_naming_an_unknown_family_are_refused() {
+        let bad = StrategyOptions {
+            families: vec!["mlp".into()],
+            ..StrategyOptions::default()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("`families`") && e.contains("`mlp`"), "{e}");
+        assert!(StrategyOptions::default().validate().is_ok());
     }
 
     #[test]

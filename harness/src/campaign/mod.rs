@@ -146,6 +146,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             ),
         ));
     }
+    opts.strategy.validate()?;
     crate::device::open(opts.device)?;
     // Locks the journal: from here on no other process writes in `out`.
     let (mut journal, mut entries) = Journal::open(out)?;
