@@ -10,6 +10,7 @@
 
 mod options;
 mod reproduce;
+mod resume;
 mod summary;
 mod user_report;
 pub mod workers;
@@ -19,13 +20,14 @@ pub use reproduce::{reproduce, reproducer_name, ReproduceJob, REPRO_DIR};
 pub use summary::{summarize, unreported, SignatureSummary, Summary, SUMMARY_FILE};
 pub use user_report::{user_report, UserCampaign};
 
-use crate::error::{Document, Error, Result};
+use crate::error::{Error, Result};
 use crate::journal::{Entry, Journal, MINIMIZE_ATTEMPTS};
 use crate::outcome::{Signature, Verdict};
 use crate::progress::Progress;
 use crate::rng::Rng;
 use crate::spec::*;
 use crate::strategy::{generate, mutate};
+use resume::{Pending, Resumed};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -135,9 +137,32 @@ fn reproduce_job(
 
 /// Runs a campaign to its budget; see the module docs.
 pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
+    let (journal, entries) = open_journal(opts)?;
+    let resumed = Resumed::of(&entries, &opts.out.join(crate::journal::JOURNAL_FILE))?;
+    let state = Mutex::new(State {
+        journal,
+        done: resumed.done,
+        found: resumed.found,
+        entries,
+        unstable: 0,
+    });
+    let started = Instant::now();
+    finish_pending(opts, &state, resumed.pending, started)?;
+    let session_runs = run_workers(opts, &state, started)?;
+    conclude(
+        opts,
+        state.into_inner().expect("campaign state poisoned"),
+        session_runs,
+        started,
+    )
+}
+
+/// Opens (and locks) the campaign's journal: new, or one this campaign
+/// wrote (same seed, families, data mode and shard) when resuming.
+fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
     let out = &opts.out;
-    let has_journal = out.join(crate::journal::JOURNAL_FILE).exists();
-    if has_journal && !opts.resume {
+    let journal_path = out.join(crate::journal::JOURNAL_FILE);
+    if journal_path.exists() && !opts.resume {
         return Err(Error::io(
             out,
             std::io::Error::new(
@@ -150,7 +175,6 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     crate::device::open(opts.device)?;
     // Locks the journal: from here on no other process writes in `out`.
     let (mut journal, mut entries) = Journal::open(out)?;
-    let journal_path = out.join(crate::journal::JOURNAL_FILE);
     for dir in [out.clone(), out.join(REPRO_DIR)] {
         crate::files::remove_stale_temps(&dir, None);
     }
@@ -178,86 +202,42 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
             && families == &opts.strategy.families
             && *clean_data == opts.strategy.clean_data
             && *shard == (opts.shard.index, opts.shard.count) => {}
-        Some(_) => {
-            return Err(Error::option(
-                "resume",
-                format!(
+        Some(_) => return Err(Error::option(
+            "resume",
+            format!(
                 "{} was written by a campaign with another seed, family list, data mode or shard",
                 journal_path.display()
             ),
-            ))
-        }
+        )),
     }
+    Ok((journal, entries))
+}
 
-    let mut done = BTreeSet::new();
-    let mut found = BTreeMap::new();
-    // Per signature: minimization attempts so far, and whether it is settled.
-    let mut attempts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut settled = BTreeSet::new();
-    let mut pending: Vec<(u64, Signature, Case)> = Vec::new();
-    for e in &entries {
-        match e {
-            Entry::Run { index, .. } => {
-                done.insert(*index);
-            }
-            Entry::Finding {
-                index,
-                signature,
-                case,
-            } => {
-                if let Err(e) = case.validate(&Limits::default()) {
-                    return Err(Error::malformed(
-                        Document::Journal,
-                        &journal_path,
-                        format!(
-                            "the finding of run {index} ({signature}) holds an invalid case: {e}"
-                        ),
-                    ));
-                }
-                found.insert(signature.slug(), (**case).clone());
-                pending.push((*index, signature.clone(), (**case).clone()));
-            }
-            Entry::Reproducer { signature, .. } => {
-                settled.insert(signature.slug());
-            }
-            Entry::Unminimized {
-                signature, reason, ..
-            } => {
-                let n = attempts.entry(signature.slug()).or_insert(0);
-                *n += 1;
-                if !reason.retryable() || *n >= MINIMIZE_ATTEMPTS {
-                    settled.insert(signature.slug());
-                }
-            }
-            Entry::Start { .. } | Entry::Reported { .. } => {}
-        }
-    }
-    pending.retain(|(_, s, _)| !settled.contains(&s.slug()));
-    let state = Mutex::new(State {
-        journal,
-        done,
-        found,
-        entries,
-        unstable: 0,
-    });
-
-    let started = Instant::now();
-    let over_budget = || opts.budget.is_some_and(|b| started.elapsed() >= b);
-    // Findings whose minimization a killed session did not finish, on one
-    // pool thread: a worker child dies with the thread that started it.
-    crate::device::cpu_pool(1)?.install(|| -> Result<()> {
+/// Minimizes the findings a killed session left without a settled
+/// reproducer, within the budget, on one pool thread (a worker child dies
+/// with the thread that started it).
+fn finish_pending(
+    opts: &CampaignOptions,
+    state: &Mutex<State>,
+    pending: Vec<Pending>,
+    started: Instant,
+) -> Result<()> {
+    crate::device::cpu_pool(1)?.install(|| {
         let mut executor = Executor::new(&opts.workers, opts.limits.clone());
-        for (index, signature, case) in pending {
-            if over_budget() {
+        for p in pending {
+            if opts.budget.is_some_and(|b| started.elapsed() >= b) {
                 break; // the next session goes on with them
             }
-            let job = reproduce_job(&case, &signature, opts, index, started);
-            let tried = attempts.get(&signature.slug()).copied().unwrap_or(0);
-            settle_finding(&mut executor, &state, &job, tried)?;
+            let job = reproduce_job(&p.case, &p.signature, opts, p.index, started);
+            settle_finding(&mut executor, state, &job, p.attempts)?;
         }
         Ok(())
-    })?;
+    })
+}
 
+/// Runs the campaign's workers to the budget; returns this session's runs.
+/// The first worker error stops the others and is returned.
+fn run_workers(opts: &CampaignOptions, state: &Mutex<State>, started: Instant) -> Result<u64> {
     let progress = crate::progress::or_silent(&opts.progress);
     progress.start(opts.runs);
     let next_local = AtomicU64::new(0);
@@ -271,7 +251,7 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
                     pool.install(|| {
                         worker(
                             opts,
-                            &state,
+                            state,
                             &next_local,
                             &session_runs,
                             &stop,
@@ -288,27 +268,36 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
         }
     });
     progress.finish();
-    if let Some(e) = first_error.into_inner().expect("poisoned") {
-        return Err(e);
+    match first_error.into_inner().expect("poisoned") {
+        Some(e) => Err(e),
+        None => Ok(session_runs.load(Ordering::SeqCst)),
     }
-    let mut st = state.into_inner().expect("campaign state poisoned");
+}
+
+/// Writes the summary and the reports, then records what this session
+/// reported (last: a session killed before it leaves them to the next one).
+fn conclude(
+    opts: &CampaignOptions,
+    mut st: State,
+    session_runs: u64,
+    started: Instant,
+) -> Result<Summary> {
     let new = unreported(&st.entries);
     let summary = summarize(
         opts,
         &st.entries,
         new.clone(),
-        session_runs.load(Ordering::SeqCst),
+        session_runs,
         started.elapsed(),
     );
     crate::files::write_atomic(
-        &out.join(SUMMARY_FILE),
+        &opts.out.join(SUMMARY_FILE),
         serde_json::to_string_pretty(&summary)
             .expect("summary serializes")
             .as_bytes(),
     )?;
-    write_reports(out, &st.entries)?;
+    write_reports(&opts.out, &st.entries)?;
     if !new.is_empty() {
-        // Last: a session killed before this line leaves them to the next one.
         st.append(vec![Entry::Reported { signatures: new }])?;
     }
     Ok(summary)

@@ -1,0 +1,90 @@
+//! What a campaign's journal says is left to do when it resumes: the runs
+//! done, the signatures found, and the findings whose minimization is not
+//! settled (no reproducer, and no reason to give up on one).
+
+use crate::error::{Document, Error, Result};
+use crate::journal::{Entry, MINIMIZE_ATTEMPTS};
+use crate::outcome::Signature;
+use crate::spec::{Case, Limits};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// A finding to minimize (again).
+pub(super) struct Pending {
+    pub index: u64,
+    pub signature: Signature,
+    pub case: Case,
+    /// Minimizations started before (their worker died).
+    pub attempts: usize,
+}
+
+pub(super) struct Resumed {
+    pub done: BTreeSet<u64>,
+    /// The case of each known signature, by slug.
+    pub found: BTreeMap<String, Case>,
+    pub pending: Vec<Pending>,
+}
+
+impl Resumed {
+    /// Folds a journal's entries; a finding whose case no longer validates
+    /// is an error naming the journal.
+    pub fn of(entries: &[Entry], journal_path: &Path) -> Result<Resumed> {
+        let mut done = BTreeSet::new();
+        let mut found = BTreeMap::new();
+        let mut attempts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut settled = BTreeSet::new();
+        let mut findings = Vec::new();
+        for e in entries {
+            match e {
+                Entry::Run { index, .. } => {
+                    done.insert(*index);
+                }
+                Entry::Finding {
+                    index,
+                    signature,
+                    case,
+                } => {
+                    if let Err(e) = case.validate(&Limits::default()) {
+                        return Err(Error::malformed(
+                            Document::Journal,
+                            journal_path,
+                            format!(
+                                "the finding of run {index} ({signature}) holds an invalid case: {e}"
+                            ),
+                        ));
+                    }
+                    found.insert(signature.slug(), (**case).clone());
+                    findings.push((*index, signature.clone(), (**case).clone()));
+                }
+                Entry::Reproducer { signature, .. } => {
+                    settled.insert(signature.slug());
+                }
+                Entry::Unminimized {
+                    signature, reason, ..
+                } => {
+                    let n = attempts.entry(signature.slug()).or_insert(0);
+                    *n += 1;
+                    if !reason.retryable() || *n >= MINIMIZE_ATTEMPTS {
+                        settled.insert(signature.slug());
+                    }
+                }
+                Entry::Start { .. } | Entry::Reported { .. } => {}
+            }
+        }
+        let pending = findings
+            .into_iter()
+            .filter(|(_, s, _)| !settled.contains(&s.slug()))
+            .map(|(index, signature, case)| Pending {
+                attempts: attempts.get(&signature.slug()).copied().unwrap_or(0),
+                index,
+                signature,
+                case,
+            })
+            .collect();
+        Ok(Resumed {
+            done,
+            found,
+            pending,
+        })
+    }
+}
