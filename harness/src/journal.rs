@@ -15,7 +15,7 @@ use crate::outcome::{Signature, Verdict};
 use crate::record::RunResult;
 use crate::spec::Case;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -138,6 +138,35 @@ impl Entry {
             message,
         }
     }
+}
+
+/// The run entries of a journal, each run index once (merged shards may
+/// repeat a run; its first entry counts). Every view of a journal (the
+/// summary, the report) counts runs through this.
+pub fn runs_once(entries: &[Entry]) -> impl Iterator<Item = &Entry> {
+    let mut seen = BTreeSet::new();
+    entries.iter().filter(move |e| match e {
+        Entry::Run { index, .. } => seen.insert(*index),
+        _ => false,
+    })
+}
+
+/// Per signature (slug), the reproducer a journal names for it: the
+/// smallest file name, when there are several (merged shards).
+pub fn reproducers(entries: &[Entry]) -> BTreeMap<String, String> {
+    let mut best: BTreeMap<String, String> = BTreeMap::new();
+    for e in entries {
+        if let Entry::Reproducer {
+            signature, file, ..
+        } = e
+        {
+            let slot = best.entry(signature.slug()).or_insert_with(|| file.clone());
+            if file < slot {
+                *slot = file.clone();
+            }
+        }
+    }
+    best
 }
 
 pub struct Journal {
@@ -317,6 +346,36 @@ mod tests {
             millis: 5,
             message: None,
         }
+    }
+
+    #[test]
+    fn views_count_each_run_once_and_name_the_smallest_reproducer() {
+        let sig = crate::outcome::Signature {
+            kind: crate::FindingKind::Nan,
+            phase: crate::Phase::Loss,
+            stage: "loss.mse".into(),
+            family: "cnn".into(),
+            optimizer: "adam".into(),
+            precision: "f32".into(),
+            device: "cpu".into(),
+        };
+        let repro = |file: &str| Entry::Reproducer {
+            signature: sig.clone(),
+            file: file.into(),
+            runs_used: 1,
+            before: CaseSize::of(&Case::example("cnn").unwrap()),
+            after: CaseSize::of(&Case::example("cnn").unwrap()),
+        };
+        // Merged shards: run 1 twice, two reproducers of one signature.
+        let entries = vec![run(0), run(1), repro("b.json"), run(1), repro("a.json")];
+        let indices: Vec<u64> = runs_once(&entries)
+            .map(|e| match e {
+                Entry::Run { index, .. } => *index,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(indices, [0, 1]);
+        assert_eq!(reproducers(&entries)[&sig.slug()], "a.json");
     }
 
     #[test]

@@ -202,13 +202,15 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
             && families == &opts.strategy.families
             && *clean_data == opts.strategy.clean_data
             && *shard == (opts.shard.index, opts.shard.count) => {}
-        Some(_) => return Err(Error::option(
-            "resume",
-            format!(
+        Some(_) => {
+            return Err(Error::option(
+                "resume",
+                format!(
                 "{} was written by a campaign with another seed, family list, data mode or shard",
                 journal_path.display()
             ),
-        )),
+            ))
+        }
     }
     Ok((journal, entries))
 }

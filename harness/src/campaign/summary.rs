@@ -76,60 +76,51 @@ pub fn summarize(
 ) -> Summary {
     let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
     let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
-    let mut seen_runs = BTreeSet::new();
-    let mut unminimized: BTreeMap<String, String> = BTreeMap::new();
-    for e in entries {
-        match e {
-            Entry::Run {
-                index,
-                verdict,
-                signature,
-                ..
-            } => {
-                if !seen_runs.insert(*index) {
-                    continue; // merged shards may repeat a run
-                }
-                runs += 1;
-                match verdict {
-                    Verdict::Stable => stable += 1,
-                    Verdict::Unstable => unstable += 1,
-                    Verdict::Rejected => rejected += 1,
-                    Verdict::Error | Verdict::Panic | Verdict::Crash | Verdict::Timeout => {
-                        errors += 1
-                    }
-                }
-                if let Some(sig) = signature {
-                    let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {
-                        slug: sig.slug(),
-                        signature: sig.clone(),
-                        count: 0,
-                        first_index: *index,
-                        reproducer: None,
-                        unminimized: None,
-                    });
-                    s.count += 1;
-                    s.first_index = s.first_index.min(*index);
-                }
-            }
-            Entry::Reproducer {
-                signature, file, ..
-            } => {
-                if let Some(s) = sigs.get_mut(&signature.slug()) {
-                    if s.reproducer.as_ref().is_none_or(|f| file < f) {
-                        s.reproducer = Some(file.clone());
-                    }
-                }
-            }
-            Entry::Unminimized {
-                signature, message, ..
-            } => {
-                unminimized.insert(signature.slug(), message.clone());
-            }
-            _ => {}
+    for e in crate::journal::runs_once(entries) {
+        let Entry::Run {
+            index,
+            verdict,
+            signature,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        runs += 1;
+        match verdict {
+            Verdict::Stable => stable += 1,
+            Verdict::Unstable => unstable += 1,
+            Verdict::Rejected => rejected += 1,
+            Verdict::Error | Verdict::Panic | Verdict::Crash | Verdict::Timeout => errors += 1,
+        }
+        if let Some(sig) = signature {
+            let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {
+                slug: sig.slug(),
+                signature: sig.clone(),
+                count: 0,
+                first_index: *index,
+                reproducer: None,
+                unminimized: None,
+            });
+            s.count += 1;
+            s.first_index = s.first_index.min(*index);
         }
     }
-    for s in sigs.values_mut().filter(|s| s.reproducer.is_none()) {
-        s.unminimized = unminimized.get(&s.slug).cloned();
+    let reproducers = crate::journal::reproducers(entries);
+    let unminimized: BTreeMap<String, &String> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Unminimized {
+                signature, message, ..
+            } => Some((signature.slug(), message)),
+            _ => None,
+        })
+        .collect();
+    for s in sigs.values_mut() {
+        s.reproducer = reproducers.get(&s.slug).cloned();
+        if s.reproducer.is_none() {
+            s.unminimized = unminimized.get(&s.slug).map(|m| m.to_string());
+        }
     }
     let secs = elapsed.as_secs_f64();
     Summary {

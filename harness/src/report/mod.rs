@@ -123,141 +123,128 @@ impl StabilityReport {
         let mut totals = Totals::default();
         let mut groups: BTreeMap<(String, String, String, String, String), Group> = BTreeMap::new();
         let mut sigs: BTreeMap<String, SignatureRow> = BTreeMap::new();
-        let mut reproducer_of: BTreeMap<String, String> = BTreeMap::new();
+        let reproducer_of = crate::journal::reproducers(entries);
         // Stable sorts before unstable, by name as before and by declaration.
         let mut curves: BTreeMap<(String, Verdict), Curve> = BTreeMap::new();
         let mut bins: BTreeMap<(String, i32), LrBin> = BTreeMap::new();
-        let mut seen = std::collections::BTreeSet::new();
         for e in entries {
-            match e {
-                Entry::Start {
-                    nanhunt_version,
-                    seed,
-                    families,
-                    clean_data,
-                    device,
-                    budget,
-                    ..
-                } => {
-                    header = ReportHeader {
-                        nanhunt_version: nanhunt_version.clone(),
-                        seed: *seed,
-                        families: families.clone(),
-                        device: device.clone(),
-                        budget: budget.clone(),
-                        clean_data: *clean_data,
-                    };
+            if let Entry::Start {
+                nanhunt_version,
+                seed,
+                families,
+                clean_data,
+                device,
+                budget,
+                ..
+            } = e
+            {
+                header = ReportHeader {
+                    nanhunt_version: nanhunt_version.clone(),
+                    seed: *seed,
+                    families: families.clone(),
+                    device: device.clone(),
+                    budget: budget.clone(),
+                    clean_data: *clean_data,
+                };
+            }
+        }
+        // Each run index once, as every view of the journal counts it.
+        for e in crate::journal::runs_once(entries) {
+            let Entry::Run {
+                index,
+                family,
+                loss,
+                optimizer,
+                precision,
+                device,
+                verdict,
+                signature,
+                step,
+                lr,
+                losses,
+                ..
+            } = e
+            else {
+                continue;
+            };
+            let key = (
+                family.clone(),
+                loss.clone(),
+                optimizer.clone(),
+                precision.clone(),
+                device.clone(),
+            );
+            let g = groups.entry(key).or_insert_with(|| Group {
+                family: family.clone(),
+                loss: loss.clone(),
+                optimizer: optimizer.clone(),
+                precision: precision.clone(),
+                device: device.clone(),
+                totals: Totals::default(),
+                failures: BTreeMap::new(),
+                first_failure_step: None,
+                reproducers: Vec::new(),
+                lr_stable: None,
+                lr_unstable: None,
+            });
+            for t in [&mut totals, &mut g.totals] {
+                t.runs += 1;
+                match verdict {
+                    Verdict::Stable => t.stable += 1,
+                    Verdict::Unstable => t.unstable += 1,
+                    // Rejected runs too: the summary counts them apart.
+                    _ => t.errors += 1,
                 }
-                Entry::Reproducer {
-                    signature, file, ..
-                } => {
-                    let slot = reproducer_of
-                        .entry(signature.slug())
-                        .or_insert_with(|| file.clone());
-                    if file < slot {
-                        *slot = file.clone();
-                    }
-                }
-                Entry::Run {
-                    index,
-                    family,
-                    loss,
-                    optimizer,
-                    precision,
-                    device,
-                    verdict,
-                    signature,
-                    step,
-                    lr,
-                    losses,
-                    ..
-                } => {
-                    if !seen.insert(*index) {
-                        continue;
-                    }
-                    let key = (
-                        family.clone(),
-                        loss.clone(),
-                        optimizer.clone(),
-                        precision.clone(),
-                        device.clone(),
-                    );
-                    let g = groups.entry(key).or_insert_with(|| Group {
+            }
+            match verdict {
+                Verdict::Stable => widen(&mut g.lr_stable, *lr),
+                Verdict::Unstable => widen(&mut g.lr_unstable, *lr),
+                _ => {}
+            }
+            if let (Some(sig), Some(step)) = (signature, step) {
+                *g.failures.entry(sig.slug()).or_insert(0) += 1;
+                g.first_failure_step = Some(g.first_failure_step.map_or(*step, |s| s.min(*step)));
+                let row = sigs.entry(sig.slug()).or_insert_with(|| SignatureRow {
+                    slug: sig.slug(),
+                    signature: sig.clone(),
+                    count: 0,
+                    first_step: *step,
+                    reproducer: None,
+                });
+                row.count += 1;
+                row.first_step = row.first_step.min(*step);
+            }
+            if matches!(verdict, Verdict::Stable | Verdict::Unstable) {
+                // The representative run of a family and verdict: the lowest index.
+                let slot = curves
+                    .entry((family.clone(), *verdict))
+                    .or_insert_with(|| Curve {
                         family: family.clone(),
-                        loss: loss.clone(),
-                        optimizer: optimizer.clone(),
-                        precision: precision.clone(),
-                        device: device.clone(),
-                        totals: Totals::default(),
-                        failures: BTreeMap::new(),
-                        first_failure_step: None,
-                        reproducers: Vec::new(),
-                        lr_stable: None,
-                        lr_unstable: None,
+                        verdict: *verdict,
+                        index: u64::MAX,
+                        signature: None,
+                        losses: Vec::new(),
                     });
-                    for t in [&mut totals, &mut g.totals] {
-                        t.runs += 1;
-                        match verdict {
-                            Verdict::Stable => t.stable += 1,
-                            Verdict::Unstable => t.unstable += 1,
-                            // Rejected runs too: the summary counts them apart.
-                            _ => t.errors += 1,
-                        }
-                    }
-                    match verdict {
-                        Verdict::Stable => widen(&mut g.lr_stable, *lr),
-                        Verdict::Unstable => widen(&mut g.lr_unstable, *lr),
-                        _ => {}
-                    }
-                    if let (Some(sig), Some(step)) = (signature, step) {
-                        *g.failures.entry(sig.slug()).or_insert(0) += 1;
-                        g.first_failure_step =
-                            Some(g.first_failure_step.map_or(*step, |s| s.min(*step)));
-                        let row = sigs.entry(sig.slug()).or_insert_with(|| SignatureRow {
-                            slug: sig.slug(),
-                            signature: sig.clone(),
-                            count: 0,
-                            first_step: *step,
-                            reproducer: None,
-                        });
-                        row.count += 1;
-                        row.first_step = row.first_step.min(*step);
-                    }
-                    if matches!(verdict, Verdict::Stable | Verdict::Unstable) {
-                        // The representative run of a family and verdict: the lowest index.
-                        let slot =
-                            curves
-                                .entry((family.clone(), *verdict))
-                                .or_insert_with(|| Curve {
-                                    family: family.clone(),
-                                    verdict: *verdict,
-                                    index: u64::MAX,
-                                    signature: None,
-                                    losses: Vec::new(),
-                                });
-                        if *index < slot.index {
-                            slot.index = *index;
-                            slot.signature = signature.as_ref().map(|s| s.slug());
-                            slot.losses = losses.iter().map(|&l| round_sig(l, 4)).collect();
-                        }
-                        let decade = if *lr > 0.0 {
-                            lr.log10().floor() as i32
-                        } else {
-                            -12
-                        };
-                        let bin = bins
-                            .entry((family.clone(), decade))
-                            .or_insert_with(|| LrBin {
-                                family: family.clone(),
-                                decade,
-                                runs: 0,
-                                unstable: 0,
-                            });
-                        bin.runs += 1;
-                        bin.unstable += u64::from(*verdict == Verdict::Unstable);
-                    }
+                if *index < slot.index {
+                    slot.index = *index;
+                    slot.signature = signature.as_ref().map(|s| s.slug());
+                    slot.losses = losses.iter().map(|&l| round_sig(l, 4)).collect();
                 }
-                Entry::Finding { .. } | Entry::Unminimized { .. } | Entry::Reported { .. } => {}
+                let decade = if *lr > 0.0 {
+                    lr.log10().floor() as i32
+                } else {
+                    -12
+                };
+                let bin = bins
+                    .entry((family.clone(), decade))
+                    .or_insert_with(|| LrBin {
+                        family: family.clone(),
+                        decade,
+                        runs: 0,
+                        unstable: 0,
+                    });
+                bin.runs += 1;
+                bin.unstable += u64::from(*verdict == Verdict::Unstable);
             }
         }
         for row in sigs.values_mut() {
