@@ -28,6 +28,7 @@ pub mod minimize;
 pub mod models;
 pub mod optim;
 pub mod outcome;
+pub mod parallel;
 pub mod probe;
 pub mod progress;
 pub mod record;

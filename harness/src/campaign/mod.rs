@@ -30,7 +30,7 @@ use crate::strategy::{generate, mutate};
 use resume::{Pending, Resumed};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 use workers::Executor;
@@ -242,38 +242,12 @@ fn finish_pending(
 fn run_workers(opts: &CampaignOptions, state: &Mutex<State>, started: Instant) -> Result<u64> {
     let progress = crate::progress::or_silent(&opts.progress);
     progress.start(opts.runs);
-    let next_local = AtomicU64::new(0);
     let session_runs = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..opts.jobs.max(1) {
-            scope.spawn(|| {
-                let result = crate::device::cpu_pool(1).and_then(|pool| {
-                    pool.install(|| {
-                        worker(
-                            opts,
-                            state,
-                            &next_local,
-                            &session_runs,
-                            &stop,
-                            started,
-                            progress,
-                        )
-                    })
-                });
-                if let Err(e) = result {
-                    stop.store(true, Ordering::SeqCst);
-                    first_error.lock().expect("poisoned").get_or_insert(e);
-                }
-            });
-        }
+    let ran = crate::parallel::run(opts.jobs, |queue| {
+        worker(opts, state, queue, &session_runs, started, progress)
     });
     progress.finish();
-    match first_error.into_inner().expect("poisoned") {
-        Some(e) => Err(e),
-        None => Ok(session_runs.load(Ordering::SeqCst)),
-    }
+    ran.map(|()| session_runs.load(Ordering::SeqCst))
 }
 
 /// Writes the summary and the reports, then records what this session
@@ -315,26 +289,24 @@ pub fn write_reports(out: &Path, entries: &[Entry]) -> Result<()> {
     write("report.html", report.to_html())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn worker(
     opts: &CampaignOptions,
     state: &Mutex<State>,
-    next_local: &AtomicU64,
+    queue: &crate::parallel::Queue,
     session_runs: &AtomicU64,
-    stop: &AtomicBool,
     started: Instant,
     progress: &dyn Progress,
 ) -> Result<()> {
     let mut executor = Executor::new(&opts.workers, opts.limits.clone());
     loop {
-        if stop.load(Ordering::SeqCst) || opts.budget.is_some_and(|b| started.elapsed() >= b) {
+        if queue.stopped() || opts.budget.is_some_and(|b| started.elapsed() >= b) {
             return Ok(());
         }
         // The next local index of this shard that is not journaled yet.
         let (index, case) = {
             let st = state.lock().expect("campaign state poisoned");
             let local = loop {
-                let l = next_local.fetch_add(1, Ordering::SeqCst);
+                let l = queue.take();
                 if !st.done.contains(&(opts.shard.index + l * opts.shard.count)) {
                     break l;
                 }

@@ -501,16 +501,15 @@ pub fn measure(
         .collect();
     let results: Mutex<Vec<Option<Result<SeedResult>>>> =
         Mutex::new(items.iter().map(|_| None).collect());
-    let next = AtomicUsize::new(0);
     let progress = crate::progress::or_silent(&opts.progress);
     progress.start(Some(items.len() as u64));
     let done = AtomicUsize::new(0);
-    let work = || {
-        let pool = crate::device::cpu_pool(1);
+    let jobs = opts.jobs.max(1).min(items.len().max(1));
+    crate::parallel::run(jobs, |queue| {
         loop {
-            let k = next.fetch_add(1, Ordering::SeqCst);
+            let k = queue.take() as usize;
             let Some(&(c, seed)) = items.get(k) else {
-                break;
+                return Ok(());
             };
             let config = &configs[c];
             let factory: &dyn ModelFactory = match (&builtins[c], factory) {
@@ -518,10 +517,8 @@ pub fn measure(
                 (None, Some(f)) => f,
                 (None, None) => unreachable!("checked above"),
             };
-            let r = match &pool {
-                Ok(pool) => pool.install(|| measure_seed(&config.case, seed, factory, opts)),
-                Err(e) => Err(Error::option("threads", e.to_string())),
-            };
+            // A seed's error is its row's, not the table's.
+            let r = measure_seed(&config.case, seed, factory, opts);
             let status = match &r {
                 Ok(s) => format!(
                     "{} {} {}: {} runs",
@@ -535,12 +532,7 @@ pub fn measure(
             progress.update(done.fetch_add(1, Ordering::SeqCst) as u64 + 1, &status);
             results.lock().expect("no worker panics")[k] = Some(r);
         }
-    };
-    std::thread::scope(|s| {
-        for _ in 0..opts.jobs.max(1).min(items.len().max(1)) {
-            s.spawn(work);
-        }
-    });
+    })?;
     progress.finish();
     let mut results = results.into_inner().expect("no worker panics").into_iter();
     let mut rows = Vec::new();
