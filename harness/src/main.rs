@@ -12,10 +12,11 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(e) => {
             eprintln!("error: {e:#}");
-            if cli::is_internal(&e) {
+            let exit = cli::Exit::of_error(&e);
+            if exit == cli::Exit::Internal {
                 eprintln!("(an internal error, not bad input: please report it with the case)");
             }
-            cli::Exit::Error.into()
+            exit.into()
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Subcommands, one file each. Raw flags are parsed by clap, turned into
 //! library calls, and every outcome maps to an exit code:
-//! 0 stable / nothing found, 1 unstable / findings, 2 usage or I/O error.
+//! 0 stable / nothing found, 1 unstable / findings, 2 usage or I/O error,
+//! 3 an internal error (decided from the error's type: [`Exit::of_error`]).
 
 mod diagnose;
 mod diff;
@@ -29,6 +30,19 @@ pub enum Exit {
     Found = 1,
     /// Bad input or an I/O failure.
     Error = 2,
+    /// nanhunt's own failure (a bug, a candle error): not the input's fault.
+    Internal = 3,
+}
+
+impl Exit {
+    /// The exit code of a failed command, from the type of its error.
+    pub fn of_error(e: &anyhow::Error) -> Exit {
+        if is_internal(e) {
+            Exit::Internal
+        } else {
+            Exit::Error
+        }
+    }
 }
 
 impl From<Exit> for std::process::ExitCode {
@@ -182,6 +196,9 @@ mod tests {
             "case.json: invalid case: field `steps`: must be at least 1"
         );
         assert!(!is_internal(&anyhow::anyhow!("--jobs must be at least 1")));
+        assert_eq!(Exit::of_error(&e), Exit::Error);
+        let candle = nanhunt::Error::Candle(candle_core::Error::Msg("shapes".into()));
+        assert_eq!(Exit::of_error(&anyhow::Error::from(candle)), Exit::Internal);
         // An error that names its file is not prefixed with it again.
         let io = nanhunt::Error::io("case.json", std::io::ErrorKind::NotFound.into());
         let e = in_file(Path::new("case.json"))(io);

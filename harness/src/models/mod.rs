@@ -108,6 +108,15 @@ pub trait Model {
 
 /// Builds a model from a `VarBuilder`. The runner calls it once to create the
 /// parameters and then once per step; building must only fetch parameters.
+///
+/// How drivers take a factory, one convention: a driver of the one case
+/// its caller holds takes `&dyn ModelFactory` (`run_model`, `diagnose`,
+/// `gradcheck::check_model`; a built-in family's is
+/// `BuiltinFactory::new(&case.model)`, and `run`/`run_with_options` are its
+/// shorthand); a driver of cases it makes or reads itself (minimize's
+/// candidates, an LR table's configurations, a differential's arms, a
+/// replayed file) takes `Option<&dyn ModelFactory>`, where `None` is each
+/// case's built-in family, resolved by [`factory_for`].
 pub trait ModelFactory: Sync {
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>>;
 }
