@@ -71,13 +71,18 @@ pub fn temp_path(path: &Path) -> PathBuf {
 const TEMP_MARK: &str = ".tmp-";
 
 /// Writes `bytes` to `path` atomically (temp file in the same directory +
-/// fsync + rename); on failure the temp file is removed.
+/// fsync + rename); on failure the temp file is removed, and so are the
+/// temp files of this path that killed writers left.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let target = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    remove_stale(dir, |of, owner| {
+        target.as_deref() == Some(of) && !process_exists(owner)
+    });
     let tmp = temp_path(path);
     let written = std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
@@ -114,24 +119,29 @@ pub fn check_writable(path: &Path) -> Result<()> {
 /// behind: those of `pid` if given, else those whose process is gone (a
 /// kill interrupted its write). Returns how many were removed.
 pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
+    remove_stale(dir, |_, owner| match pid {
+        Some(p) => owner == p,
+        None => !process_exists(owner),
+    })
+}
+
+/// Removes the temp files in `dir` for which `stale(the file it is a temp
+/// of, its writer's pid)` holds.
+fn remove_stale(dir: &Path, stale: impl Fn(&str, u32) -> bool) -> usize {
     let Ok(read) = std::fs::read_dir(dir) else {
         return 0;
     };
     let mut removed = 0;
     for entry in read.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(owner) = name
+        let Some((of, owner)) = name
             .strip_prefix('.')
             .and_then(|n| n.rsplit_once(TEMP_MARK))
-            .and_then(|(_, owner)| owner.parse::<u32>().ok())
+            .and_then(|(of, owner)| Some((of, owner.parse::<u32>().ok()?)))
         else {
             continue;
         };
-        let stale = match pid {
-            Some(p) => owner == p,
-            None => !process_exists(owner),
-        };
-        if !stale {
+        if !stale(of, owner) {
             continue;
         }
         let path = entry.path();
@@ -213,6 +223,14 @@ mod tests {
             v.sort();
             v
         };
+        assert_eq!(names(&dir), ["taken", "x.json"]);
+        // A killed writer's temp file of x.json goes with the next write of it.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        std::fs::write(dir.join(format!(".x.json.tmp-{gone}")), b"half").unwrap();
+        write_atomic(&dir.join("x.json"), b"{}").unwrap();
+        #[cfg(unix)]
         assert_eq!(names(&dir), ["taken", "x.json"]);
         // What a process left: the given pid's; then those of processes
         // that are gone, never a live one's.
