@@ -67,7 +67,6 @@ pub enum Document {
     Journal,
     Dump,
     Reproducer,
-    Artifact,
 }
 
 impl std::fmt::Display for Document {
@@ -77,7 +76,6 @@ impl std::fmt::Display for Document {
             Document::Journal => "journal",
             Document::Dump => "dump",
             Document::Reproducer => "reproducer",
-            Document::Artifact => "fuzz artifact",
         })
     }
 }
@@ -120,6 +118,14 @@ impl Error {
             document,
             path: path.to_path_buf(),
             reason: reason.into(),
+        }
+    }
+
+    /// A parse error of text read from `path`, as the error of that file.
+    pub fn in_file(self, path: &std::path::Path) -> Self {
+        match self {
+            Error::Parse(document, reason) => Error::malformed(document, path, reason),
+            e => e,
         }
     }
 

@@ -63,10 +63,7 @@ impl Reproducer {
 
     pub fn load(path: &Path) -> Result<Reproducer> {
         let text = crate::files::read_text(path)?;
-        Reproducer::from_json(&text).map_err(|e| match e {
-            Error::Parse(document, reason) => Error::malformed(document, path, reason),
-            e => e,
-        })
+        Reproducer::from_json(&text).map_err(|e| e.in_file(path))
     }
 
     pub fn to_json(&self) -> String {

@@ -86,10 +86,7 @@ impl Case {
 
     pub fn load_with_limits(path: &Path, limits: &Limits) -> Result<Case> {
         let text = crate::files::read_text(path)?;
-        let case = Case::from_json(&text).map_err(|e| match e {
-            Error::Parse(document, reason) => Error::malformed(document, path, reason),
-            e => e,
-        })?;
+        let case = Case::from_json(&text).map_err(|e| e.in_file(path))?;
         case.validate(limits)?;
         Ok(case)
     }
