@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         input: InputSpec::Vector { features: 16 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     let configs: Vec<Config> = ["sgd", "momentum", "adam"]
         .into_iter()

@@ -46,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         input: InputSpec::Vector { features: 16 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     case.steps = 30;
     case.data.pathologies = vec![Pathology::AllZero {

@@ -26,6 +26,7 @@ fn main() -> anyhow::Result<()> {
         input: InputSpec::Vector { features: 8 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     case.loss = LossSpec::CrossEntropy {
         label_smoothing: 0.0,

@@ -126,11 +126,16 @@ pub struct Scene<'a> {
     pub history: Trace,
     /// The failing step's batch after augmentation.
     pub batch: HostBatch,
+    /// The same batch as its source made it (before pathologies and
+    /// augmentation): what a replay feeds the step again.
+    pub raw: HostBatch,
     pub finding: &'a Finding,
 }
 
 /// The tensors of a dump, by name: `param/<name>`, `optimizer/<kind>.<name>`,
-/// `batch/inputs`, `batch/targets`, `batch/labels`, `batch/mix_targets`.
+/// `batch/inputs`, `batch/targets`, `batch/labels`, `batch/mix_targets`, and
+/// the source's batch: `source/inputs`, `source/targets`, `source/labels`,
+/// `source/samples` (dataset indices, for batches drawn from a dataset).
 fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::new();
     for (name, t) in scene.names.iter().zip(&scene.before.params) {
@@ -159,6 +164,27 @@ fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
         out.push((
             "batch/mix_targets".into(),
             Tensor::from_slice(t2, shape, &cpu)?,
+        ));
+    }
+    let raw = &scene.raw;
+    let input = match &raw.input {
+        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &cpu)?,
+        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &cpu)?,
+    };
+    out.push(("source/inputs".into(), input));
+    out.push((
+        "source/targets".into(),
+        Tensor::from_slice(&raw.targets, (raw.rows(), raw.classes), &cpu)?,
+    ));
+    out.push((
+        "source/labels".into(),
+        Tensor::from_slice(&raw.labels, raw.rows(), &cpu)?,
+    ));
+    if !raw.samples.is_empty() {
+        let samples: Vec<i64> = raw.samples.iter().map(|&s| s as i64).collect();
+        out.push((
+            "source/samples".into(),
+            Tensor::from_slice(&samples, samples.len(), &cpu)?,
         ));
     }
     Ok(out)
@@ -208,6 +234,7 @@ pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
     let _ = std::fs::remove_dir_all(&tmp);
     let written = (|| -> Result<()> {
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let case = case.with_paths_relative_to(dir);
         write_file(&tmp.join(CASE_FILE), case.to_json().as_bytes())?;
         let map: HashMap<String, Tensor> = named
             .into_iter()
@@ -244,8 +271,9 @@ impl Dump {
         let malformed =
             |path: &Path, reason: String| Error::malformed(Document::Dump, path, reason);
         let case_path = dir.join(CASE_FILE);
-        let case = Case::from_json(&crate::files::read_text(&case_path)?)
+        let mut case = Case::from_json(&crate::files::read_text(&case_path)?)
             .map_err(|e| malformed(&case_path, e.to_string()))?;
+        case.resolve_paths(dir);
         let stats_path = dir.join(STATS_FILE);
         let stats: DumpStats = serde_json::from_str(&crate::files::read_text(&stats_path)?)
             .map_err(|e| malformed(&stats_path, e.to_string()))?;
@@ -283,6 +311,87 @@ impl Dump {
             stats,
             tensors,
         })
+    }
+
+    /// The batch the failing step's source made, as saved (`None` for
+    /// dumps written before the source's batch was saved).
+    pub fn saved_batch(&self) -> Result<Option<HostBatch>> {
+        let Some(inputs) = self.tensors.get("source/inputs") else {
+            return Ok(None);
+        };
+        let state_path = self.dir.join(STATE_FILE);
+        let bad = |name: &str, reason: String| {
+            Error::malformed(
+                Document::Dump,
+                &state_path,
+                format!("tensor `{name}`: {reason}"),
+            )
+        };
+        let part = |name: &str| {
+            self.tensors
+                .get(name)
+                .ok_or_else(|| bad(name, "missing".into()))
+        };
+        let cpu = |t: &Tensor| t.to_device(&Device::Cpu);
+        let inputs = cpu(inputs)?;
+        let dims = inputs.dims().to_vec();
+        let input = match inputs.dtype() {
+            candle_core::DType::F32 => HostInput::Real {
+                values: inputs.flatten_all()?.to_vec1()?,
+                dims,
+            },
+            candle_core::DType::U32 => HostInput::Tokens {
+                ids: inputs.flatten_all()?.to_vec1()?,
+                dims,
+            },
+            other => {
+                return Err(bad(
+                    "source/inputs",
+                    format!("dtype {other:?}, expected F32 or U32"),
+                ))
+            }
+        };
+        let targets = cpu(part("source/targets")?)?;
+        let (rows, classes) = targets.dims2().map_err(|_| {
+            bad(
+                "source/targets",
+                format!("shape {:?}, expected (rows, classes)", targets.dims()),
+            )
+        })?;
+        let labels: Vec<i64> = cpu(part("source/labels")?)?
+            .to_vec1()
+            .map_err(|e| bad("source/labels", Error::from(e).to_string()))?;
+        if labels.len() != rows || classes != self.case.model.classes() {
+            return Err(bad(
+                "source/targets",
+                format!(
+                    "{rows} rows of {classes} classes for {} labels and a model of {} classes",
+                    labels.len(),
+                    self.case.model.classes()
+                ),
+            ));
+        }
+        let samples = match self.tensors.get("source/samples") {
+            Some(t) => cpu(t)?
+                .to_vec1::<i64>()
+                .map_err(|e| bad("source/samples", Error::from(e).to_string()))?
+                .into_iter()
+                .map(|s| s as usize)
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Some(HostBatch {
+            input,
+            labels,
+            targets: targets
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1()?,
+            classes,
+            target_kind: self.case.loss.target_kind(),
+            mix: None,
+            samples,
+        }))
     }
 
     /// The saved tensor `name`, checked against the dtype and shape the

@@ -33,6 +33,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// A dataset that cannot feed the case: missing, changed since the case
+    /// pinned its hash, or shaped unlike the model's input.
+    #[error("dataset {name}: {reason}")]
+    Data { name: String, reason: String },
+
     /// A campaign worker process failed in a way that is not the case's
     /// doing (it could not be started, or answered nonsense).
     #[error("worker process: {0}")]
@@ -67,6 +72,7 @@ pub enum Document {
     Journal,
     Dump,
     Reproducer,
+    Dataset,
 }
 
 impl std::fmt::Display for Document {
@@ -76,6 +82,7 @@ impl std::fmt::Display for Document {
             Document::Journal => "journal",
             Document::Dump => "dump",
             Document::Reproducer => "reproducer",
+            Document::Dataset => "dataset",
         })
     }
 }
@@ -129,6 +136,13 @@ impl Error {
         }
     }
 
+    pub fn data(name: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        Error::Data {
+            name: name.to_string(),
+            reason: reason.into(),
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -145,6 +159,7 @@ impl Error {
                 | Error::InvalidOption { .. }
                 | Error::Parse(..)
                 | Error::Malformed { .. }
+                | Error::Data { .. }
                 | Error::Io { .. }
                 | Error::Device { .. }
         )

@@ -170,7 +170,7 @@ pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckR
     let mut case = case.clone();
     case.precision = Precision::F64;
     let session = Session::new(&case, factory, &RunOptions::default())?;
-    let batch = session.batch(0).map_err(|f| {
+    let batch = session.batch(0)?.map_err(|f| {
         Error::invalid(
             "data",
             format!(

@@ -33,6 +33,8 @@ pub fn stable_domain(spec: &LossSpec) -> Option<f64> {
         LossSpec::Mse { root, eps } => (!root || eps >= 1e-12).then_some(1e18),
         LossSpec::Huber { .. } => Some(1e18),
         LossSpec::PoissonNll { log_input, .. } => log_input.then_some(80.0),
+        // Nothing is known about the caller's loss.
+        LossSpec::Custom { .. } => None,
     }
 }
 
@@ -50,6 +52,9 @@ pub fn loss(spec: &LossSpec, logits: &Tensor, targets: &Tensor) -> Result<Tensor
                 .sum(D::Minus1)?
                 .neg()?
                 .mean_all()
+        }
+        LossSpec::Custom { ref name, .. } => {
+            candle_core::bail!("the custom loss `{name}` is computed by the caller's closure")
         }
         LossSpec::NaiveCrossEntropy { eps } => {
             let logp = (softmax(logits)? + eps)?.log()?;
@@ -114,16 +119,39 @@ fn selected(targets: &Tensor, x: &Tensor) -> Result<Tensor> {
 }
 
 /// The loss of a batch, mixing two target sets with λ under mixup.
+/// A loss of the caller's own (`LossSpec::Custom`): the scalar loss of
+/// logits (rows × classes, in the loss dtype) against dense targets of the
+/// same shape. Any `Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>` is one.
+pub trait UserLoss: Send + Sync {
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor>;
+}
+
+impl<F> UserLoss for F
+where
+    F: Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync,
+{
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self(logits, targets)
+    }
+}
+
+/// The loss of a batch (mixup: λ·L(t₁) + (1-λ)·L(t₂)); `user` computes a
+/// `custom` loss.
 pub fn batch_loss(
     spec: &LossSpec,
+    user: Option<&dyn UserLoss>,
     logits: &Tensor,
     targets: &Tensor,
     mix: Option<(f64, &Tensor)>,
 ) -> Result<Tensor> {
-    let l = loss(spec, logits, targets)?;
+    let one = |t: &Tensor| match (spec, user) {
+        (LossSpec::Custom { .. }, Some(user)) => user.loss(logits, t),
+        _ => loss(spec, logits, t),
+    };
+    let l = one(targets)?;
     match mix {
         None => Ok(l),
-        Some((lam, t2)) => (l * lam)? + (loss(spec, logits, t2)? * (1.0 - lam))?,
+        Some((lam, t2)) => (l * lam)? + (one(t2)? * (1.0 - lam))?,
     }
 }
 

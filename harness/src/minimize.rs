@@ -7,6 +7,10 @@
 //! fixpoint (a full pass keeps nothing) or when the run budget is spent.
 //! Every candidate is no larger than the case it came from, so the result
 //! never grows.
+//!
+//! A case that draws from a dataset is first shrunk to the samples it needs:
+//! delta debugging (ddmin) over the sample indices its failing run drew,
+//! keeping a subset whenever the signature holds.
 
 use crate::error::Result;
 use crate::models::ModelFactory;
@@ -45,6 +49,9 @@ pub struct CaseSize {
     pub pathologies: usize,
     /// Leaf fields that differ from the family's default case.
     pub non_default_fields: usize,
+    /// Dataset samples the case may draw, where it names them (`indices`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
 }
 
 impl CaseSize {
@@ -59,6 +66,12 @@ impl CaseSize {
             augmentations: case.augment.len(),
             pathologies: case.data.pathologies.len(),
             non_default_fields,
+            samples: case
+                .data
+                .source
+                .sampling()
+                .and_then(|s| s.indices.as_ref())
+                .map(Vec::len),
         }
     }
 
@@ -69,6 +82,12 @@ impl CaseSize {
             && self.params <= other.params
             && self.augmentations <= other.augmentations
             && self.pathologies <= other.pathologies
+            // Naming samples is no larger than drawing from all of them.
+            && match (self.samples, other.samples) {
+                (Some(a), Some(b)) => a <= b,
+                (None, Some(_)) => false,
+                (_, None) => true,
+            }
     }
 }
 
@@ -84,6 +103,8 @@ pub struct Minimized {
     pub after: CaseSize,
     /// Whether a full pass found nothing more to remove (else the budget ran out).
     pub fixpoint: bool,
+    /// The dataset samples the minimized case keeps, in words.
+    pub samples: Option<String>,
 }
 
 impl Minimized {
@@ -103,6 +124,7 @@ impl Minimized {
                 original: Some(original.clone()),
                 runs_used: self.runs,
                 source,
+                samples: self.samples.clone(),
             },
         }
     }
@@ -154,6 +176,13 @@ fn proposals(c: &Case, step: usize) -> Vec<Case> {
         push(&|n| set_from_step(&mut n.data.pathologies[i], 0));
         push(&|n| scale_fraction(&mut n.data.pathologies[i], 0.5));
     }
+    // Sample order.
+    push(&|n| {
+        if let Some(s) = n.data.source.sampling_mut() {
+            s.shuffle = false;
+            s.drop_last = false;
+        }
+    });
     // Augmentations.
     push(&|n| n.augment.clear());
     for i in 0..c.augment.len() {
@@ -414,6 +443,147 @@ fn run_candidate(
     }
 }
 
+/// A minimization in progress: the case kept so far, its failing step,
+/// and the runs spent.
+struct Search<'a> {
+    factory: Option<&'a dyn ModelFactory>,
+    opts: &'a MinimizeOptions,
+    signature: Signature,
+    current: Case,
+    step: usize,
+    runs: usize,
+}
+
+impl Search<'_> {
+    fn spent(&self) -> bool {
+        self.runs >= self.opts.max_runs
+            || self
+                .opts
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+    }
+
+    /// Runs a candidate; keeps it when it fails with the signature.
+    fn keeps(&mut self, candidate: Case) -> bool {
+        if candidate.validate(&self.opts.run.limits).is_err() {
+            return false;
+        }
+        self.runs += 1;
+        // A candidate that errors (a bug it uncovers) is simply not kept.
+        if let Ok(Outcome::Unstable { finding }) =
+            run_candidate(&candidate, self.factory, &self.opts.run)
+        {
+            if finding.signature == self.signature {
+                self.current = candidate;
+                self.step = finding.step;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The case drawing only `samples`.
+    fn with_samples(&self, samples: &[usize]) -> Case {
+        let mut c = self.current.clone();
+        if let Some(s) = c.data.source.sampling_mut() {
+            s.indices = Some(samples.to_vec());
+            s.exclude.clear();
+        }
+        c
+    }
+
+    /// Delta debugging over the samples the failing run drew (up to its
+    /// failing step): the smallest subset found that keeps the signature.
+    fn shrink_samples(&mut self) -> Result<()> {
+        let Some(drawn) = drawn_samples(&self.current, self.step, &self.opts.run)? else {
+            return Ok(());
+        };
+        let mut kept = drawn;
+        if !self.keeps(self.with_samples(&kept)) {
+            return Ok(());
+        }
+        let mut n = 2;
+        while kept.len() > 1 && !self.spent() {
+            let size = kept.len().div_ceil(n);
+            let chunks: Vec<Vec<usize>> = kept.chunks(size).map(<[usize]>::to_vec).collect();
+            let mut reduced = false;
+            // A chunk alone, then everything but a chunk.
+            for (i, chunk) in chunks.iter().enumerate() {
+                if self.spent() {
+                    break;
+                }
+                if self.keeps(self.with_samples(chunk)) {
+                    kept = chunk.clone();
+                    n = 2;
+                    reduced = true;
+                    break;
+                }
+                if chunks.len() > 2 {
+                    let rest: Vec<usize> = chunks
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .flat_map(|(_, c)| c.iter().copied())
+                        .collect();
+                    if self.spent() {
+                        break;
+                    }
+                    if self.keeps(self.with_samples(&rest)) {
+                        kept = rest;
+                        n = (n - 1).max(2);
+                        reduced = true;
+                        break;
+                    }
+                }
+            }
+            if !reduced {
+                if n >= kept.len() {
+                    break;
+                }
+                n = (2 * n).min(kept.len());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The samples a case's run draws up to `step`, in first-drawn order
+/// (`None` for synthetic data).
+fn drawn_samples(case: &Case, step: usize, opts: &RunOptions) -> Result<Option<Vec<usize>>> {
+    if case.data.source.sampling().is_none() {
+        return Ok(None);
+    }
+    let source =
+        crate::data::open_source(case, opts.dataset.as_ref(), opts.limits.max_memory_bytes)?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut order = Vec::new();
+    for s in 0..=step.min(case.steps.saturating_sub(1)) {
+        for i in source.batch(s, case.batch_size)?.samples {
+            if seen.insert(i) {
+                order.push(i);
+            }
+        }
+    }
+    Ok(Some(order))
+}
+
+/// "samples 1207 and 5531 of train.safetensors", for a case that names its samples.
+fn samples_text(case: &Case) -> Option<String> {
+    let indices = case.data.source.sampling()?.indices.as_ref()?;
+    let name = match &case.data.source {
+        SourceSpec::File(f) => f
+            .path
+            .file_name()
+            .map_or(f.path.display().to_string(), |n| n.to_string_lossy().into()),
+        SourceSpec::User { name, .. } => name.clone(),
+        SourceSpec::Synthetic => return None,
+    };
+    Some(format!(
+        "{} of {name}",
+        crate::data::samples_phrase(indices)
+    ))
+}
+
 /// Shrinks `case` while it keeps failing with its signature. `factory` is a
 /// user model's factory (`None` for the built-in families). `None` when the
 /// case does not fail at all; `Err(Rejected)` when it cannot run.
@@ -422,39 +592,36 @@ pub fn minimize(
     factory: Option<&dyn ModelFactory>,
     opts: &MinimizeOptions,
 ) -> Result<Option<Minimized>> {
-    let (signature, mut step) = match run_candidate(case, factory, &opts.run)? {
+    // The reproducer names the exact data: the file's hash goes in first.
+    let case = &crate::data::pinned(case, opts.run.limits.max_memory_bytes)?;
+    let (signature, step) = match run_candidate(case, factory, &opts.run)? {
         Outcome::Unstable { finding } => (finding.signature.clone(), finding.step),
         Outcome::Stable { .. } => return Ok(None),
         Outcome::Rejected { reason } => return Err(crate::error::Error::Rejected(reason)),
     };
-    let mut runs = 1;
-    let mut current = case.clone();
-    let limits = &opts.run.limits;
+    let mut search = Search {
+        factory,
+        opts,
+        signature,
+        current: case.clone(),
+        step,
+        runs: 1,
+    };
+    search.shrink_samples()?;
     let mut fixpoint = false;
-    'passes: while runs < opts.max_runs {
+    'passes: while !search.spent() {
         let mut changed = false;
-        for candidate in candidates(&current, step) {
-            if candidate.validate(limits).is_err() {
+        for candidate in candidates(&search.current, search.step) {
+            if candidate.validate(&opts.run.limits).is_err() {
                 continue;
             }
-            if runs >= opts.max_runs
-                || opts
-                    .deadline
-                    .is_some_and(|d| std::time::Instant::now() >= d)
-            {
+            if search.spent() {
                 break 'passes;
             }
-            runs += 1;
-            // A candidate that errors (a bug it uncovers) is simply not kept.
-            if let Ok(Outcome::Unstable { finding }) = run_candidate(&candidate, factory, &opts.run)
-            {
-                if finding.signature == signature {
-                    current = candidate;
-                    step = finding.step;
-                    changed = true;
-                    // The other candidates were made from the old case: start over.
-                    break;
-                }
+            if search.keeps(candidate) {
+                changed = true;
+                // The other candidates were made from the old case: start over.
+                break;
             }
         }
         if !changed {
@@ -462,9 +629,17 @@ pub fn minimize(
             break;
         }
     }
+    let Search {
+        current,
+        signature,
+        step,
+        runs,
+        ..
+    } = search;
     Ok(Some(Minimized {
         before: CaseSize::of(case),
         after: CaseSize::of(&current),
+        samples: samples_text(&current),
         case: current,
         signature,
         step,

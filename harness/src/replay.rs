@@ -88,12 +88,24 @@ pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Resu
     }
 }
 
-/// Restores a dump's saved state and re-runs only the failing step.
+/// Restores a dump's saved state and re-runs only the failing step, on
+/// the batch the dump saved (no data file or generator is needed; dumps
+/// from before batches were saved regenerate it).
 pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
     let dump = Dump::load(dir, &candle_core::Device::Cpu)?;
     let builtin = BuiltinFactory::new(&dump.case.model);
     let factory = factory_for(&dump.case, factory, &builtin)?;
-    let mut session = Session::new(&dump.case, factory, &RunOptions::default())?;
+    let opts = RunOptions::default();
+    let mut session = match dump.saved_batch()? {
+        Some(batch) => {
+            let saved = crate::data::Saved {
+                step: dump.stats.step,
+                batch,
+            };
+            Session::with_source(&dump.case, factory, &opts, Box::new(saved))?
+        }
+        None => Session::new(&dump.case, factory, &opts)?,
+    };
     let snapshot = snapshot_of(&dump, &session)?;
     session.set_history(dump.stats.resume.trace.clone());
     session.restore(&snapshot)?;

@@ -43,6 +43,10 @@ pub struct Provenance {
     /// Free-form origin: a campaign, a libFuzzer artifact, a hand-written case.
     #[serde(default)]
     pub source: String,
+    /// The dataset samples the case keeps, in words ("samples 1207 and
+    /// 5531 of train.safetensors"), when it draws from a dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<String>,
 }
 
 impl Reproducer {
@@ -61,12 +65,37 @@ impl Reproducer {
         Ok(r)
     }
 
+    /// Reads a reproducer; a relative dataset path in its case is relative
+    /// to the reproducer's directory.
     pub fn load(path: &Path) -> Result<Reproducer> {
         let text = crate::files::read_text(path)?;
-        Reproducer::from_json(&text).map_err(|e| e.in_file(path))
+        let mut r = Reproducer::from_json(&text).map_err(|e| e.in_file(path))?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        r.case.resolve_paths(dir);
+        if let Some(original) = &mut r.provenance.original {
+            original.resolve_paths(dir);
+        }
+        Ok(r)
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a reproducer always serializes")
+    }
+
+    /// The JSON of the reproducer as a file in `dir`: dataset paths
+    /// relative to `dir`.
+    pub fn to_json_in(&self, dir: &Path) -> String {
+        let mut r = self.clone();
+        r.case = r.case.with_paths_relative_to(dir);
+        if let Some(original) = &mut r.provenance.original {
+            *original = original.with_paths_relative_to(dir);
+        }
+        r.to_json()
+    }
+
+    /// Writes the reproducer to `path` atomically.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        crate::files::write_atomic(path, self.to_json_in(dir).as_bytes())
     }
 }

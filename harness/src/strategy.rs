@@ -298,6 +298,7 @@ fn data(clean: bool) -> impl Strategy<Value = DataSpec> {
                 noise,
                 pathologies,
                 full_batch: false,
+                source: SourceSpec::Synthetic,
             },
         )
 }

@@ -26,6 +26,7 @@ fn vector_case(name: &str) -> Case {
         input: InputSpec::Vector { features: 8 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     c.optimizer = sgd(1e-3);
     c

@@ -91,6 +91,7 @@ fn user_case(loss: LossSpec) -> Case {
         input: InputSpec::Vector { features: 8 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     c.steps = 30;
     c.loss = loss;

@@ -74,10 +74,7 @@ pub fn reproduce(job: &ReproduceJob) -> Result<Entry> {
     let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
     let repro = m.reproducer(&job.case, provenance);
     let file = reproducer_name(&m.signature, &m.case);
-    crate::files::write_atomic(
-        &job.out.join(REPRO_DIR).join(&file),
-        repro.to_json().as_bytes(),
-    )?;
+    repro.write(&job.out.join(REPRO_DIR).join(&file))?;
     Ok(Entry::Reproducer {
         signature: m.signature,
         file,

@@ -132,7 +132,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     match minimized {
         Some(m) => {
             let path = args.out.join(reproducer_name(&m.signature, &m.case));
-            write_atomic(&path, m.reproducer(&case, source).to_json().as_bytes())?;
+            m.reproducer(&case, source).write(&path)?;
             eprintln!(
                 "signature: {} ({} runs to minimize)\nreproducer: {}\nreplay: nanhunt replay {}",
                 m.signature,

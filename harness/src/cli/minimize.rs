@@ -67,10 +67,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     eprintln!("after:  {}", size(&m.after));
     match &args.out {
         Some(path) => {
-            nanhunt::files::write_atomic(path, repro.to_json().as_bytes())?;
+            repro.write(path)?;
             eprintln!("reproducer: {}", path.display());
         }
-        None => println!("{}", repro.to_json()),
+        None => println!("{}", repro.to_json_in(std::path::Path::new("."))),
     }
     Ok(Exit::Found)
 }

@@ -1,14 +1,22 @@
-//! Seeded synthetic data that makes a learnable task for each input kind, with
-//! targets for every loss, plus the article's data pathologies.
+//! A run's data: seeded synthetic data that makes a learnable task for each
+//! input kind (with targets for every loss), or the samples of a dataset
+//! (a file, or the user's own [`Dataset`]), plus the article's data
+//! pathologies on top.
 //!
 //! Batches live on the host (`HostBatch`) until the runner uploads them, so
 //! generation, pathologies and augmentation are plain, deterministic loops.
 
+mod dataset;
+pub mod files;
 mod noise;
 mod pathology;
+pub mod scan;
+mod source;
 
+pub use dataset::{Dataset, MemoryDataset, Rows, SampleShape};
 pub use noise::{push_noisy, NoiseMap, Scratch as NoiseScratch};
 pub use pathology::{apply_pathologies, apply_pathology};
+pub use source::{open as open_source, pinned, DataSource, Sampled, Saved};
 
 use crate::rng::Rng;
 use crate::spec::{Case, DataSpec, Distribution, InputSpec, TargetKind};
@@ -44,6 +52,8 @@ pub struct HostBatch {
     pub target_kind: TargetKind,
     /// Mixup: the mixing weight λ and the permuted targets.
     pub mix: Option<(f64, Vec<f32>)>,
+    /// The dataset index of each sample (empty for synthetic data).
+    pub samples: Vec<usize>,
 }
 
 impl HostBatch {
@@ -167,7 +177,19 @@ impl Generator {
             classes: self.classes,
             target_kind: self.target_kind,
             mix: None,
+            samples: Vec::new(),
         }
+    }
+}
+
+/// "sample 3", "samples 3 and 9", "samples 3, 9 and 12" (at most 8 listed).
+pub fn samples_phrase(ids: &[usize]) -> String {
+    let shown: Vec<String> = ids.iter().take(8).map(usize::to_string).collect();
+    let more = ids.len().saturating_sub(8);
+    match (shown.as_slice(), more) {
+        ([one], 0) => format!("sample {one}"),
+        ([init @ .., last], 0) => format!("samples {} and {last}", init.join(", ")),
+        (all, more) => format!("samples {} and {more} more", all.join(", ")),
     }
 }
 

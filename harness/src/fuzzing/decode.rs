@@ -358,6 +358,7 @@ pub fn case(u: &mut Unstructured) -> Result<Case> {
             noise: pick(u, &[0.5, 0.0, 2.0])?,
             pathologies,
             full_batch: u.arbitrary()?,
+            source: crate::spec::SourceSpec::Synthetic,
         },
         augment,
         loss,
@@ -468,6 +469,7 @@ impl AugmentInput {
             classes,
             target_kind: TargetKind::Labels,
             mix: None,
+            samples: Vec::new(),
         }
     }
 }

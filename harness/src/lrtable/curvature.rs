@@ -176,7 +176,7 @@ pub fn sharpness(
     };
     let batches = (0..n_batches)
         .map(|step| {
-            session.batch(step).map_err(|f| {
+            session.batch(step)?.map_err(|f| {
                 Error::invalid(
                     "data",
                     format!(

@@ -34,6 +34,7 @@ fn regression_case() -> Case {
         input: InputSpec::Vector { features: FEATURES },
         outputs: OUTPUTS,
         init: InitSpec::default(),
+        per_token: false,
     });
     case.loss = LossSpec::Mse {
         root: false,
@@ -49,7 +50,7 @@ fn regression_case() -> Case {
 /// M = mean over samples of x̃x̃ᵀ, x̃ = (x, 1), by plain power iteration in f64.
 fn second_moment_top_eigenvalue(case: &Case) -> f64 {
     let session = Session::new(case, &linear_factory, &RunOptions::default()).unwrap();
-    let batch = session.batch(0).unwrap();
+    let batch = session.batch(0).unwrap().unwrap();
     let HostInput::Real { values, .. } = &batch.input else {
         panic!("vector input")
     };

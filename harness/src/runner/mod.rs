@@ -3,12 +3,12 @@
 //! with the probe after every stage that can produce a non-finite value.
 
 use crate::augment;
-use crate::data::{apply_pathologies, apply_pathology, Generator, HostBatch, HostInput};
+use crate::data::{apply_pathologies, apply_pathology, DataSource, Dataset, HostBatch, HostInput};
 use crate::device;
 use crate::dump;
 use crate::error::{Error, Result};
 
-use crate::losses;
+use crate::losses::{self, UserLoss};
 use crate::models::{BuiltinFactory, ModelFactory, ParamStore, Tracer};
 use crate::optim::{self, Optimizer};
 use crate::outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace};
@@ -19,7 +19,7 @@ pub use crate::state::Snapshot;
 use candle_core::{DType, Device, Tensor, Var};
 
 /// How to run a case.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RunOptions {
     /// Scan gradients, parameters, optimizer state and batches every step.
     /// Off, only the loss is watched (for measuring the probe's cost).
@@ -38,6 +38,26 @@ pub struct RunOptions {
     /// accelerators always do; on the CPU it exists so tests can check that
     /// path (the CPU otherwise scans memory in place).
     pub accelerator_probe: bool,
+    /// The dataset of a case whose `data.source` is `user` (the caller's
+    /// own data, behind [`Dataset`]).
+    pub dataset: Option<std::sync::Arc<dyn Dataset>>,
+    /// The loss of a case whose `loss` is `custom` (the caller's closure).
+    pub loss: Option<std::sync::Arc<dyn UserLoss>>,
+}
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("probe", &self.probe)
+            .field("device", &self.device)
+            .field("limits", &self.limits)
+            .field("dump", &self.dump)
+            .field("watch_divergence", &self.watch_divergence)
+            .field("accelerator_probe", &self.accelerator_probe)
+            .field("dataset", &self.dataset.as_ref().map(|d| d.name()))
+            .field("loss", &self.loss.as_ref().map(|_| "custom"))
+            .finish()
+    }
 }
 
 impl Default for RunOptions {
@@ -49,6 +69,8 @@ impl Default for RunOptions {
             dump: None,
             watch_divergence: true,
             accelerator_probe: false,
+            dataset: None,
+            loss: None,
         }
     }
 }
@@ -71,7 +93,7 @@ pub fn run_with_options(case: &Case, opts: &RunOptions) -> Result<Outcome> {
 pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
     let mut session = match Session::new(case, factory, opts) {
         Ok(s) => s,
-        Err(e @ Error::InvalidCase { .. }) => {
+        Err(e @ (Error::InvalidCase { .. } | Error::Data { .. })) => {
             return Ok(Outcome::Rejected {
                 reason: e.to_string(),
             })
@@ -102,6 +124,17 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     Ok(Outcome::Stable {
         trace: session.into_trace(),
     })
+}
+
+/// The batch rows (samples) with a value that `bad` flags.
+fn bad_samples(values: &[f32], dims: &[usize], bad: impl Fn(f32) -> bool) -> Vec<usize> {
+    let per = values.len() / dims.first().copied().unwrap_or(1).max(1);
+    values
+        .chunks(per.max(1))
+        .enumerate()
+        .filter(|(_, row)| row.iter().any(|&v| bad(v)))
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// A failure seen at a stage, before it becomes a `Finding`.
@@ -162,7 +195,7 @@ pub struct Session<'a> {
     names: Vec<String>,
     optimizer: Optimizer,
     scaler: LossScaler,
-    generator: Generator,
+    source: Box<dyn DataSource>,
     tracker: DivergenceTracker,
     trace: Trace,
     probe: bool,
@@ -179,13 +212,37 @@ pub struct Session<'a> {
     half: bool,
     /// The state before the last step, kept when that step failed.
     failed_before: Option<Snapshot>,
+    /// The caller's loss, for a `custom` loss.
+    user_loss: Option<std::sync::Arc<dyn UserLoss>>,
 }
 
 impl<'a> Session<'a> {
-    /// Validates the case, opens the device and creates the parameters.
+    /// Validates the case, opens the device and the data source and
+    /// creates the parameters.
     pub fn new(case: &Case, factory: &'a dyn ModelFactory, opts: &RunOptions) -> Result<Self> {
+        // Validation names the case's own faults before the data's.
+        case.on(opts.device).validate(&opts.limits)?;
+        let max = opts.limits.max_memory_bytes;
+        let case = crate::data::pinned(case, max)?;
+        let source = crate::data::open_source(&case, opts.dataset.as_ref(), max)?;
+        Session::with_source(&case, factory, opts, source)
+    }
+
+    /// Like [`Session::new`], with batches from `source` (a dump's saved batch).
+    pub fn with_source(
+        case: &Case,
+        factory: &'a dyn ModelFactory,
+        opts: &RunOptions,
+        source: Box<dyn DataSource>,
+    ) -> Result<Self> {
         let case = case.on(opts.device);
         case.validate(&opts.limits)?;
+        if let (crate::spec::LossSpec::Custom { name, .. }, None) = (&case.loss, &opts.loss) {
+            return Err(Error::invalid(
+                "loss",
+                format!("the custom loss `{name}` needs its closure (RunOptions::loss)"),
+            ));
+        }
         let device = device::open(case.device)?;
         let precision = &case.precision;
         let params = ParamStore::new(
@@ -217,7 +274,7 @@ impl<'a> Session<'a> {
         Ok(Session {
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
             scaler: LossScaler::new(precision.loss_scaling()),
-            generator: Generator::new(&case),
+            source,
             tracker: DivergenceTracker::new(case.divergence_factor),
             trace: Trace::default(),
             probe: opts.probe,
@@ -232,6 +289,7 @@ impl<'a> Session<'a> {
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
+            user_loss: opts.loss.clone(),
             compute,
             case,
             device,
@@ -267,55 +325,83 @@ impl<'a> Session<'a> {
 
     /// The batch of `step` after pathologies and augmentation, or the
     /// failure the probe saw while making it.
-    pub fn batch(&self, step: usize) -> std::result::Result<HostBatch, Box<Failure>> {
+    pub fn batch(&self, step: usize) -> Result<std::result::Result<HostBatch, Box<Failure>>> {
         self.batch_checked(step, false)
     }
 
+    /// The batch of `step` before pathologies and augmentation.
+    pub fn raw_batch(&self, step: usize) -> Result<HostBatch> {
+        self.source.batch(step, self.case.batch_size)
+    }
+
     /// The batch of `step` without any check (for dumps).
-    pub fn batch_unchecked(&self, step: usize) -> HostBatch {
+    pub fn batch_unchecked(&self, step: usize) -> Result<HostBatch> {
         let case = &self.case;
-        let mut batch = self.generator.data_batch(step, case.batch_size);
+        let mut batch = self.raw_batch(step)?;
+        apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
         augment::apply_all(&mut batch, &case.augment, case.seed, step);
-        batch
+        Ok(batch)
+    }
+
+    /// The run's data source.
+    pub fn source(&self) -> &dyn DataSource {
+        &*self.source
     }
 
     /// Makes the batch, checking it after the data and after every
-    /// augmentation; `fine` also checks the generator's output and each
+    /// augmentation; `fine` also checks the source's output and each
     /// pathology on its own (localization).
     fn batch_checked(
         &self,
         step: usize,
         fine: bool,
-    ) -> std::result::Result<HostBatch, Box<Failure>> {
+    ) -> Result<std::result::Result<HostBatch, Box<Failure>>> {
         let case = &self.case;
-        let mut batch = self.generator.batch(step, case.batch_size);
-        if fine {
-            self.check_batch(&batch, Phase::Data, "data.generator")?;
-            for (i, p) in case.data.pathologies.iter().enumerate() {
-                apply_pathology(&mut batch, i, p, case.seed, step);
-                self.check_batch(
-                    &batch,
-                    Phase::Data,
-                    &format!("data.pathologies[{i}].{}", p.name()),
-                )?;
+        let mut batch = self.raw_batch(step)?;
+        Ok((|| {
+            if fine {
+                self.check_batch(&batch, Phase::Data, case.data.source.stage())?;
+                for (i, p) in case.data.pathologies.iter().enumerate() {
+                    apply_pathology(&mut batch, i, p, case.seed, step);
+                    self.check_batch(
+                        &batch,
+                        Phase::Data,
+                        &format!("data.pathologies[{i}].{}", p.name()),
+                    )?;
+                }
+            } else {
+                apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
             }
-        } else {
-            apply_pathologies(&mut batch, &case.data.pathologies, case.seed, step);
-        }
-        if self.probe {
-            self.check_batch(&batch, Phase::Data, "input")?;
-        }
-        for (i, aug) in case.augment.iter().enumerate() {
-            augment::apply(&mut batch, aug, case.seed, i, step);
             if self.probe {
-                self.check_batch(
-                    &batch,
-                    Phase::Augment,
-                    &format!("augment[{i}].{}", aug.name()),
-                )?;
+                self.check_batch(&batch, Phase::Data, "input")?;
             }
+            for (i, aug) in case.augment.iter().enumerate() {
+                augment::apply(&mut batch, aug, case.seed, i, step);
+                if self.probe {
+                    self.check_batch(
+                        &batch,
+                        Phase::Augment,
+                        &format!("augment[{i}].{}", aug.name()),
+                    )?;
+                }
+            }
+            Ok(batch)
+        })())
+    }
+
+    /// " (samples 3 and 9 of train.safetensors)" for a batch drawn from a
+    /// dataset; nothing for synthetic data.
+    fn samples_named(&self, batch: &HostBatch, bad: &[usize]) -> String {
+        match self.source.dataset() {
+            Some(d) if !bad.is_empty() => {
+                let ids: Vec<usize> = bad
+                    .iter()
+                    .filter_map(|&s| batch.samples.get(s).copied())
+                    .collect();
+                format!(" ({} of {})", crate::data::samples_phrase(&ids), d.name())
+            }
+            _ => String::new(),
         }
-        Ok(batch)
     }
 
     fn check_batch(
@@ -332,12 +418,14 @@ impl<'a> Session<'a> {
                 .find(|(_, &l)| l < 0 || l >= batch.classes as i64)
             {
                 let at = if stage == "input" { "labels" } else { stage };
+                let per_sample = (batch.labels.len() / batch.samples.len().max(1)).max(1);
                 return Err(Box::new(Failure::new(
                     FindingKind::InvalidLabel,
                     phase,
                     at,
                     format!(
-                        "label {label} in row {row} is outside the {} classes",
+                        "label {label} in row {row}{} is outside the {} classes",
+                        self.samples_named(batch, &[row / per_sample]),
                         batch.classes
                     ),
                 )));
@@ -358,14 +446,24 @@ impl<'a> Session<'a> {
                 } else {
                     FindingKind::Inf
                 },
-                format!("{} NaN and {} Inf values in the batch inputs", s.nan, s.inf),
+                format!(
+                    "{} NaN and {} Inf values in the batch inputs{}",
+                    s.nan,
+                    s.inf,
+                    self.samples_named(batch, &bad_samples(values, dims, |v| !v.is_finite()))
+                ),
             )
         } else {
             (
                 FindingKind::Overflow,
                 format!(
-                    "input magnitude {:.3e} exceeds the largest {:?} value {limit:.3e}",
-                    s.max_abs, self.compute
+                    "input magnitude {:.3e} exceeds the largest {:?} value {limit:.3e}{}",
+                    s.max_abs,
+                    self.compute,
+                    self.samples_named(
+                        batch,
+                        &bad_samples(values, dims, |v| f64::from(v.abs()) > limit)
+                    )
                 ),
             )
         };
@@ -418,8 +516,32 @@ impl<'a> Session<'a> {
             _ => output.clone(),
         }
         .to_dtype(self.loss_dtype)?;
+        if logits.dims() != targets.dims() {
+            let hint = if output.rank() == 3 && !self.case.model.per_token() {
+                "; for one prediction per position set the model's `per_token: true`"
+            } else if output.rank() == 2 && self.case.model.per_token() {
+                "; a per-token model returns (batch, positions, outputs)"
+            } else {
+                ""
+            };
+            return Err(Error::invalid(
+                "model",
+                format!(
+                    "the model returned shape {:?}, which gives logits {:?}; the loss takes {:?} (rows x classes){hint}",
+                    output.dims(),
+                    logits.dims(),
+                    targets.dims()
+                ),
+            ));
+        }
         let mix = mix.as_ref().map(|(l, t)| (*l, t));
-        let loss = losses::batch_loss(&self.case.loss, &logits, &targets, mix)?;
+        let loss = losses::batch_loss(
+            &self.case.loss,
+            self.user_loss.as_deref(),
+            &logits,
+            &targets,
+            mix,
+        )?;
         Ok(Forward {
             output,
             logits,
@@ -546,7 +668,8 @@ impl<'a> Session<'a> {
                 names: &self.names,
                 before,
                 history: finding.trace.upto(before.history),
-                batch: self.batch_unchecked(finding.step),
+                batch: self.batch_unchecked(finding.step)?,
+                raw: self.raw_batch(finding.step)?,
                 finding,
             },
         )

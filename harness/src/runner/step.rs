@@ -101,7 +101,7 @@ impl Session<'_> {
 
     /// The batch, checked after the data and every augmentation.
     fn batch_phase(&self, step: usize, fine: bool) -> Result<Flow<HostBatch>> {
-        Ok(match self.batch_checked(step, fine) {
+        Ok(match self.batch_checked(step, fine)? {
             Ok(b) => Flow::Go(b),
             Err(f) => Flow::End(Some(Failed::ThisStep(f))),
         })

@@ -158,6 +158,7 @@ fn vector_case(name: &str) -> Case {
         input: InputSpec::Vector { features: 8 },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     c
 }
@@ -256,6 +257,7 @@ fn a_parameter_without_gradient_is_an_error_naming_it() {
         },
         outputs: 4,
         init: InitSpec::default(),
+        per_token: false,
     });
     let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         let _unused = vb
@@ -356,7 +358,7 @@ fn twin(c: &Case) -> Twin {
     for step in 0..3 {
         assert!(s.step(step).unwrap().is_none());
     }
-    let batch = s.batch_unchecked(3);
+    let batch = s.batch_unchecked(3).unwrap();
     let plain = s.forward_loss(&batch, &mut Tracer::off()).unwrap();
     let mut tracer = Tracer::on();
     let traced = s.forward_loss(&batch, &mut tracer).unwrap();

@@ -1,6 +1,9 @@
-//! The synthetic data: distribution knobs and injected pathologies.
+//! The data of a case: where samples come from (the built-in synthetic
+//! generator, a dataset file, or the user's own [`crate::data::Dataset`]),
+//! the synthetic generator's distribution knobs, and injected pathologies.
 
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,6 +33,157 @@ pub struct DataSpec {
     /// the field existed are unchanged.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub full_batch: bool,
+    /// Where the samples come from; the synthetic generator (the default)
+    /// is not written, so older cases and reproducer names are unchanged.
+    #[serde(skip_serializing_if = "SourceSpec::is_synthetic")]
+    pub source: SourceSpec,
+}
+
+/// Where a case's samples come from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// Seeded class templates plus noise (`scale`, `offset`, `distribution`, `noise`).
+    #[default]
+    Synthetic,
+    /// A dataset file: safetensors, `.npy`, `.npz` or CSV.
+    File(FileSource),
+    /// The caller's own [`crate::data::Dataset`] (`RunOptions::dataset`).
+    User {
+        /// What the user calls it (shown in reports and reproducers).
+        name: String,
+        #[serde(default, skip_serializing_if = "Sampling::is_default")]
+        sampling: Sampling,
+    },
+}
+
+impl SourceSpec {
+    pub fn is_synthetic(&self) -> bool {
+        matches!(self, SourceSpec::Synthetic)
+    }
+
+    /// How samples are drawn into batches (finite sources only).
+    pub fn sampling(&self) -> Option<&Sampling> {
+        match self {
+            SourceSpec::Synthetic => None,
+            SourceSpec::File(f) => Some(&f.sampling),
+            SourceSpec::User { sampling, .. } => Some(sampling),
+        }
+    }
+
+    pub fn sampling_mut(&mut self) -> Option<&mut Sampling> {
+        match self {
+            SourceSpec::Synthetic => None,
+            SourceSpec::File(f) => Some(&mut f.sampling),
+            SourceSpec::User { sampling, .. } => Some(sampling),
+        }
+    }
+
+    /// The probe's stage name for values that come out of the source.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            SourceSpec::Synthetic => "data.generator",
+            SourceSpec::File(_) => "data.file",
+            SourceSpec::User { .. } => "data.user",
+        }
+    }
+}
+
+/// A dataset file and the names of its parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSource {
+    /// The file; a relative path is relative to the document that holds
+    /// the case (case file, reproducer, dump), else to the working directory.
+    pub path: PathBuf,
+    /// Read as this format; by default from the extension.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<FileFormat>,
+    /// The inputs, one row per sample: a tensor (safetensors), an array
+    /// (`.npz`), ignored for `.npy` (the file is the inputs) and CSV (every
+    /// column but the labels).
+    #[serde(default = "default_inputs")]
+    pub inputs: String,
+    /// Class labels (one per sample, or one per position for per-token
+    /// models): a tensor or array name, a `.npy` file beside `path`, or a
+    /// CSV column. Absent, the dense targets are required.
+    #[serde(default = "default_labels", skip_serializing_if = "Option::is_none")]
+    pub labels: Option<String>,
+    /// Dense targets (samples × classes) for regression-style losses; by
+    /// default they are made from the labels, as for synthetic data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<String>,
+    /// SHA-256 of the file's bytes (of every file read, in order, for
+    /// `.npy`). Written into reproducers and dumps; a run refuses a file
+    /// whose content differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Sampling::is_default")]
+    pub sampling: Sampling,
+}
+
+fn default_inputs() -> String {
+    "inputs".into()
+}
+fn default_labels() -> Option<String> {
+    Some("labels".into())
+}
+
+impl FileSource {
+    /// A file read with the default names (`inputs`, `labels`).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileSource {
+            path: path.into(),
+            format: None,
+            inputs: default_inputs(),
+            labels: default_labels(),
+            targets: None,
+            sha256: None,
+            sampling: Sampling::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    Safetensors,
+    Npy,
+    Npz,
+    Csv,
+}
+
+/// How a finite dataset becomes the batches of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampling {
+    /// Only these samples, in this order (a reproducer keeps the samples it needs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub indices: Option<Vec<usize>>,
+    /// Leave these samples out (diagnose's re-run without the bad ones).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<usize>,
+    /// A new order every epoch, drawn from the case seed.
+    pub shuffle: bool,
+    /// Drop an epoch's last, short batch.
+    pub drop_last: bool,
+}
+
+impl Sampling {
+    pub fn is_default(&self) -> bool {
+        *self == Sampling::default()
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            indices: None,
+            exclude: Vec::new(),
+            shuffle: true,
+            drop_last: false,
+        }
+    }
 }
 
 impl Default for DataSpec {
@@ -41,6 +195,7 @@ impl Default for DataSpec {
             noise: 0.5,
             pathologies: Vec::new(),
             full_batch: false,
+            source: SourceSpec::Synthetic,
         }
     }
 }

@@ -55,6 +55,17 @@ pub enum LossSpec {
         #[serde(default)]
         eps: f64,
     },
+    /// The caller's own loss (`RunOptions::loss`), on targets of this kind.
+    Custom {
+        /// What the user calls it (in stage names and reports).
+        name: String,
+        #[serde(default = "labels")]
+        targets: TargetKind,
+    },
+}
+
+fn labels() -> TargetKind {
+    TargetKind::Labels
 }
 
 fn one() -> f64 {
@@ -65,7 +76,8 @@ fn yes() -> bool {
 }
 
 /// What the targets of a loss look like.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TargetKind {
     /// Class indices.
     Labels,
@@ -92,6 +104,7 @@ impl LossSpec {
             LossSpec::KlDiv { .. } => "kl_div",
             LossSpec::PoissonNll { .. } => "poisson_nll",
             LossSpec::LogOneMinus { .. } => "log_one_minus",
+            LossSpec::Custom { .. } => "custom",
         }
     }
 
@@ -106,6 +119,7 @@ impl LossSpec {
             LossSpec::Bce { .. } | LossSpec::BceWithLogits | LossSpec::LogOneMinus { .. } => {
                 TargetKind::Binary
             }
+            LossSpec::Custom { targets, .. } => *targets,
         }
     }
 }

@@ -15,7 +15,7 @@ mod precision;
 mod validate;
 
 pub use augment::{Augment, NormalizeSpec};
-pub use data::{DataSpec, Distribution, Pathology};
+pub use data::{DataSpec, Distribution, FileFormat, FileSource, Pathology, Sampling, SourceSpec};
 pub use diff::{case_diff, FieldChange};
 pub use loss::{LossSpec, TargetKind};
 pub use model::*;
@@ -86,7 +86,8 @@ impl Case {
 
     pub fn load_with_limits(path: &Path, limits: &Limits) -> Result<Case> {
         let text = crate::files::read_text(path)?;
-        let case = Case::from_json(&text).map_err(|e| e.in_file(path))?;
+        let mut case = Case::from_json(&text).map_err(|e| e.in_file(path))?;
+        case.resolve_paths(path.parent().unwrap_or(Path::new("")));
         case.validate(limits)?;
         Ok(case)
     }
@@ -97,6 +98,26 @@ impl Case {
 
     pub fn family(&self) -> &str {
         self.model.family()
+    }
+
+    /// Reads a relative dataset path as relative to `base`, the directory
+    /// of the document that holds the case.
+    pub fn resolve_paths(&mut self, base: &Path) {
+        if let SourceSpec::File(f) = &mut self.data.source {
+            if f.path.is_relative() {
+                f.path = crate::files::normalize(&base.join(&f.path));
+            }
+        }
+    }
+
+    /// The case as written into a document in `dir`: its dataset path
+    /// relative to `dir`, so that the document and the data move together.
+    pub fn with_paths_relative_to(&self, dir: &Path) -> Case {
+        let mut case = self.clone();
+        if let SourceSpec::File(f) = &mut case.data.source {
+            f.path = crate::files::relative_to(&f.path, dir);
+        }
+        case
     }
 
     /// The case as run with a device override (`--device`), if any.

@@ -60,7 +60,11 @@ impl ModelSpec {
 
     /// Whether the model predicts one output per sequence position.
     pub fn per_token(&self) -> bool {
-        matches!(self, ModelSpec::Transformer(t) if t.head == HeadKind::PerToken)
+        match self {
+            ModelSpec::Transformer(t) => t.head == HeadKind::PerToken,
+            ModelSpec::Custom(c) => c.per_token,
+            _ => false,
+        }
     }
 
     pub fn init(&self) -> InitSpec {
@@ -335,4 +339,9 @@ pub struct CustomSpec {
     pub outputs: usize,
     #[serde(default)]
     pub init: InitSpec,
+    /// The model predicts at every position of a sequence (a language
+    /// model's own objective): it returns (batch, positions, outputs) and
+    /// takes one label per position.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_token: bool,
 }

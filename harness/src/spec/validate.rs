@@ -231,6 +231,17 @@ impl Case {
                     ));
                 }
                 count("model.outputs", c.outputs, 1, 100_000)?;
+                if c.per_token
+                    && !matches!(
+                        c.input,
+                        InputSpec::Tokens { .. } | InputSpec::Sequence { .. }
+                    )
+                {
+                    return Err(Error::invalid(
+                        "model.per_token",
+                        "one prediction per position needs a sequence input (tokens or sequence)",
+                    ));
+                }
                 for (i, d) in c.input.dims().iter().enumerate() {
                     count(&format!("model.input.dims[{i}]"), *d, 1, 65_536)?;
                 }
@@ -250,11 +261,59 @@ impl Case {
         }
     }
 
+    fn validate_source(&self) -> Check {
+        let d = &self.data;
+        let synthetic = DataSpec::default();
+        if d.source.is_synthetic() {
+            return Ok(());
+        }
+        // The generator's knobs would silently do nothing to a dataset.
+        for (field, set) in [
+            ("data.scale", d.scale != synthetic.scale),
+            ("data.offset", d.offset != synthetic.offset),
+            ("data.noise", d.noise != synthetic.noise),
+            (
+                "data.distribution",
+                d.distribution != synthetic.distribution,
+            ),
+        ] {
+            if set {
+                return Err(Error::invalid(
+                    field,
+                    "shapes synthetic data only; a dataset's values are its own (pathologies and augmentations still apply)",
+                ));
+            }
+        }
+        if let SourceSpec::File(f) = &d.source {
+            if f.path.as_os_str().is_empty() {
+                return Err(Error::invalid("data.source.path", "name the dataset file"));
+            }
+            if let Some(h) = &f.sha256 {
+                if h.len() != 64 || !h.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(Error::invalid(
+                        "data.source.sha256",
+                        format!("`{h}` is not a SHA-256 (64 hex digits)"),
+                    ));
+                }
+            }
+        }
+        if let Some(s) = d.source.sampling() {
+            if s.indices.as_ref().is_some_and(Vec::is_empty) {
+                return Err(Error::invalid(
+                    "data.source.sampling.indices",
+                    "name at least one sample (or leave `indices` out to draw them all)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_data(&self) -> Check {
         let d = &self.data;
         in_range("data.scale", d.scale, -1e30, 1e30)?;
         in_range("data.offset", d.offset, -1e30, 1e30)?;
         in_range("data.noise", d.noise, 0.0, 1e6)?;
+        self.validate_source()?;
         let tokens = self.model.input().is_tokens();
         for (i, p) in d.pathologies.iter().enumerate() {
             let field = format!("data.pathologies[{i}]");
@@ -409,6 +468,14 @@ impl Case {
             }
             LossSpec::PoissonNll { eps, .. } => non_negative("loss.eps", *eps)?,
             LossSpec::Nll | LossSpec::BceWithLogits => {}
+            LossSpec::Custom { name, .. } => {
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(Error::invalid(
+                        "loss.name",
+                        format!("must be a non-empty name of letters, digits or '_', got {name:?}"),
+                    ));
+                }
+            }
         }
         if self.loss.target_kind() == TargetKind::Labels && self.model.classes() < 2 {
             return Err(Error::invalid(

@@ -1,0 +1,143 @@
+//! CSV datasets, read with the `csv` crate: a header row, one sample per
+//! row, the label column named by the source and every other column a
+//! numeric feature. An empty field or `nan` is a missing value (NaN), as
+//! pandas reads it; anything else that is not a number is an error naming
+//! the line and the column.
+
+use super::{Chunk, SampleReader};
+use crate::data::dataset::SampleShape;
+use crate::error::{Document, Error, Result};
+use crate::spec::FileSource;
+use std::path::{Path, PathBuf};
+
+pub struct Reader {
+    path: PathBuf,
+    rows: csv::StringRecordsIntoIter<std::io::BufReader<std::fs::File>>,
+    header: Vec<String>,
+    label: Option<usize>,
+    shape: SampleShape,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::malformed(Document::Dataset, path, reason)
+}
+
+/// A field as a number; empty and `nan` are missing values.
+fn number(field: &str) -> Option<f64> {
+    let f = field.trim();
+    if f.is_empty() || f.eq_ignore_ascii_case("nan") || f.eq_ignore_ascii_case("na") {
+        return Some(f64::NAN);
+    }
+    f.parse().ok()
+}
+
+impl Reader {
+    pub fn open(source: &FileSource) -> Result<Self> {
+        let path = source.path.clone();
+        if source.targets.is_some() {
+            return Err(Error::invalid(
+                "data.source.targets",
+                "CSV datasets take a label column; dense targets need safetensors or NumPy",
+            ));
+        }
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .from_reader(std::io::BufReader::with_capacity(1 << 20, file));
+        let header: Vec<String> = reader
+            .headers()
+            .map_err(|e| bad(&path, e.to_string()))?
+            .iter()
+            .map(str::to_string)
+            .collect();
+        let label = match &source.labels {
+            Some(name) => Some(header.iter().position(|h| h == name).ok_or_else(|| {
+                bad(
+                    &path,
+                    format!(
+                        "it has no column `{name}` (its columns are {})",
+                        header.join(", ")
+                    ),
+                )
+            })?),
+            None => {
+                return Err(Error::invalid(
+                    "data.source.labels",
+                    "a CSV dataset needs its label column",
+                ))
+            }
+        };
+        let features = header.len() - usize::from(label.is_some());
+        if features == 0 {
+            return Err(bad(&path, "it has no feature columns besides the labels"));
+        }
+        Ok(Reader {
+            rows: reader.into_records(),
+            header,
+            label,
+            shape: SampleShape {
+                dims: vec![features],
+                integer: false,
+                labels: 1,
+                targets: 0,
+            },
+            path,
+        })
+    }
+}
+
+impl SampleReader for Reader {
+    fn shape(&self) -> &SampleShape {
+        &self.shape
+    }
+
+    fn len(&self) -> Option<usize> {
+        None
+    }
+
+    fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize> {
+        let mut k = 0;
+        while k < max {
+            let Some(record) = self.rows.next() else {
+                break;
+            };
+            let record = record.map_err(|e| bad(&self.path, e.to_string()))?;
+            let line = record.position().map_or(0, |p| p.line());
+            if record.len() != self.header.len() {
+                return Err(bad(
+                    &self.path,
+                    format!(
+                        "line {line} has {} fields, the header {}",
+                        record.len(),
+                        self.header.len()
+                    ),
+                ));
+            }
+            for (i, field) in record.iter().enumerate() {
+                let column = &self.header[i];
+                if Some(i) == self.label {
+                    let label: i64 = field.trim().parse().map_err(|_| {
+                        bad(
+                            &self.path,
+                            format!(
+                                "line {line}, column `{column}`: label `{field}` is not an integer class; label-encode the column to 0..classes-1"
+                            ),
+                        )
+                    })?;
+                    chunk.labels.push(label);
+                } else {
+                    let v = number(field).ok_or_else(|| {
+                        bad(
+                            &self.path,
+                            format!("line {line}, column `{column}`: `{field}` is not a number"),
+                        )
+                    })?;
+                    chunk.values.push(v);
+                }
+            }
+            k += 1;
+        }
+        Ok(k)
+    }
+}

@@ -1,0 +1,328 @@
+//! Dataset files: safetensors, NumPy `.npy` / `.npz` and CSV, read with
+//! the formats' own crates. Every format is read as a stream of samples
+//! ([`SampleReader`]), so a scan holds a chunk at a time; a run loads the
+//! whole file once per process ([`load`]) and checks its SHA-256 against
+//! the case's.
+
+mod csv;
+mod npy;
+mod safetensors;
+
+use super::dataset::{MemoryDataset, SampleShape};
+use crate::error::{Document, Error, Result};
+use crate::spec::{FileFormat, FileSource};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Samples read so far, appended by [`SampleReader::read`].
+#[derive(Clone, Debug, Default)]
+pub struct Chunk {
+    pub values: Vec<f64>,
+    pub labels: Vec<i64>,
+    pub targets: Vec<f64>,
+}
+
+impl Chunk {
+    pub fn clear(&mut self) {
+        self.values.clear();
+        self.labels.clear();
+        self.targets.clear();
+    }
+}
+
+/// A dataset file opened for reading, sample by sample.
+pub trait SampleReader {
+    fn shape(&self) -> &SampleShape;
+    /// Samples in the file, where the format says so before reading (CSV does not).
+    fn len(&self) -> Option<usize>;
+    /// Appends up to `max` samples to `chunk`; returns how many (0 at the end).
+    fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize>;
+}
+
+/// The format of a source: its own, else from the file's extension.
+pub fn format_of(source: &FileSource) -> Result<FileFormat> {
+    if let Some(f) = source.format {
+        return Ok(f);
+    }
+    let ext = source
+        .path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("safetensors") => Ok(FileFormat::Safetensors),
+        Some("npy") => Ok(FileFormat::Npy),
+        Some("npz") => Ok(FileFormat::Npz),
+        Some("csv") => Ok(FileFormat::Csv),
+        _ => Err(Error::invalid(
+            "data.source.format",
+            format!(
+                "cannot tell the format of {} from its extension: set `format` (safetensors, npy, npz or csv)",
+                source.path.display()
+            ),
+        )),
+    }
+}
+
+/// The files a source reads, in the order they are hashed.
+pub fn files_of(source: &FileSource) -> Result<Vec<PathBuf>> {
+    let mut files = vec![source.path.clone()];
+    if format_of(source)? == FileFormat::Npy {
+        // `.npy` holds one array: labels and targets are files beside it.
+        let dir = source.path.parent().unwrap_or(Path::new(""));
+        files.extend(
+            [&source.labels, &source.targets]
+                .into_iter()
+                .flatten()
+                .map(|f| dir.join(f)),
+        );
+    }
+    Ok(files)
+}
+
+/// Opens a source's file(s) for streaming.
+pub fn open(source: &FileSource) -> Result<Box<dyn SampleReader>> {
+    for f in files_of(source)? {
+        if !f.is_file() {
+            let expected = source
+                .sha256
+                .as_deref()
+                .map(|h| format!(" (the case expects sha256 {h})"))
+                .unwrap_or_default();
+            return Err(Error::data(
+                f.display(),
+                format!("the file is missing or not a regular file{expected}"),
+            ));
+        }
+    }
+    Ok(match format_of(source)? {
+        FileFormat::Safetensors => Box::new(safetensors::Reader::open(source)?),
+        FileFormat::Npy => Box::new(npy::Reader::open_npy(source)?),
+        FileFormat::Npz => Box::new(npy::Reader::open_npz(source)?),
+        FileFormat::Csv => Box::new(csv::Reader::open(source)?),
+    })
+}
+
+/// SHA-256 (hex) of the files' bytes, read in order.
+pub fn sha256(files: &[PathBuf]) -> Result<String> {
+    use std::io::Read;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for path in files {
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// What identifies a loaded file in the process's cache: its names, its
+/// size and its modification time (a rewritten file is read again).
+#[derive(Clone, Debug, PartialEq)]
+struct Key {
+    source: FileSource,
+    stamps: Vec<(u64, Option<std::time::SystemTime>)>,
+}
+
+/// Datasets loaded by this process: campaigns and the minimizer run many
+/// cases on one file.
+static LOADED: Mutex<Vec<(Key, Arc<MemoryDataset>)>> = Mutex::new(Vec::new());
+const CACHED: usize = 4;
+
+/// Loads a source's samples into memory (at most `max_bytes` of them),
+/// checking the file against the source's `sha256` when it has one.
+pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>> {
+    let files = files_of(source)?;
+    let mut unpinned = source.clone();
+    unpinned.sampling = Default::default();
+    unpinned.sha256 = None;
+    let stamps = files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).ok();
+            (
+                m.as_ref().map_or(0, |m| m.len()),
+                m.and_then(|m| m.modified().ok()),
+            )
+        })
+        .collect();
+    let key = Key {
+        source: unpinned,
+        stamps,
+    };
+    let cached = {
+        let loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        loaded
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, d)| d.clone())
+    };
+    let dataset = match cached {
+        Some(d) => d,
+        None => {
+            let d = Arc::new(read_all(source, &files, max_bytes)?);
+            let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+            if loaded.len() >= CACHED {
+                loaded.remove(0);
+            }
+            loaded.push((key, d.clone()));
+            d
+        }
+    };
+    if let (Some(want), Some(have)) = (&source.sha256, &dataset.sha256) {
+        if !want.eq_ignore_ascii_case(have) {
+            return Err(Error::data(
+                source.path.display(),
+                format!("the file changed since the case was written: its sha256 is {have}, the case expects {want}"),
+            ));
+        }
+    }
+    Ok(dataset)
+}
+
+fn read_all(source: &FileSource, files: &[PathBuf], max_bytes: usize) -> Result<MemoryDataset> {
+    let mut reader = open(source)?;
+    let shape = reader.shape().clone();
+    let per_sample = 4 * (shape.numel() + shape.targets) + 8 * shape.labels;
+    if let Some(n) = reader.len() {
+        let need = n as u128 * per_sample as u128;
+        if need > max_bytes as u128 {
+            return Err(too_large(source, need, max_bytes));
+        }
+    }
+    let mut chunk = Chunk::default();
+    let (mut values, mut labels, mut targets) = (Vec::new(), Vec::new(), Vec::new());
+    loop {
+        chunk.clear();
+        if reader.read(4096, &mut chunk)? == 0 {
+            break;
+        }
+        values.extend(chunk.values.iter().map(|&v| v as f32));
+        labels.extend_from_slice(&chunk.labels);
+        targets.extend(chunk.targets.iter().map(|&v| v as f32));
+        let held = 4 * (values.len() + targets.len()) + 8 * labels.len();
+        if held > max_bytes {
+            return Err(too_large(source, held as u128, max_bytes));
+        }
+    }
+    let mut dataset = MemoryDataset::new(
+        source.path.display().to_string(),
+        shape,
+        values,
+        labels,
+        targets,
+    )?;
+    if dataset.values.is_empty() {
+        return Err(Error::malformed(
+            Document::Dataset,
+            &source.path,
+            "it holds no samples",
+        ));
+    }
+    dataset.sha256 = Some(sha256(files)?);
+    Ok(dataset)
+}
+
+fn too_large(source: &FileSource, need: u128, max_bytes: usize) -> Error {
+    Error::data(
+        source.path.display(),
+        format!(
+            "its samples take {} MiB in memory, over the limit of {} MiB (--max-memory-mib)",
+            need >> 20,
+            max_bytes >> 20
+        ),
+    )
+}
+
+/// The shape of the samples of an array of `dims` (samples first).
+fn sample_dims(dims: &[usize]) -> Vec<usize> {
+    match dims {
+        [] | [_] => vec![1],
+        [_, rest @ ..] => rest.to_vec(),
+    }
+}
+
+/// Labels and targets laid out per sample, checked against the inputs'
+/// sample count; errors name the file and the part.
+struct Parts {
+    labels: Option<(Vec<i64>, usize)>,
+    targets: Option<(Vec<f64>, usize)>,
+}
+
+impl Parts {
+    fn check(
+        &self,
+        path: &Path,
+        n: usize,
+        label_name: &str,
+        target_name: &str,
+    ) -> Result<SampleShape> {
+        let mut shape = SampleShape {
+            dims: vec![],
+            integer: false,
+            labels: 0,
+            targets: 0,
+        };
+        for (name, len, per, slot) in [
+            (
+                label_name,
+                self.labels.as_ref().map(|l| l.0.len()),
+                self.labels.as_ref().map_or(0, |l| l.1),
+                &mut shape.labels,
+            ),
+            (
+                target_name,
+                self.targets.as_ref().map(|t| t.0.len()),
+                self.targets.as_ref().map_or(0, |t| t.1),
+                &mut shape.targets,
+            ),
+        ] {
+            if let Some(len) = len {
+                if len != n * per {
+                    return Err(Error::malformed(
+                        Document::Dataset,
+                        path,
+                        format!(
+                            "`{name}` holds {} samples, the inputs {n}",
+                            len / per.max(1)
+                        ),
+                    ));
+                }
+                *slot = per;
+            }
+        }
+        if shape.labels == 0 && shape.targets == 0 {
+            return Err(Error::malformed(
+                Document::Dataset,
+                path,
+                "it has neither labels nor targets: name one (`labels`, `targets`)",
+            ));
+        }
+        Ok(shape)
+    }
+}
+
+/// Integer labels from any numeric values: a fraction is a wrong dtype.
+fn integer_labels(path: &Path, name: &str, values: Vec<f64>, integer: bool) -> Result<Vec<i64>> {
+    if !integer {
+        return Err(Error::malformed(
+            Document::Dataset,
+            path,
+            format!("`{name}` must hold integer class labels, but its dtype is a float type"),
+        ));
+    }
+    Ok(values.into_iter().map(|v| v as i64).collect())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,330 @@
+//! NumPy datasets, parsed by `npyz`: a `.npy` file holds the inputs (its
+//! labels and targets are `.npy` files beside it, named by the source), a
+//! `.npz` archive (`np.savez`, compressed or not, read with `zip`) holds
+//! them as named arrays. The inputs stream from a reader thread through a
+//! bounded channel, so an archive member is decompressed a chunk at a time.
+
+use super::{integer_labels, sample_dims, Chunk, Parts, SampleReader};
+use crate::data::dataset::SampleShape;
+use crate::error::{Document, Error, Result};
+use crate::spec::FileSource;
+use npyz::{DType, NpyFile, TypeChar};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+
+/// Values per message from the reader thread.
+const BLOCK: usize = 1 << 16;
+
+pub struct Reader {
+    shape: SampleShape,
+    len: usize,
+    next: usize,
+    labels: Vec<i64>,
+    targets: Vec<f64>,
+    blocks: Receiver<Result<Vec<f64>>>,
+    /// Values received but not handed out yet.
+    pending: Vec<f64>,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::malformed(Document::Dataset, path, reason)
+}
+
+/// Where an array lives: a `.npy` file, or a member of a `.npz` archive.
+#[derive(Clone)]
+enum Array {
+    File(PathBuf),
+    Member(PathBuf, String),
+}
+
+impl Array {
+    fn path(&self) -> &Path {
+        match self {
+            Array::File(p) | Array::Member(p, _) => p,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Array::File(p) => p.display().to_string(),
+            Array::Member(_, n) => format!("`{n}`"),
+        }
+    }
+
+    /// Opens the array and hands its header and element stream to `f`.
+    fn with<T>(&self, f: impl FnOnce(NpyFile<&mut dyn Read>) -> Result<T>) -> Result<T> {
+        let path = self.path();
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut file = std::io::BufReader::with_capacity(1 << 20, file);
+        match self {
+            Array::File(_) => {
+                let npy = NpyFile::new(&mut file as &mut dyn Read)
+                    .map_err(|e| bad(path, format!("not a .npy file: {e}")))?;
+                f(npy)
+            }
+            Array::Member(_, name) => {
+                let mut zip = zip::ZipArchive::new(file)
+                    .map_err(|e| bad(path, format!("not a .npz archive: {e}")))?;
+                let member = format!("{name}.npy");
+                let names: Vec<String> = zip
+                    .file_names()
+                    .filter_map(|n| n.ok().map(|n| n.to_string()))
+                    .collect();
+                let mut entry = zip.by_name(&member).map_err(|_| {
+                    let mut arrays: Vec<&str> = names
+                        .iter()
+                        .filter_map(|n| n.strip_suffix(".npy"))
+                        .collect();
+                    arrays.sort();
+                    bad(
+                        path,
+                        format!("it has no array `{name}` (it has {})", arrays.join(", ")),
+                    )
+                })?;
+                let npy = NpyFile::new(&mut entry as &mut dyn Read)
+                    .map_err(|e| bad(path, format!("array `{name}`: {e}")))?;
+                f(npy)
+            }
+        }
+    }
+}
+
+/// The array's shape and whether its dtype is an integer type; errors for
+/// dtypes that are not numbers and for Fortran order.
+fn header(array: &Array, npy: &NpyFile<&mut dyn Read>) -> Result<(Vec<usize>, bool)> {
+    let what = array.name();
+    if npy.order() == npyz::Order::Fortran {
+        return Err(bad(
+            array.path(),
+            format!("{what} is in Fortran order: save it with np.ascontiguousarray"),
+        ));
+    }
+    let integer = match npy.dtype() {
+        DType::Plain(ts) => match (ts.type_char(), ts.size_field()) {
+            (TypeChar::Float, 2 | 4 | 8) => false,
+            (TypeChar::Int | TypeChar::Uint, 1 | 2 | 4 | 8) | (TypeChar::Bool, 1) => true,
+            _ => {
+                return Err(bad(
+                    array.path(),
+                    format!("{what} has dtype {ts}: expected a float or integer dtype"),
+                ))
+            }
+        },
+        other => {
+            return Err(bad(
+                array.path(),
+                format!(
+                    "{what} has dtype {}: expected a plain numeric dtype",
+                    other.descr()
+                ),
+            ))
+        }
+    };
+    Ok((npy.shape().iter().map(|&d| d as usize).collect(), integer))
+}
+
+/// Streams every element as f64 into `sink` (which may stop the stream by
+/// returning false).
+fn elements(
+    array: &Array,
+    npy: NpyFile<&mut dyn Read>,
+    mut sink: impl FnMut(f64) -> bool,
+) -> Result<()> {
+    let io = |e: std::io::Error| bad(array.path(), format!("{}: {e}", array.name()));
+    macro_rules! each {
+        ($t:ty) => {{
+            let data = npy
+                .data::<$t>()
+                .map_err(|e| bad(array.path(), format!("{}: {e}", array.name())))?;
+            for v in data {
+                if !sink(v.map_err(io)? as f64) {
+                    break;
+                }
+            }
+        }};
+    }
+    let DType::Plain(ts) = npy.dtype() else {
+        unreachable!("header() admits plain dtypes only")
+    };
+    match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 2) => {
+            let data = npy
+                .data::<half::f16>()
+                .map_err(|e| bad(array.path(), format!("{}: {e}", array.name())))?;
+            for v in data {
+                if !sink(v.map_err(io)?.to_f64()) {
+                    break;
+                }
+            }
+        }
+        (TypeChar::Float, 4) => each!(f32),
+        (TypeChar::Float, 8) => each!(f64),
+        (TypeChar::Int, 1) => each!(i8),
+        (TypeChar::Int, 2) => each!(i16),
+        (TypeChar::Int, 4) => each!(i32),
+        (TypeChar::Int, 8) => each!(i64),
+        (TypeChar::Uint, 1) => each!(u8),
+        (TypeChar::Uint, 2) => each!(u16),
+        (TypeChar::Uint, 4) => each!(u32),
+        (TypeChar::Uint, 8) => each!(u64),
+        (TypeChar::Bool, 1) => {
+            let data = npy
+                .data::<bool>()
+                .map_err(|e| bad(array.path(), format!("{}: {e}", array.name())))?;
+            for v in data {
+                if !sink(f64::from(u8::from(v.map_err(io)?))) {
+                    break;
+                }
+            }
+        }
+        _ => unreachable!("header() admits these dtypes only"),
+    }
+    Ok(())
+}
+
+/// A small array read whole: values, values per sample (after the first
+/// dim), rows and whether it is of an integer dtype.
+fn whole(array: &Array) -> Result<(Vec<f64>, usize, bool)> {
+    array.with(|npy| {
+        let (dims, integer) = header(array, &npy)?;
+        let mut values = Vec::new();
+        elements(array, npy, |v| {
+            values.push(v);
+            true
+        })?;
+        Ok((values, dims.iter().skip(1).product(), integer))
+    })
+}
+
+impl Reader {
+    pub fn open_npy(source: &FileSource) -> Result<Self> {
+        let dir = source.path.parent().unwrap_or(Path::new("")).to_path_buf();
+        let part = |name: &Option<String>| name.as_ref().map(|n| Array::File(dir.join(n)));
+        Reader::open(
+            source,
+            Array::File(source.path.clone()),
+            part(&source.labels),
+            part(&source.targets),
+        )
+    }
+
+    pub fn open_npz(source: &FileSource) -> Result<Self> {
+        let member = |name: &str| Array::Member(source.path.clone(), name.to_string());
+        Reader::open(
+            source,
+            member(&source.inputs),
+            source.labels.as_deref().map(member),
+            source.targets.as_deref().map(member),
+        )
+    }
+
+    fn open(
+        source: &FileSource,
+        inputs: Array,
+        labels: Option<Array>,
+        targets: Option<Array>,
+    ) -> Result<Self> {
+        let (dims, integer) = inputs.with(|npy| header(&inputs, &npy))?;
+        let len = dims.first().copied().unwrap_or(1);
+        let labels = match &labels {
+            Some(a) => {
+                let (values, per, integer) = whole(a)?;
+                Some((integer_labels(a.path(), &a.name(), values, integer)?, per))
+            }
+            None => None,
+        };
+        let targets = match &targets {
+            Some(a) => {
+                let (values, per, _) = whole(a)?;
+                Some((values, per))
+            }
+            None => None,
+        };
+        let parts = Parts { labels, targets };
+        let mut shape = parts.check(
+            &source.path,
+            len,
+            source.labels.as_deref().unwrap_or("labels"),
+            source.targets.as_deref().unwrap_or("targets"),
+        )?;
+        shape.dims = sample_dims(&dims);
+        shape.integer = integer;
+        // The inputs stream from their own thread, two blocks ahead at most.
+        let (tx, blocks) = sync_channel(2);
+        std::thread::spawn(move || {
+            let result = inputs.with(|npy| {
+                let mut block = Vec::with_capacity(BLOCK);
+                let mut open = true;
+                elements(&inputs, npy, |v| {
+                    block.push(v);
+                    if block.len() == BLOCK {
+                        let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
+                        // The reader was dropped: stop reading.
+                        open = tx.send(Ok(full)).is_ok();
+                    }
+                    open
+                })?;
+                if open && !block.is_empty() {
+                    let _ = tx.send(Ok(block));
+                }
+                Ok(())
+            });
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        });
+        let Parts { labels, targets } = parts;
+        Ok(Reader {
+            shape,
+            len,
+            next: 0,
+            labels: labels.map(|l| l.0).unwrap_or_default(),
+            targets: targets.map(|t| t.0).unwrap_or_default(),
+            blocks,
+            pending: Vec::new(),
+        })
+    }
+}
+
+impl SampleReader for Reader {
+    fn shape(&self) -> &SampleShape {
+        &self.shape
+    }
+
+    fn len(&self) -> Option<usize> {
+        Some(self.len)
+    }
+
+    fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize> {
+        let k = max.min(self.len - self.next);
+        if k == 0 {
+            return Ok(0);
+        }
+        let need = k * self.shape.numel();
+        while self.pending.len() < need {
+            match self.blocks.recv() {
+                Ok(block) => self.pending.extend(block?),
+                Err(_) => break,
+            }
+        }
+        if self.pending.len() < need {
+            return Err(Error::malformed(
+                Document::Dataset,
+                Path::new("inputs"),
+                "the array ended before its shape said",
+            ));
+        }
+        chunk.values.extend(self.pending.drain(..need));
+        let (l, t) = (self.shape.labels, self.shape.targets);
+        let rows = self.next..self.next + k;
+        chunk
+            .labels
+            .extend_from_slice(&self.labels[rows.start * l..rows.end * l]);
+        chunk
+            .targets
+            .extend_from_slice(&self.targets[rows.start * t..rows.end * t]);
+        self.next += k;
+        Ok(k)
+    }
+}

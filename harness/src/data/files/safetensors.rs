@@ -1,0 +1,199 @@
+//! safetensors datasets: named tensors for the inputs (samples first), the
+//! labels ((N) or (N, T) for per-token labels) and the dense targets.
+//! The file is memory-mapped and parsed by the `safetensors` crate; inputs
+//! are converted a chunk at a time and the pages already read are given
+//! back, so a scan of a file larger than memory stays small.
+
+use super::{integer_labels, sample_dims, Chunk, Parts, SampleReader};
+use crate::data::dataset::SampleShape;
+use crate::error::{Document, Error, Result};
+use crate::spec::FileSource;
+use ::safetensors::{Dtype, SafeTensors};
+use memmap2::Mmap;
+use std::path::Path;
+
+pub struct Reader {
+    map: Mmap,
+    /// The inputs' bytes within the map, their dtype and bytes per sample.
+    start: usize,
+    dtype: Dtype,
+    sample_bytes: usize,
+    len: usize,
+    next: usize,
+    shape: SampleShape,
+    labels: Vec<i64>,
+    targets: Vec<f64>,
+    /// Bytes before this offset were read and given back to the OS.
+    released: usize,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::malformed(Document::Dataset, path, reason)
+}
+
+/// Bytes per element and whether the dtype is an integer type.
+fn element(path: &Path, name: &str, dtype: Dtype) -> Result<(usize, bool)> {
+    Ok(match dtype {
+        Dtype::F64 | Dtype::I64 | Dtype::U64 => (8, !matches!(dtype, Dtype::F64)),
+        Dtype::F32 | Dtype::I32 | Dtype::U32 => (4, !matches!(dtype, Dtype::F32)),
+        Dtype::F16 | Dtype::BF16 | Dtype::I16 | Dtype::U16 => {
+            (2, matches!(dtype, Dtype::I16 | Dtype::U16))
+        }
+        Dtype::I8 | Dtype::U8 => (1, true),
+        other => {
+            return Err(bad(
+                path,
+                format!("tensor `{name}` has dtype {other:?}: expected a float or integer dtype"),
+            ))
+        }
+    })
+}
+
+/// Appends little-endian elements of `dtype` as f64.
+fn convert(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) {
+    macro_rules! each {
+        ($t:ty, $n:expr, $f:expr) => {
+            out.extend(bytes.chunks_exact($n).map(|b| {
+                let v = <$t>::from_le_bytes(b.try_into().expect("chunk size"));
+                $f(v)
+            }))
+        };
+    }
+    match dtype {
+        Dtype::F64 => each!(f64, 8, |v| v),
+        Dtype::F32 => each!(f32, 4, f64::from),
+        Dtype::F16 => each!(u16, 2, |v| half::f16::from_bits(v).to_f64()),
+        Dtype::BF16 => each!(u16, 2, |v| half::bf16::from_bits(v).to_f64()),
+        Dtype::I64 => each!(i64, 8, |v| v as f64),
+        Dtype::U64 => each!(u64, 8, |v| v as f64),
+        Dtype::I32 => each!(i32, 4, f64::from),
+        Dtype::U32 => each!(u32, 4, f64::from),
+        Dtype::I16 => each!(i16, 2, f64::from),
+        Dtype::U16 => each!(u16, 2, f64::from),
+        Dtype::I8 => each!(i8, 1, f64::from),
+        Dtype::U8 => each!(u8, 1, f64::from),
+        _ => unreachable!("element() admits numeric dtypes only"),
+    }
+}
+
+impl Reader {
+    pub fn open(source: &FileSource) -> Result<Self> {
+        let path = source.path.clone();
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: the map is read-only; a file truncated under a running
+        // scan is the one hazard of any mapped read, as in candle's loaders.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let st = SafeTensors::deserialize(&map).map_err(|e| bad(&path, e.to_string()))?;
+        let view = |name: &str| {
+            st.tensor(name).map_err(|_| {
+                let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+                names.sort();
+                bad(
+                    &path,
+                    format!("it has no tensor `{name}` (it has {})", names.join(", ")),
+                )
+            })
+        };
+        let inputs = view(&source.inputs)?;
+        let dtype = inputs.dtype();
+        let (size, integer) = element(&path, &source.inputs, inputs.dtype())?;
+        let len = inputs.shape().first().copied().unwrap_or(1);
+        let dims = sample_dims(inputs.shape());
+        let start = inputs.data().as_ptr() as usize - map.as_ptr() as usize;
+        let whole = |name: &str| -> Result<(Vec<f64>, usize, bool)> {
+            let v = view(name)?;
+            let (_, integer) = element(&path, name, v.dtype())?;
+            let mut out = Vec::new();
+            convert(v.dtype(), v.data(), &mut out);
+            Ok((out, v.shape().iter().skip(1).product(), integer))
+        };
+        let labels = match &source.labels {
+            Some(name) => {
+                let (values, per, integer) = whole(name)?;
+                Some((integer_labels(&path, name, values, integer)?, per))
+            }
+            None => None,
+        };
+        let targets = match &source.targets {
+            Some(name) => {
+                let (values, per, _) = whole(name)?;
+                Some((values, per))
+            }
+            None => None,
+        };
+        let parts = Parts { labels, targets };
+        let mut shape = parts.check(
+            &path,
+            len,
+            source.labels.as_deref().unwrap_or("labels"),
+            source.targets.as_deref().unwrap_or("targets"),
+        )?;
+        shape.dims = dims;
+        shape.integer = integer;
+        let sample_bytes = size * shape.numel();
+        let Parts { labels, targets } = parts;
+        drop(st);
+        Ok(Reader {
+            map,
+            start,
+            dtype,
+            sample_bytes,
+            len,
+            next: 0,
+            shape,
+            labels: labels.map(|l| l.0).unwrap_or_default(),
+            targets: targets.map(|t| t.0).unwrap_or_default(),
+            released: 0,
+        })
+    }
+
+    /// Gives the pages of inputs already read back to the OS (whole pages
+    /// only): the map then holds what a chunk needs, not the file.
+    fn release(&mut self, upto: usize) {
+        const PAGE: usize = 4096;
+        let end = upto / PAGE * PAGE;
+        if end > self.released {
+            // SAFETY: the pages are never read again (samples are read in
+            // order); were they, they would be read from the file again.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    self.released,
+                    end - self.released,
+                )
+            };
+            self.released = end;
+        }
+    }
+}
+
+impl SampleReader for Reader {
+    fn shape(&self) -> &SampleShape {
+        &self.shape
+    }
+
+    fn len(&self) -> Option<usize> {
+        Some(self.len)
+    }
+
+    fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize> {
+        let k = max.min(self.len - self.next);
+        if k == 0 {
+            return Ok(0);
+        }
+        let from = self.start + self.next * self.sample_bytes;
+        let to = from + k * self.sample_bytes;
+        convert(self.dtype, &self.map[from..to], &mut chunk.values);
+        let (l, t) = (self.shape.labels, self.shape.targets);
+        let rows = self.next..self.next + k;
+        chunk
+            .labels
+            .extend_from_slice(&self.labels[rows.start * l..rows.end * l]);
+        chunk
+            .targets
+            .extend_from_slice(&self.targets[rows.start * t..rows.end * t]);
+        self.next += k;
+        self.release(to);
+        Ok(k)
+    }
+}
