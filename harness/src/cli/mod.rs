@@ -17,6 +17,7 @@ mod progress;
 mod replay;
 mod report;
 mod run;
+mod scan_data;
 
 use clap::{Parser, Subcommand};
 use nanhunt::{Case, Limits};
@@ -89,6 +90,8 @@ enum Command {
     LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
+    /// Check a whole dataset file (streamed): NaN/Inf/extreme values, bad labels, constant features, zero and duplicated samples; exit 1 on a problem.
+    ScanData(scan_data::Args),
     /// A campaign's worker process: JSON requests on stdin, responses on stdout.
     #[command(hide = true)]
     Worker,
@@ -112,6 +115,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::Diagnose(a) => diagnose::main(a),
         Command::LrTable(a) => lr_table::main(a),
         Command::Diff(a) => diff::main(a),
+        Command::ScanData(a) => scan_data::main(a),
         #[cfg(feature = "arbitrary")]
         Command::ImportArtifact(a) => import_artifact::main(a),
     }

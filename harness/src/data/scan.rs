@@ -595,7 +595,9 @@ pub fn scan_file(source: &FileSource, opts: &ScanOptions) -> Result<DataScan> {
     let mut reader = files::open(source)?;
     let shape = reader.shape().clone();
     let per = chunk_samples(shape.numel());
-    let mut scanner = Scanner::new(shape, opts.clone());
+    let mut opts = opts.clone();
+    opts.classes = opts.classes.or(reader.classes());
+    let mut scanner = Scanner::new(shape, opts);
     let mut chunk = Chunk::default();
     loop {
         chunk.clear();

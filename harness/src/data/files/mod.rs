@@ -38,6 +38,10 @@ pub trait SampleReader {
     fn len(&self) -> Option<usize>;
     /// Appends up to `max` samples to `chunk`; returns how many (0 at the end).
     fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize>;
+    /// The class count the file declares (safetensors metadata `classes`).
+    fn classes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The format of a source: its own, else from the file's extension.
@@ -75,7 +79,15 @@ pub fn files_of(source: &FileSource) -> Result<Vec<PathBuf>> {
             [&source.labels, &source.targets]
                 .into_iter()
                 .flatten()
-                .map(|f| dir.join(f)),
+                .map(|f| {
+                    let f = dir.join(f);
+                    // `labels` names `labels.npy`.
+                    if f.extension().is_none() {
+                        f.with_extension("npy")
+                    } else {
+                        f
+                    }
+                }),
         );
     }
     Ok(files)

@@ -17,6 +17,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 const BLOCK: usize = 1 << 16;
 
 pub struct Reader {
+    path: PathBuf,
     shape: SampleShape,
     len: usize,
     next: usize,
@@ -199,14 +200,12 @@ fn whole(array: &Array) -> Result<(Vec<f64>, usize, bool)> {
 
 impl Reader {
     pub fn open_npy(source: &FileSource) -> Result<Self> {
-        let dir = source.path.parent().unwrap_or(Path::new("")).to_path_buf();
-        let part = |name: &Option<String>| name.as_ref().map(|n| Array::File(dir.join(n)));
-        Reader::open(
-            source,
-            Array::File(source.path.clone()),
-            part(&source.labels),
-            part(&source.targets),
-        )
+        let files = super::files_of(source)?;
+        let mut parts = files.into_iter().skip(1);
+        let mut part = |name: &Option<String>| name.as_ref().and_then(|_| parts.next()).map(Array::File);
+        let labels = part(&source.labels);
+        let targets = part(&source.targets);
+        Reader::open(source, Array::File(source.path.clone()), labels, targets)
     }
 
     pub fn open_npz(source: &FileSource) -> Result<Self> {
@@ -276,6 +275,7 @@ impl Reader {
         });
         let Parts { labels, targets } = parts;
         Ok(Reader {
+            path: source.path.clone(),
             shape,
             len,
             next: 0,
@@ -309,11 +309,7 @@ impl SampleReader for Reader {
             }
         }
         if self.pending.len() < need {
-            return Err(Error::malformed(
-                Document::Dataset,
-                Path::new("inputs"),
-                "the array ended before its shape said",
-            ));
+            return Err(bad(&self.path, "the inputs ended before their shape said"));
         }
         chunk.values.extend(self.pending.drain(..need));
         let (l, t) = (self.shape.labels, self.shape.targets);

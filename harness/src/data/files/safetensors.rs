@@ -25,6 +25,7 @@ pub struct Reader {
     targets: Vec<f64>,
     /// Bytes before this offset were read and given back to the OS.
     released: usize,
+    classes: Option<usize>,
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
@@ -96,6 +97,12 @@ impl Reader {
         };
         let inputs = view(&source.inputs)?;
         let dtype = inputs.dtype();
+        let (_, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad(&path, e.to_string()))?;
+        let classes = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("classes"))
+            .and_then(|c| c.parse().ok());
         let (size, integer) = element(&path, &source.inputs, inputs.dtype())?;
         let len = inputs.shape().first().copied().unwrap_or(1);
         let dims = sample_dims(inputs.shape());
@@ -144,6 +151,7 @@ impl Reader {
             labels: labels.map(|l| l.0).unwrap_or_default(),
             targets: targets.map(|t| t.0).unwrap_or_default(),
             released: 0,
+            classes,
         })
     }
 
@@ -174,6 +182,10 @@ impl SampleReader for Reader {
 
     fn len(&self) -> Option<usize> {
         Some(self.len)
+    }
+
+    fn classes(&self) -> Option<usize> {
+        self.classes
     }
 
     fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize> {

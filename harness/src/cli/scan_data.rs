@@ -1,0 +1,95 @@
+//! `nanhunt scan-data FILE`: the article's data sanity check over a whole
+//! dataset file, streamed; exit 1 when it finds a problem that breaks
+//! training (warnings alone exit 0).
+
+use super::Exit;
+use nanhunt::data::scan::{scan_file, ScanOptions};
+use nanhunt::spec::{FileFormat, FileSource};
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Md,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The dataset: .safetensors, .npy, .npz or .csv.
+    file: PathBuf,
+    /// The inputs tensor (safetensors) or array (npz).
+    #[arg(long, default_value = "inputs")]
+    inputs: String,
+    /// The labels: a tensor, an array, a .npy file beside FILE, or a CSV column.
+    #[arg(long, default_value = "labels")]
+    labels: String,
+    /// The file has no labels (give --targets instead).
+    #[arg(long, conflicts_with = "labels")]
+    no_labels: bool,
+    /// Dense targets (tensor or array), for regression datasets.
+    #[arg(long)]
+    targets: Option<String>,
+    /// Read the file as this format instead of by its extension.
+    #[arg(long, value_enum)]
+    format: Option<DataFormat>,
+    /// Labels must lie in 0..CLASSES (without it, only negative labels are flagged).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    classes: Option<u64>,
+    /// Finite values beyond this magnitude are extreme.
+    #[arg(long, default_value_t = 1e6)]
+    extreme: f64,
+    /// Sample indices listed per problem (all are counted).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    max_listed: u64,
+    #[arg(long, value_enum, default_value = "md")]
+    report: Format,
+    /// Write the report here instead of printing it.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DataFormat {
+    Safetensors,
+    Npy,
+    Npz,
+    Csv,
+}
+
+pub fn main(args: Args) -> anyhow::Result<Exit> {
+    if !(args.extreme.is_finite() && args.extreme > 0.0) {
+        anyhow::bail!("--extreme must be a positive finite number, got {}", args.extreme);
+    }
+    if let Some(out) = &args.out {
+        nanhunt::files::check_writable(out)?;
+    }
+    let mut source = FileSource::new(&args.file);
+    source.inputs = args.inputs;
+    source.labels = (!args.no_labels).then_some(args.labels);
+    source.targets = args.targets;
+    source.format = args.format.map(|f| match f {
+        DataFormat::Safetensors => FileFormat::Safetensors,
+        DataFormat::Npy => FileFormat::Npy,
+        DataFormat::Npz => FileFormat::Npz,
+        DataFormat::Csv => FileFormat::Csv,
+    });
+    let opts = ScanOptions {
+        classes: args.classes.map(|c| c as usize),
+        extreme: args.extreme,
+        max_listed: args.max_listed as usize,
+    };
+    let scan = scan_file(&source, &opts).map_err(super::in_file(&args.file))?;
+    let text = match args.report {
+        Format::Md => scan.to_markdown(),
+        Format::Json => scan.to_json() + "\n",
+    };
+    match &args.out {
+        Some(path) => nanhunt::files::write_atomic(path, text.as_bytes())?,
+        None => print!("{text}"),
+    }
+    Ok(if scan.has_errors() {
+        Exit::Found
+    } else {
+        Exit::Clean
+    })
+}
