@@ -12,7 +12,7 @@
 //! a fix was verified and by how well they match where the failure was
 //! produced.
 
-use crate::data::{Generator, HostBatch, HostInput};
+use crate::data::{HostBatch, HostInput};
 use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
 use crate::localize::StageKind;
@@ -39,6 +39,10 @@ pub struct BatchScan {
     /// Features (channels, sequence features) constant across the batch.
     pub constant_features: Vec<usize>,
     pub all_zero_samples: usize,
+    /// Dataset indices of the samples with a NaN, Inf or extreme value, a
+    /// label out of range or all zeros (batches drawn from a dataset).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_samples: Vec<usize>,
 }
 
 impl BatchScan {
@@ -51,9 +55,30 @@ impl BatchScan {
                 .count(),
             ..BatchScan::default()
         };
+        let rows = batch.samples.len().max(1);
+        let per_label = (batch.labels.len() / rows).max(1);
+        let mut bad = vec![false; batch.samples.len()];
+        for (r, &l) in batch.labels.iter().enumerate() {
+            if l < 0 || l >= batch.classes as i64 {
+                if let Some(b) = bad.get_mut(r / per_label) {
+                    *b = true;
+                }
+            }
+        }
         let HostInput::Real { values, dims } = &batch.input else {
+            s.bad_samples = flagged(&batch.samples, &bad);
             return s;
         };
+        if !batch.samples.is_empty() {
+            let per = values.len() / batch.samples.len();
+            for (b, row) in bad.iter_mut().zip(values.chunks(per.max(1))) {
+                *b |= row.iter().all(|&v| v == 0.0)
+                    || row
+                        .iter()
+                        .any(|&v| !v.is_finite() || f64::from(v).abs() > EXTREME);
+            }
+            s.bad_samples = flagged(&batch.samples, &bad);
+        }
         s.values = values.len();
         for &v in values {
             if v.is_nan() {
@@ -123,6 +148,15 @@ impl BatchScan {
         }
         out
     }
+}
+
+fn flagged(samples: &[usize], bad: &[bool]) -> Vec<usize> {
+    samples
+        .iter()
+        .zip(bad)
+        .filter(|(_, &b)| b)
+        .map(|(&s, _)| s)
+        .collect()
 }
 
 /// A changed case and what happened when it ran.
@@ -261,6 +295,10 @@ pub struct Diagnosis {
     /// Step 2: the failing batch before and after augmentation.
     pub batch_raw: Option<BatchScan>,
     pub batch_augmented: Option<BatchScan>,
+    /// Step 2 over the whole dataset (cases that draw from one): the scan
+    /// of every sample the case draws.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<crate::data::scan::DataScan>,
     /// Step 3: the gradient norm's growth over the run, last / first.
     pub grad_norm_growth: Option<f64>,
     /// Ranked, best explanation first.
@@ -327,10 +365,29 @@ pub fn stable_loss(loss: &LossSpec) -> Option<LossSpec> {
     })
 }
 
-/// The changed cases worth running for a finding.
-fn variants(case: &Case) -> Vec<Variant> {
+/// The changed cases worth running for a finding; `bad` are the dataset
+/// samples the data check flags.
+fn variants(case: &Case, bad: &[usize]) -> Vec<Variant> {
     let mut out = Vec::new();
     // Step 2: data and augmentation.
+    if !bad.is_empty() {
+        out.push(variant(
+            CauseKind::Data,
+            format!(
+                "the data without the {} samples the data check flags ({})",
+                bad.len(),
+                crate::data::samples_phrase(bad)
+            ),
+            case,
+            |c| {
+                if let Some(s) = c.data.source.sampling_mut() {
+                    s.exclude.extend_from_slice(bad);
+                    s.exclude.sort_unstable();
+                    s.exclude.dedup();
+                }
+            },
+        ));
+    }
     if !case.data.pathologies.is_empty() {
         out.push(variant(
             CauseKind::Data,
@@ -538,6 +595,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         Outcome::Stable { .. } => {
             return Ok(Diagnosis {
                 finding: None,
+                dataset: None,
                 batch_raw: None,
                 batch_augmented: None,
                 grad_norm_growth: None,
@@ -549,8 +607,30 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     };
     let case = case.on(opts.device);
 
-    // Step 2: the failing step's batch, before and after augmentation.
-    let raw = Generator::new(&case).data_batch(finding.step, case.batch_size);
+    // Step 2: the failing step's batch, before and after augmentation, and
+    // every sample of a dataset the case draws from.
+    let max = opts.limits.max_memory_bytes;
+    let case = crate::data::pinned(&case, max)?;
+    let source = crate::data::open_source(&case, opts.dataset.as_ref(), max)?;
+    let mut raw = source.batch(finding.step, case.batch_size)?;
+    crate::data::apply_pathologies(&mut raw, &case.data.pathologies, case.seed, finding.step);
+    let dataset = match (source.dataset(), case.data.source.sampling()) {
+        (Some(d), Some(sampling)) => {
+            let drawn = crate::data::kept_samples(sampling, d.len())
+                .map_err(|r| crate::error::Error::invalid("data.source.sampling", r))?;
+            let opts = crate::data::scan::ScanOptions {
+                classes: Some(case.model.classes()),
+                extreme: EXTREME,
+                max_listed: usize::MAX,
+            };
+            Some(crate::data::scan::scan_dataset(&**d, Some(&drawn), &opts)?)
+        }
+        _ => None,
+    };
+    let bad = dataset
+        .as_ref()
+        .map(crate::data::scan::DataScan::bad_samples)
+        .unwrap_or_default();
     let mut augmented = raw.clone();
     crate::augment::apply_all(&mut augmented, &case.augment, case.seed, finding.step);
     let (scan_raw, scan_aug) = (BatchScan::of(&raw), BatchScan::of(&augmented));
@@ -595,7 +675,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     runs += hardware.arms.len();
 
     let mut causes: Vec<Cause> = Vec::new();
-    for v in variants(&case) {
+    for v in variants(&case, &bad) {
         let (verified, result) = match arm_for(&v, &hardware) {
             Some(arm) => (arm.verdict == Verdict::Stable, arm_text(arm)),
             None => {
@@ -628,6 +708,10 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
 
     for c in &mut causes {
         c.evidence = evidence(c.kind, &finding, &case, &scan_raw, &scan_aug, growth);
+        if c.kind == CauseKind::Data {
+            c.evidence
+                .extend(dataset_evidence(dataset.as_ref(), &scan_raw));
+        }
         let relevance = c.kind.relevance(&finding);
         // Threads and device only matter when their variant changes the verdict.
         let informative = !matches!(c.kind, CauseKind::Threads | CauseKind::Device) || c.verified();
@@ -646,12 +730,37 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     Ok(Diagnosis {
         hardware: Some(hardware),
         finding: Some(finding),
+        dataset,
         batch_raw: Some(scan_raw),
         batch_augmented: Some(scan_aug),
         grad_norm_growth: growth,
         causes,
         runs,
     })
+}
+
+/// What the whole-dataset scan and the failing batch's samples say.
+fn dataset_evidence(scan: Option<&crate::data::scan::DataScan>, batch: &BatchScan) -> Vec<String> {
+    let mut e = Vec::new();
+    if let Some(scan) = scan {
+        for p in scan.problems.iter().filter(|p| p.kind.is_error()) {
+            e.push(format!(
+                "{} of the {} samples of {} have {}: {}",
+                p.count,
+                scan.samples,
+                scan.dataset,
+                p.detail,
+                crate::data::samples_phrase(&p.indices)
+            ));
+        }
+    }
+    if !batch.bad_samples.is_empty() {
+        e.push(format!(
+            "the failing batch holds {}",
+            crate::data::samples_phrase(&batch.bad_samples)
+        ));
+    }
+    e
 }
 
 fn evidence(
@@ -764,7 +873,7 @@ mod tests {
                 from_step: 0,
             },
         ];
-        let b = Generator::new(&c).data_batch(0, 8);
+        let b = crate::data::Generator::new(&c).data_batch(0, 8);
         let s = BatchScan::of(&b);
         assert_eq!(s.constant_features, vec![2]);
         assert_eq!(s.all_zero_samples, 2);

@@ -177,6 +177,19 @@ fn process_exists(pid: u32) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn paths_are_rebased_between_documents() {
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(normalize(&p("a/./b/../c")), p("a/c"));
+        assert_eq!(
+            relative_to(&p("/w/data/x.st"), &p("/w/out/repro")),
+            p("../../data/x.st")
+        );
+        assert_eq!(relative_to(&p("/w/x.st"), &p("/w")), p("x.st"));
+        // Only the root in common: absolute.
+        assert_eq!(relative_to(&p("/w/x.st"), &p("/tmp/out")), p("/w/x.st"));
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("nanhunt-files-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -277,8 +290,8 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// `path` as seen from `dir` (`../data/x.safetensors`), where both lie on
-/// one filesystem tree; else `path` made absolute.
+/// `path` as seen from `dir` (`../data/x.safetensors`), where both lie
+/// under one directory below the root; else `path` made absolute.
 pub fn relative_to(path: &Path, dir: &Path) -> PathBuf {
     let (Ok(path), Ok(dir)) = (std::path::absolute(path), std::path::absolute(dir)) else {
         return path.to_path_buf();
@@ -286,7 +299,8 @@ pub fn relative_to(path: &Path, dir: &Path) -> PathBuf {
     let (path, dir) = (normalize(&path), normalize(&dir));
     let (p, d): (Vec<_>, Vec<_>) = (path.components().collect(), dir.components().collect());
     let common = p.iter().zip(&d).take_while(|(a, b)| a == b).count();
-    if common == 0 {
+    // Sharing only the root, the two are on unrelated trees.
+    if common <= 1 {
         return path;
     }
     let mut out = PathBuf::new();

@@ -39,6 +39,9 @@ pub enum Entry {
         /// The budget the campaign was started with (`2h`, `100 runs`).
         #[serde(default)]
         budget: String,
+        /// The dataset every case trains on (`path sha256`), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
     },
     /// One training run.
     Run {

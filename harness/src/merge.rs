@@ -103,8 +103,13 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         ..CampaignOptions::default()
     };
     let (mut journal, _) = Journal::open(out)?;
-    let (device, budget) = match start {
-        Some(Entry::Start { device, budget, .. }) => (device, budget),
+    let (device, budget, data) = match start {
+        Some(Entry::Start {
+            device,
+            budget,
+            data,
+            ..
+        }) => (device, budget, data),
         _ => unreachable!("a header was found"),
     };
     journal.append(&Entry::Start {
@@ -115,6 +120,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         shard: (0, 1),
         device,
         budget: format!("{budget} per shard, {} shards", inputs.len()),
+        data,
     })?;
     journal.append_group(&merged)?;
     let summary = summarize(&opts, &merged, Vec::new(), 0, Duration::ZERO);

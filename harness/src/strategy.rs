@@ -20,6 +20,9 @@ pub struct StrategyOptions {
     /// Only cases inside the documented safe envelope (see [`safe_envelope`]).
     pub safe_envelope: bool,
     pub max_steps: usize,
+    /// Train every case on this dataset: the model is fitted to its samples
+    /// and classes, the data is fixed, every other knob is fuzzed.
+    pub dataset: Option<DatasetFit>,
 }
 
 impl Default for StrategyOptions {
@@ -29,6 +32,61 @@ impl Default for StrategyOptions {
             clean_data: false,
             safe_envelope: false,
             max_steps: 30,
+            dataset: None,
+        }
+    }
+}
+
+/// What generated cases need to know of a dataset to fit a model to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DatasetFit {
+    /// The file, pinned to its hash.
+    pub source: FileSource,
+    /// One sample's dims.
+    pub dims: Vec<usize>,
+    /// Integer inputs: the vocabulary a token model needs (largest id + 1).
+    pub vocab: Option<usize>,
+    /// Largest label + 1 (at least 2).
+    pub classes: usize,
+    /// One label per position (a per-token objective).
+    pub per_token: bool,
+}
+
+impl DatasetFit {
+    /// Reads the dataset once (at most `max_bytes` in memory).
+    pub fn of(source: &FileSource, max_bytes: usize) -> crate::Result<Self> {
+        let data = crate::data::files::load(source, max_bytes)?;
+        let mut source = source.clone();
+        source.sha256 = data.sha256.clone();
+        let max_label = data.labels.iter().copied().max().unwrap_or(0).max(1);
+        let vocab = data
+            .shape
+            .integer
+            .then(|| data.values.iter().fold(0f32, |m, &v| m.max(v)) as usize + 1);
+        Ok(DatasetFit {
+            source,
+            dims: data.shape.dims.clone(),
+            vocab,
+            classes: (max_label as usize + 1).max(2),
+            per_token: data.shape.labels > 1,
+        })
+    }
+
+    /// (seq_len, features) of a sequence model reading the samples.
+    fn sequence(&self) -> (usize, usize) {
+        let n: usize = self.dims.iter().product();
+        match self.dims.as_slice() {
+            [.., last] if self.dims.len() > 1 => (n / last, *last),
+            _ => (n, 1),
+        }
+    }
+
+    /// Whether a family can read the samples.
+    pub fn fits(&self, family: &str) -> bool {
+        match family {
+            "cnn" => !self.per_token && matches!(self.dims.len(), 2 | 3),
+            "rnn" => !self.per_token,
+            _ => true,
         }
     }
 }
@@ -49,6 +107,22 @@ impl StrategyOptions {
                 "families",
                 format!("no strategy draws `{f}`: expected one of {FAMILIES:?}"),
             ));
+        }
+        if let Some(fit) = &self.dataset {
+            if let Some(f) = self.families.iter().find(|f| !fit.fits(f)) {
+                return Err(crate::Error::option(
+                    "families",
+                    format!(
+                        "`{f}` cannot read samples of shape {:?}{}",
+                        fit.dims,
+                        if fit.per_token {
+                            " with per-position labels"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
         }
         if self.max_steps < 3 {
             return Err(crate::Error::option(
@@ -536,6 +610,7 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
     let model = proptest::strategy::Union::new(families);
     let clean = opts.clean_data || opts.safe_envelope;
     let safe = opts.safe_envelope;
+    let dataset = opts.dataset.clone();
     (
         (any::<u64>(), 3usize..=opts.max_steps.max(3), 2usize..=16),
         model,
@@ -575,6 +650,9 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
                     clip,
                     divergence_factor: 4.0,
                 };
+                if let Some(fit) = &dataset {
+                    fit_to_dataset(&mut c, fit);
+                }
                 fit_to_model(&mut c);
                 if safe {
                     safe_envelope(&mut c);
@@ -599,6 +677,61 @@ fn fit_to_model(c: &mut Case) {
         Pathology::LabelOutOfRange { .. } => labels,
         _ => !input.is_tokens(),
     });
+}
+
+/// Fits a drawn case to a dataset: the model reads its samples and predicts
+/// its classes, and the data is the file's (pathologies still apply).
+fn fit_to_dataset(c: &mut Case, fit: &DatasetFit) {
+    let (seq_len, features) = fit.sequence();
+    match &mut c.model {
+        ModelSpec::Cnn(m) => {
+            let (ch, h, w) = match fit.dims.as_slice() {
+                [ch, h, w] => (*ch, *h, *w),
+                [h, w] => (1, *h, *w),
+                _ => (1, 1, fit.dims.iter().product()),
+            };
+            (m.channels, m.height, m.width, m.classes) = (ch, h, w, fit.classes);
+            // The first block's residual needs the input's channel count.
+            fix_first_residual(m);
+        }
+        ModelSpec::Rnn(r) => {
+            (r.seq_len, r.features, r.classes) = (seq_len, features, fit.classes);
+        }
+        ModelSpec::Transformer(t) => {
+            t.input = match (t.input, fit.vocab) {
+                (TokenOrContinuous::Tokens { .. }, Some(vocab)) if fit.dims.len() == 1 => {
+                    TokenOrContinuous::Tokens { vocab }
+                }
+                _ => TokenOrContinuous::Continuous { features },
+            };
+            t.seq_len = if matches!(t.input, TokenOrContinuous::Tokens { .. }) {
+                fit.dims[0]
+            } else {
+                seq_len
+            };
+            t.classes = fit.classes;
+            if fit.per_token {
+                t.head = HeadKind::PerToken;
+            }
+        }
+        ModelSpec::Custom(_) => {}
+    }
+    let pathologies = std::mem::take(&mut c.data.pathologies);
+    c.data = DataSpec {
+        pathologies,
+        source: SourceSpec::File(fit.source.clone()),
+        ..DataSpec::default()
+    };
+}
+
+fn fix_first_residual(m: &mut CnnSpec) {
+    let mut ch = m.channels;
+    for b in &mut m.blocks {
+        if b.residual && b.channels != ch {
+            b.residual = false;
+        }
+        ch = b.channels;
+    }
 }
 
 /// The case a seed draws: deterministic, independent of any test runner.
@@ -635,6 +768,8 @@ pub fn mutate(base: &Case, rng: &mut crate::rng::Rng) -> Case {
             }
         }
         3 => c.steps = (c.steps * 2).min(60),
+        // A dataset's values are its own: its cases get another knob.
+        4 if !c.data.source.is_synthetic() => c.clip = ClipSpec::None,
         4 => c.data.scale *= 10f64.powf(rng.uniform_in(-1.0, 1.0)),
         5 => c.clip = ClipSpec::None,
         _ => c.batch_size = 1 + rng.below(16),

@@ -186,6 +186,17 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
         shard: (opts.shard.index, opts.shard.count),
         device: opts.device.to_string(),
         budget: budget_text(opts),
+        data: opts.strategy.dataset.as_ref().map(|d| {
+            format!(
+                "{} {}",
+                d.source.path.display(),
+                d.source.sha256.as_deref().unwrap_or("")
+            )
+        }),
+    };
+    let data_text = match &header {
+        Entry::Start { data, .. } => data.clone(),
+        _ => None,
     };
     match entries.first() {
         None => {
@@ -197,16 +208,18 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
             families,
             clean_data,
             shard,
+            data,
             ..
         }) if *seed == opts.seed
             && families == &opts.strategy.families
             && *clean_data == opts.strategy.clean_data
+            && *data == data_text
             && *shard == (opts.shard.index, opts.shard.count) => {}
         Some(_) => {
             return Err(Error::option(
                 "resume",
                 format!(
-                "{} was written by a campaign with another seed, family list, data mode or shard",
+                "{} was written by a campaign with another seed, family list, data mode, dataset or shard",
                 journal_path.display()
             ),
             ))

@@ -41,6 +41,7 @@ pub fn user_report(
         shard: (0, 1),
         device: base.device.to_string(),
         budget: format!("{} runs", campaign.runs),
+        data: None,
     }];
     for index in 0..campaign.runs {
         let case = if index == 0 {

@@ -62,6 +62,16 @@ pub struct Args {
     #[arg(long, default_value_t = (Limits::default().max_memory_bytes >> 20) as u64,
           value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     max_memory_mib: u64,
+    /// Train every case on this dataset (.safetensors, .npy, .npz, .csv):
+    /// models are fitted to its samples and classes, every other knob is fuzzed.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// The dataset's inputs tensor or array.
+    #[arg(long, default_value = "inputs", requires = "data")]
+    data_inputs: String,
+    /// The dataset's labels (tensor, array, .npy beside it, or CSV column).
+    #[arg(long, default_value = "labels", requires = "data")]
+    data_labels: String,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -87,10 +97,31 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         max_memory_bytes: (args.max_memory_mib << 20) as usize,
         ..Limits::default()
     };
-    let families = if args.family.is_empty() {
-        FAMILIES.iter().map(|f| f.to_string()).collect()
-    } else {
+    let dataset = match &args.data {
+        Some(path) => {
+            // Workers and reproducers find the file wherever they run.
+            let path = std::path::absolute(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let mut source = nanhunt::spec::FileSource::new(&path);
+            source.inputs = args.data_inputs.clone();
+            source.labels = Some(args.data_labels.clone());
+            let fit = nanhunt::strategy::DatasetFit::of(&source, limits.max_memory_bytes)
+                .map_err(super::in_file(&path))?;
+            Some(fit)
+        }
+        None => None,
+    };
+    let families: Vec<String> = if !args.family.is_empty() {
         args.family.clone()
+    } else {
+        FAMILIES.iter().map(|f| f.to_string()).collect()
+    };
+    // Without --family, a dataset keeps the families that can read it.
+    let families = match &dataset {
+        Some(fit) if args.family.is_empty() => {
+            families.into_iter().filter(|f| fit.fits(f)).collect()
+        }
+        _ => families,
     };
     let runs = match (args.budget, args.runs) {
         (None, None) => Some(100),
@@ -102,6 +133,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             clean_data: args.clean_data,
             safe_envelope: false,
             max_steps: args.max_steps as usize,
+            dataset,
         },
         budget: args.budget,
         runs,

@@ -58,7 +58,10 @@ enum DataFormat {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     if !(args.extreme.is_finite() && args.extreme > 0.0) {
-        anyhow::bail!("--extreme must be a positive finite number, got {}", args.extreme);
+        anyhow::bail!(
+            "--extreme must be a positive finite number, got {}",
+            args.extreme
+        );
     }
     if let Some(out) = &args.out {
         nanhunt::files::check_writable(out)?;

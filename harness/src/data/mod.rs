@@ -16,7 +16,7 @@ mod source;
 pub use dataset::{Dataset, MemoryDataset, Rows, SampleShape};
 pub use noise::{push_noisy, NoiseMap, Scratch as NoiseScratch};
 pub use pathology::{apply_pathologies, apply_pathology};
-pub use source::{open as open_source, pinned, DataSource, Sampled, Saved};
+pub use source::{keep as kept_samples, open as open_source, pinned, DataSource, Sampled, Saved};
 
 use crate::rng::Rng;
 use crate::spec::{Case, DataSpec, Distribution, InputSpec, TargetKind};

@@ -222,7 +222,7 @@ impl Sampled {
 
 /// The samples a sampling keeps, in order; a reason naming the field when
 /// it names samples that do not exist.
-fn keep(sampling: &Sampling, len: usize) -> std::result::Result<Vec<usize>, String> {
+pub fn keep(sampling: &Sampling, len: usize) -> std::result::Result<Vec<usize>, String> {
     for (field, list) in [
         ("indices", sampling.indices.as_deref().unwrap_or(&[])),
         ("exclude", &sampling.exclude),

@@ -182,7 +182,26 @@ pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>>
     let dataset = match cached {
         Some(d) => d,
         None => {
-            let d = Arc::new(read_all(source, &files, max_bytes)?);
+            for f in &files {
+                if !f.is_file() {
+                    let expected = source
+                        .sha256
+                        .as_deref()
+                        .map(|h| format!(" (the case expects sha256 {h})"))
+                        .unwrap_or_default();
+                    return Err(Error::data(
+                        f.display(),
+                        format!("the file is missing or not a regular file{expected}"),
+                    ));
+                }
+            }
+            // The hash first: a changed file is named as changed, not as
+            // whatever the change broke.
+            let hash = sha256(&files)?;
+            check_hash(source, &hash)?;
+            let mut d = read_all(source, max_bytes)?;
+            d.sha256 = Some(hash);
+            let d = Arc::new(d);
             let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
             if loaded.len() >= CACHED {
                 loaded.remove(0);
@@ -191,18 +210,23 @@ pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>>
             d
         }
     };
-    if let (Some(want), Some(have)) = (&source.sha256, &dataset.sha256) {
-        if !want.eq_ignore_ascii_case(have) {
-            return Err(Error::data(
-                source.path.display(),
-                format!("the file changed since the case was written: its sha256 is {have}, the case expects {want}"),
-            ));
-        }
+    if let Some(have) = &dataset.sha256 {
+        check_hash(source, have)?;
     }
     Ok(dataset)
 }
 
-fn read_all(source: &FileSource, files: &[PathBuf], max_bytes: usize) -> Result<MemoryDataset> {
+fn check_hash(source: &FileSource, have: &str) -> Result<()> {
+    match &source.sha256 {
+        Some(want) if !want.eq_ignore_ascii_case(have) => Err(Error::data(
+            source.path.display(),
+            format!("the file changed since the case was written: its sha256 is {have}, the case expects {want}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
     let mut reader = open(source)?;
     let shape = reader.shape().clone();
     let per_sample = 4 * (shape.numel() + shape.targets) + 8 * shape.labels;
@@ -227,7 +251,7 @@ fn read_all(source: &FileSource, files: &[PathBuf], max_bytes: usize) -> Result<
             return Err(too_large(source, held as u128, max_bytes));
         }
     }
-    let mut dataset = MemoryDataset::new(
+    let dataset = MemoryDataset::new(
         source.path.display().to_string(),
         shape,
         values,
@@ -241,7 +265,6 @@ fn read_all(source: &FileSource, files: &[PathBuf], max_bytes: usize) -> Result<
             "it holds no samples",
         ));
     }
-    dataset.sha256 = Some(sha256(files)?);
     Ok(dataset)
 }
 

@@ -202,7 +202,8 @@ impl Reader {
     pub fn open_npy(source: &FileSource) -> Result<Self> {
         let files = super::files_of(source)?;
         let mut parts = files.into_iter().skip(1);
-        let mut part = |name: &Option<String>| name.as_ref().and_then(|_| parts.next()).map(Array::File);
+        let mut part =
+            |name: &Option<String>| name.as_ref().and_then(|_| parts.next()).map(Array::File);
         let labels = part(&source.labels);
         let targets = part(&source.targets);
         Reader::open(source, Array::File(source.path.clone()), labels, targets)

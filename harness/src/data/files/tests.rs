@@ -99,13 +99,7 @@ fn write_csv(path: &Path) {
     let mut text = String::from("a,b,label,c,d,e,f\n");
     for (s, row) in values().chunks(6).enumerate() {
         let f: Vec<String> = row.iter().map(|v| v.to_string()).collect();
-        text += &format!(
-            "{},{},{},{}\n",
-            f[0],
-            f[1],
-            labels()[s],
-            f[2..].join(",")
-        );
+        text += &format!("{},{},{},{}\n", f[0], f[1], labels()[s], f[2..].join(","));
     }
     std::fs::write(path, text).unwrap();
 }
@@ -167,7 +161,10 @@ fn broken_files_name_the_file_and_the_part() {
     let cut = d.join("cut.safetensors");
     std::fs::write(&cut, &whole[..whole.len() - 10]).unwrap();
     let e = error_of(&FileSource::new(&cut));
-    assert!(e.contains("cannot parse dataset") && e.contains("cut.safetensors"), "{e}");
+    assert!(
+        e.contains("cannot parse dataset") && e.contains("cut.safetensors"),
+        "{e}"
+    );
 
     // Corrupted header.
     let mut bad = whole.clone();
@@ -181,7 +178,10 @@ fn broken_files_name_the_file_and_the_part() {
     let float = d.join("float.safetensors");
     write_safetensors(&float, Dtype::F32, 6);
     let e = error_of(&FileSource::new(&float));
-    assert!(e.contains("float.safetensors") && e.contains("`labels`") && e.contains("integer"), "{e}");
+    assert!(
+        e.contains("float.safetensors") && e.contains("`labels`") && e.contains("integer"),
+        "{e}"
+    );
 
     // Labels for 5 samples, inputs for 6.
     let short = d.join("short.safetensors");
@@ -193,13 +193,19 @@ fn broken_files_name_the_file_and_the_part() {
     let mut named = FileSource::new(&path);
     named.inputs = "pixels".into();
     let e = error_of(&named);
-    assert!(e.contains("no tensor `pixels` (it has inputs, labels)"), "{e}");
+    assert!(
+        e.contains("no tensor `pixels` (it has inputs, labels)"),
+        "{e}"
+    );
 
     // A missing file, with the hash the case expected.
     let mut missing = FileSource::new(d.join("gone.safetensors"));
     missing.sha256 = Some("ab".repeat(32));
     let e = error_of(&missing);
-    assert!(e.contains("gone.safetensors") && e.contains("missing") && e.contains(&"ab".repeat(32)), "{e}");
+    assert!(
+        e.contains("gone.safetensors") && e.contains("missing") && e.contains(&"ab".repeat(32)),
+        "{e}"
+    );
 
     // A changed file.
     let mut pinned = FileSource::new(&path);
@@ -211,19 +217,28 @@ fn broken_files_name_the_file_and_the_part() {
     std::fs::write(d.join("junk.npy"), b"not numpy").unwrap();
     write_npy(&d.join("labels.npy"), &[6], &labels());
     let e = error_of(&FileSource::new(d.join("junk.npy")));
-    assert!(e.contains("junk.npy") && e.contains("not a .npy file"), "{e}");
+    assert!(
+        e.contains("junk.npy") && e.contains("not a .npy file"),
+        "{e}"
+    );
     write_npz(&d.join("a.npz"), true);
     let mut other = FileSource::new(d.join("a.npz"));
     other.labels = Some("y".into());
     let e = error_of(&other);
-    assert!(e.contains("a.npz") && e.contains("no array `y` (it has inputs, labels)"), "{e}");
+    assert!(
+        e.contains("a.npz") && e.contains("no array `y` (it has inputs, labels)"),
+        "{e}"
+    );
 
     // CSV: a field that is not a number; a label that is not a class.
     std::fs::write(d.join("t.csv"), "x,label\n1.5,0\nabc,1\n").unwrap();
     let mut csv = FileSource::new(d.join("t.csv"));
     csv.labels = Some("label".into());
     let e = error_of(&csv);
-    assert!(e.contains("t.csv") && e.contains("line 3, column `x`: `abc` is not a number"), "{e}");
+    assert!(
+        e.contains("t.csv") && e.contains("line 3, column `x`: `abc` is not a number"),
+        "{e}"
+    );
     std::fs::write(d.join("s.csv"), "x,label\n1.5,setosa\n").unwrap();
     let mut csv = FileSource::new(d.join("s.csv"));
     csv.labels = Some("label".into());
