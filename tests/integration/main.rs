@@ -3,6 +3,7 @@
 //! - `campaign`: resume after SIGKILL, shards and merge, the minimizer, corpora/repro.
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
 //! - `crash_safety`: campaigns lose no finding to a kill, a dead or stuck worker.
+//! - `datasets`: dataset files in every command, planted bad samples, Python-written files.
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
@@ -14,6 +15,7 @@
 mod campaign;
 mod cli;
 mod crash_safety;
+mod datasets;
 mod diagnose;
 mod dump;
 mod fuzz;

@@ -65,6 +65,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     );
     eprintln!("before: {}", size(&m.before));
     eprintln!("after:  {}", size(&m.after));
+    if let Some(samples) = &m.samples {
+        eprintln!("data:   {samples}");
+    }
     match &args.out {
         Some(path) => {
             repro.write(path)?;

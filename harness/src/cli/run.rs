@@ -49,6 +49,14 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             case.steps,
             case.batch_size
         );
+        if let nanhunt::spec::SourceSpec::File(f) = &case.data.source {
+            let drawn = f
+                .sampling
+                .indices
+                .as_ref()
+                .map_or(String::new(), |i| format!(", {} samples named", i.len()));
+            println!("data: {}{drawn}", f.path.display());
+        }
         print_outcome(&outcome);
         if let (Some(dir), Outcome::Unstable { .. }) = (&args.dump, &outcome) {
             println!("  crash dump: {}", dir.display());

@@ -122,7 +122,7 @@ impl Sampled {
             let want = if per_token {
                 format!("1 or {seq_len} (one per position)")
             } else {
-                "1".into()
+                "1 (a model predicting every position sets `per_token: true`)".into()
             };
             return Err(Error::data(
                 &name,

@@ -1,0 +1,568 @@
+//! Datasets from files through every command: the shipped digits with a
+//! few planted bad samples (found by `scan-data`, `run`, `diagnose` and the
+//! minimizer, and nothing else), files written by Python's safetensors and
+//! NumPy, broken files, dumps and reproducers that carry their data.
+
+use crate::support::*;
+use nanhunt::data::{Dataset, Rows, SampleShape};
+use nanhunt::models::{Model, Tracer};
+use nanhunt::spec::*;
+use nanhunt::{Outcome, RunOptions};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn digits() -> PathBuf {
+    root().join("corpora/datasets/digits/digits.safetensors")
+}
+
+/// The digits' pixels as f32 (1797 × 64) and labels.
+fn read_digits() -> (Vec<f32>, Vec<i64>) {
+    let bytes = std::fs::read(digits()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let x = st.tensor("inputs").unwrap();
+    assert_eq!(x.dtype(), Dtype::U8);
+    let values = x.data().iter().map(|&v| f32::from(v)).collect();
+    let labels = st
+        .tensor("labels")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (values, labels)
+}
+
+fn le_bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn le_bytes_i64(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn write_digits(path: &Path, values: &[f32], labels: &[i64], labels_dtype: Dtype) {
+    let x = le_bytes_f32(values);
+    let y = match labels_dtype {
+        Dtype::F32 => le_bytes_f32(&labels.iter().map(|&l| l as f32).collect::<Vec<_>>()),
+        _ => le_bytes_i64(labels),
+    };
+    let n = labels.len();
+    let tensors = vec![
+        (
+            "inputs",
+            TensorView::new(Dtype::F32, vec![values.len() / 64, 1, 8, 8], &x).unwrap(),
+        ),
+        (
+            "labels",
+            TensorView::new(labels_dtype, vec![n], &y).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+}
+
+/// The planted samples: NaN, +Inf, 1e9, a label of 12, all zeros, NaN.
+const PLANTED: [usize; 6] = [37, 411, 902, 1234, 1500, 1777];
+
+/// A copy of the digits with the planted samples, beside a case on it.
+fn planted(dir: &Path) -> PathBuf {
+    let (mut x, mut y) = read_digits();
+    x[37 * 64 + 20] = f32::NAN;
+    x[411 * 64 + 5] = f32::INFINITY;
+    x[902 * 64 + 33] = 1e9;
+    y[1234] = 12;
+    x[1500 * 64..1501 * 64].fill(0.0);
+    x[1777 * 64 + 63] = f32::NAN;
+    write_digits(&dir.join("digits_bad.safetensors"), &x, &y, Dtype::I64);
+    case_on(dir, "digits_bad.safetensors", "case.json")
+}
+
+/// The shipped digits case, on another file beside it.
+fn case_on(dir: &Path, file: &str, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("corpora/datasets/digits/digits_cnn.json"))
+        .unwrap()
+        .replace("\"digits.safetensors\"", &format!("\"{file}\""));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+fn indices(v: &serde_json::Value) -> BTreeSet<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as usize)
+        .collect()
+}
+
+#[test]
+fn the_shipped_digits_train_and_scan_clean() {
+    let case = root().join("corpora/datasets/digits/digits_cnn.json");
+    let out = nanhunt(&["run", case.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let losses = json(&out)["trace"]["losses"].clone();
+    let losses: Vec<f64> = serde_json::from_value(losses).unwrap();
+    assert!(
+        losses.last().unwrap() < &(0.6 * losses[0]),
+        "training on the digits lowers the loss: {losses:?}"
+    );
+    let scan = nanhunt(&["scan-data", digits().to_str().unwrap(), "--report", "json"]);
+    assert_eq!(scan.status.code(), Some(0), "{}", stdout(&scan));
+    let scan = json(&scan);
+    assert_eq!(scan["samples"], 1797);
+    // Three pixels are 0 in every digit: a warning, not an error.
+    let problems = scan["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0]["kind"], "constant_feature");
+    assert_eq!(
+        indices(&problems[0]["indices"]),
+        BTreeSet::from([0, 32, 39])
+    );
+    assert_eq!(
+        scan["labels"]["classes"], 10,
+        "classes from the file's metadata"
+    );
+}
+
+#[test]
+fn scan_data_finds_exactly_the_planted_samples() {
+    let dir = scratch("scan-planted");
+    planted(&dir);
+    let file = dir.join("digits_bad.safetensors");
+    let out = nanhunt(&[
+        "scan-data",
+        file.to_str().unwrap(),
+        "--classes",
+        "10",
+        "--report",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let scan = json(&out);
+    let mut found = BTreeSet::new();
+    for p in scan["problems"].as_array().unwrap() {
+        if p["severity"] == "error" {
+            found.extend(indices(&p["indices"]));
+        }
+    }
+    assert_eq!(found, BTreeSet::from(PLANTED));
+    let kinds: Vec<&str> = scan["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    for kind in [
+        "nan",
+        "inf",
+        "extreme",
+        "label_out_of_range",
+        "all_zero_sample",
+    ] {
+        assert!(kinds.contains(&kind), "{kinds:?}");
+    }
+    let md = nanhunt(&["scan-data", file.to_str().unwrap(), "--classes", "10"]);
+    assert!(stdout(&md).contains("Fix: impute"), "{}", stdout(&md));
+}
+
+/// The sample a finding's detail names ("sample 411 of ...").
+fn named_sample(detail: &str) -> usize {
+    let at = detail.find("sample ").unwrap_or_else(|| panic!("{detail}")) + 7;
+    detail[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn run_diagnose_and_minimize_name_only_planted_samples() {
+    let dir = scratch("planted-commands");
+    let case = planted(&dir);
+    let case = case.to_str().unwrap();
+
+    let run = nanhunt(&["run", case, "--json"]);
+    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
+    let finding = &json(&run)["finding"];
+    assert_eq!(finding["phase"], "data", "{finding}");
+    assert!(PLANTED.contains(&named_sample(finding["detail"].as_str().unwrap())));
+
+    let diag = nanhunt(&["diagnose", case, "--json"]);
+    assert_eq!(diag.status.code(), Some(1), "{}", stderr(&diag));
+    let diag = json(&diag);
+    let data = diag["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "data")
+        .unwrap();
+    assert_eq!(diag["causes"][0]["kind"], "data", "ranked first");
+    let fix = data["fixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["description"].as_str().unwrap().contains("without the"))
+        .unwrap();
+    assert_eq!(fix["verified"], true, "{fix}");
+    let excluded = fix["changes"][0]["after"]["exclude"].clone();
+    assert_eq!(indices(&excluded), BTreeSet::from(PLANTED), "{fix}");
+
+    let repro = dir.join("repro.json");
+    let min = nanhunt(&["minimize", case, "--out", repro.to_str().unwrap()]);
+    assert_eq!(min.status.code(), Some(1), "{}", stderr(&min));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&repro).unwrap()).unwrap();
+    let source = &r["case"]["data"]["source"];
+    let kept = indices(&source["sampling"]["indices"]);
+    assert!(
+        !kept.is_empty() && kept.is_subset(&BTreeSet::from(PLANTED)),
+        "{source}"
+    );
+    assert_eq!(
+        source["path"], "digits_bad.safetensors",
+        "relative to the reproducer"
+    );
+    assert_eq!(source["sha256"].as_str().unwrap().len(), 64);
+    let named = r["provenance"]["samples"].as_str().unwrap();
+    assert!(named.ends_with("of digits_bad.safetensors"), "{named}");
+    assert!(stderr(&min).contains(named), "{}", stderr(&min));
+
+    // The reproducer replays; with its file changed or gone it says so.
+    let replay = nanhunt(&["replay", repro.to_str().unwrap()]);
+    assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+    let file = dir.join("digits_bad.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let mut changed = bytes.clone();
+    let at = changed.len() - 100;
+    changed[at] ^= 1;
+    std::fs::write(&file, &changed).unwrap();
+    let replay = nanhunt(&["replay", repro.to_str().unwrap()]);
+    assert_eq!(replay.status.code(), Some(2));
+    assert!(
+        stderr(&replay).contains("changed since the case was written"),
+        "{}",
+        stderr(&replay)
+    );
+    std::fs::remove_file(&file).unwrap();
+    let replay = nanhunt(&["replay", repro.to_str().unwrap()]);
+    assert_eq!(replay.status.code(), Some(2));
+    assert!(
+        stderr(&replay).contains("digits_bad.safetensors") && stderr(&replay).contains("missing"),
+        "{}",
+        stderr(&replay)
+    );
+}
+
+#[test]
+fn a_dump_replays_its_saved_batch_without_the_data_file() {
+    let dir = scratch("dump-batch");
+    let case = planted(&dir);
+    let dump = dir.join("dump");
+    let run = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
+    std::fs::rename(dir.join("digits_bad.safetensors"), dir.join("elsewhere")).unwrap();
+    let replay = nanhunt(&["replay", dump.to_str().unwrap()]);
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&replay),
+        stderr(&replay)
+    );
+    assert!(
+        stdout(&replay).contains("bit-identical"),
+        "{}",
+        stdout(&replay)
+    );
+    let case_json = std::fs::read_to_string(dump.join("case.json")).unwrap();
+    assert!(
+        case_json.contains("\"../digits_bad.safetensors\""),
+        "{case_json}"
+    );
+    assert!(
+        case_json.contains("\"sha256\""),
+        "the dump names the exact data"
+    );
+}
+
+#[test]
+fn the_same_case_on_the_same_file_gives_the_same_bits() {
+    let case = root().join("corpora/datasets/digits/digits_cnn.json");
+    let a = nanhunt(&["run", case.to_str().unwrap(), "--json"]);
+    let b = nanhunt(&["run", case.to_str().unwrap(), "--json"]);
+    assert_eq!(a.status.code(), Some(0));
+    assert_eq!(stdout(&a), stdout(&b));
+}
+
+#[test]
+fn files_written_by_python_load_in_every_format_with_the_same_results() {
+    let dir = scratch("python-formats");
+    let script = format!(
+        r#"
+import numpy as np
+from safetensors.numpy import load_file, save_file
+d = load_file({digits:?})
+x = d["inputs"][:300].astype(np.float32)
+y = d["labels"][:300]
+save_file({{"inputs": x, "labels": y}}, "py.safetensors")
+np.save("py.npy", x)
+np.save("py_labels.npy", y.astype(np.int32))
+np.savez_compressed("py.npz", inputs=x.astype(np.float64), labels=y)
+with open("py.csv", "w") as f:
+    f.write(",".join([f"p{{i}}" for i in range(64)] + ["label"]) + "\n")
+    for row, label in zip(x.reshape(300, 64), y):
+        f.write(",".join(str(int(v)) for v in row) + f",{{label}}\n")
+"#,
+        digits = digits().to_str().unwrap()
+    );
+    let status = python_with_safetensors()
+        .current_dir(&dir)
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let sources = [
+        r#"{"kind": "file", "path": "py.safetensors"}"#,
+        r#"{"kind": "file", "path": "py.npy", "labels": "py_labels.npy"}"#,
+        r#"{"kind": "file", "path": "py.npz"}"#,
+        r#"{"kind": "file", "path": "py.csv", "labels": "label"}"#,
+    ];
+    let mut runs = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        let text = std::fs::read_to_string(root().join("corpora/datasets/digits/digits_cnn.json"))
+            .unwrap();
+        let mut case: serde_json::Value = serde_json::from_str(&text).unwrap();
+        case["data"]["source"] = serde_json::from_str(source).unwrap();
+        case["steps"] = 12.into();
+        let path = dir.join(format!("case{i}.json"));
+        std::fs::write(&path, case.to_string()).unwrap();
+        let out = nanhunt(&["run", path.to_str().unwrap(), "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{source}: {}", stderr(&out));
+        runs.push(json(&out)["trace"]["losses"].clone());
+    }
+    for r in &runs[1..] {
+        assert_eq!(r, &runs[0], "the same samples train the same bits");
+    }
+    let scans: Vec<serde_json::Value> = ["py.safetensors", "py.npz"]
+        .iter()
+        .map(|f| {
+            json(&nanhunt(&[
+                "scan-data",
+                dir.join(f).to_str().unwrap(),
+                "--report",
+                "json",
+            ]))
+        })
+        .collect();
+    assert_eq!(scans[0]["feature_stats"], scans[1]["feature_stats"]);
+}
+
+#[test]
+fn broken_and_mismatched_data_files_exit_2_naming_file_and_part() {
+    let dir = scratch("broken-data");
+    let (x, y) = read_digits();
+    let check = |file: &str, expect: &[&str]| {
+        let case = case_on(&dir, file, &format!("{file}.json"));
+        let out = nanhunt(&["run", case.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{file}: {}", stdout(&out));
+        for e in expect {
+            assert!(
+                stderr(&out).contains(e),
+                "{file}: want {e:?} in {}",
+                stderr(&out)
+            );
+        }
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    };
+    write_digits(&dir.join("float_labels.safetensors"), &x, &y, Dtype::F32);
+    check(
+        "float_labels.safetensors",
+        &["float_labels.safetensors", "`labels`", "integer"],
+    );
+    write_digits(&dir.join("short.safetensors"), &x, &y[..1000], Dtype::I64);
+    check(
+        "short.safetensors",
+        &["short.safetensors", "`labels` holds 1000 samples"],
+    );
+    let whole = std::fs::read(digits()).unwrap();
+    std::fs::write(dir.join("cut.safetensors"), &whole[..whole.len() / 2]).unwrap();
+    check(
+        "cut.safetensors",
+        &["cannot parse dataset", "cut.safetensors"],
+    );
+    check("absent.safetensors", &["absent.safetensors", "missing"]);
+    // 32 values per sample for a model that reads 64.
+    write_digits_flat(&dir.join("narrow.safetensors"), &x[..1797 * 32], 32);
+    check(
+        "narrow.safetensors",
+        &["narrow.safetensors", "do not fit the model's input"],
+    );
+}
+
+fn write_digits_flat(path: &Path, values: &[f32], per: usize) {
+    let n = values.len() / per;
+    let x = le_bytes_f32(values);
+    let y = le_bytes_i64(&vec![0; n]);
+    let tensors = vec![
+        (
+            "inputs",
+            TensorView::new(Dtype::F32, vec![n, per], &x).unwrap(),
+        ),
+        ("labels", TensorView::new(Dtype::I64, vec![n], &y).unwrap()),
+    ];
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+}
+
+/// A language-model-style dataset of the user's own: token sequences whose
+/// label at each position is the next token.
+struct NextToken;
+
+impl Dataset for NextToken {
+    fn name(&self) -> String {
+        "next_token".into()
+    }
+    fn len(&self) -> usize {
+        64
+    }
+    fn shape(&self) -> SampleShape {
+        SampleShape {
+            dims: vec![8],
+            integer: true,
+            labels: 8,
+            targets: 0,
+        }
+    }
+    fn append(&self, index: usize, rows: &mut Rows) -> nanhunt::Result<()> {
+        let ids: Vec<i64> = (0..9).map(|t| ((index + t * 3) % 16) as i64).collect();
+        rows.values.extend(ids[..8].iter().map(|&i| i as f32));
+        rows.labels.extend_from_slice(&ids[1..]);
+        Ok(())
+    }
+}
+
+/// Embedding + linear head: (batch, positions) → (batch, positions, vocab).
+struct TinyLm {
+    embed: candle_nn::Embedding,
+    head: candle_nn::Linear,
+}
+
+impl Model for TinyLm {
+    fn forward(
+        &self,
+        input: &candle_core::Tensor,
+        tracer: &mut Tracer,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        use candle_core::Module;
+        let h = tracer.record("embed", self.embed.forward(input)?)?;
+        tracer.record("head", self.head.forward(&h.tanh()?)?)
+    }
+}
+
+fn tiny_lm(vb: candle_nn::VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+    Ok(Box::new(TinyLm {
+        embed: candle_nn::embedding(16, 8, vb.pp("embed"))?,
+        head: candle_nn::linear(8, 16, vb.pp("head"))?,
+    }))
+}
+
+fn lm_case(per_token: bool, loss: LossSpec) -> Case {
+    let mut c = Case::example("transformer").unwrap();
+    c.model = ModelSpec::Custom(CustomSpec {
+        name: "tiny_lm".into(),
+        input: InputSpec::Tokens {
+            seq_len: 8,
+            vocab: 16,
+        },
+        outputs: 16,
+        init: InitSpec::default(),
+        per_token,
+    });
+    c.data = DataSpec {
+        source: SourceSpec::User {
+            name: "next_token".into(),
+            sampling: Sampling::default(),
+        },
+        ..DataSpec::default()
+    };
+    c.loss = loss;
+    c.steps = 30;
+    c.batch_size = 8;
+    c.optimizer = sgd(0.5);
+    c
+}
+
+#[test]
+fn a_user_dataset_trains_a_per_token_model_with_a_user_loss() {
+    let opts = RunOptions {
+        dataset: Some(Arc::new(NextToken)),
+        loss: Some(Arc::new(
+            |logits: &candle_core::Tensor, targets: &candle_core::Tensor| {
+                // Cross-entropy written by the user: -sum(t * log_softmax(z)) / rows.
+                let logp = candle_nn::ops::log_softmax(logits, 1)?;
+                (targets * logp)?.sum_all()?.neg()? / logits.dim(0)? as f64
+            },
+        )),
+        ..RunOptions::default()
+    };
+    let custom = LossSpec::Custom {
+        name: "my_cross_entropy".into(),
+        targets: TargetKind::Labels,
+    };
+    let out = nanhunt::run_model(&lm_case(true, custom.clone()), &tiny_lm, &opts).unwrap();
+    let Outcome::Stable { trace } = out else {
+        panic!("{out:?}")
+    };
+    assert!(
+        trace.losses.last().unwrap() < &(0.5 * trace.losses[0]),
+        "{:?}",
+        trace.losses
+    );
+
+    // Without `per_token`, per-position labels do not fit the model ...
+    let Outcome::Rejected { reason } =
+        nanhunt::run_model(&lm_case(false, custom.clone()), &tiny_lm, &opts).unwrap()
+    else {
+        panic!("rejected")
+    };
+    assert!(reason.contains("per_token: true"), "{reason}");
+    // ... and on synthetic data the model's output does not fit the
+    // targets: a clear error naming the fix, not candle's shape error.
+    let mut synthetic = lm_case(
+        false,
+        LossSpec::CrossEntropy {
+            label_smoothing: 0.0,
+        },
+    );
+    synthetic.data = DataSpec::default();
+    let e = nanhunt::run_model(&synthetic, &tiny_lm, &RunOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("per_token: true") && e.contains("[8, 8, 16]"),
+        "{e}"
+    );
+    // A custom loss without its closure, a user source without its dataset.
+    let bare = RunOptions::default();
+    let Outcome::Rejected { reason } =
+        nanhunt::run_model(&lm_case(true, custom), &tiny_lm, &bare).unwrap()
+    else {
+        panic!("rejected")
+    };
+    assert!(
+        reason.contains("needs its dataset") || reason.contains("needs its closure"),
+        "{reason}"
+    );
+}
