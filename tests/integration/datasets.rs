@@ -566,3 +566,82 @@ fn a_user_dataset_trains_a_per_token_model_with_a_user_loss() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_campaign_over_a_dataset_fuzzes_the_knobs_and_keeps_the_data() {
+    let out = scratch("fuzz-data");
+    let dir = out.join("campaign");
+    let data = digits();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "fuzz",
+            "--data",
+            data.to_str().unwrap(),
+            "--runs",
+            "24",
+            "--minimize-runs",
+            "20",
+            "--jobs",
+            "2",
+            "--quiet",
+            "--out",
+            dir.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |a: Vec<String>| {
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        nanhunt(&refs)
+    };
+    let first = run(args(&[]));
+    assert!(
+        matches!(first.status.code(), Some(0 | 1)),
+        "{}",
+        stderr(&first)
+    );
+    let entries = journal(&dir);
+    let families: BTreeSet<&str> = entries
+        .iter()
+        .filter_map(|e| match e {
+            nanhunt::journal::Entry::Run { family, .. } => Some(family.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(families.len() >= 2, "{families:?}");
+    let cases: Vec<&Case> = entries
+        .iter()
+        .filter_map(|e| match e {
+            nanhunt::journal::Entry::Finding { case, .. } => Some(&**case),
+            _ => None,
+        })
+        .collect();
+    assert!(!cases.is_empty());
+    for c in &cases {
+        let SourceSpec::File(f) = &c.data.source else {
+            panic!("every case trains on the file")
+        };
+        assert_eq!(f.path, digits());
+        assert_eq!(f.sha256.as_deref().map(str::len), Some(64));
+        assert_eq!(c.model.classes(), 10);
+        assert_eq!(c.model.input().numel(), 64);
+    }
+    // Reproducers replay from where they were written.
+    let files = reproducer_files(&dir);
+    assert!(!files.is_empty(), "24 runs on the digits find something");
+    for name in files {
+        let file = dir.join("repro").join(&name);
+        let replay = nanhunt(&["replay", file.to_str().unwrap()]);
+        assert_eq!(replay.status.code(), Some(0), "{name}: {}", stderr(&replay));
+    }
+    // Resuming with another dataset is refused.
+    let other = scratch("fuzz-data-other").join("d.safetensors");
+    let (mut x, y) = read_digits();
+    x[0] = 1.0;
+    write_digits(&other, &x, &y, Dtype::I64);
+    let mut a = args(&["--resume"]);
+    a[2] = other.to_str().unwrap().to_string();
+    let refused = run(a);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("dataset"), "{}", stderr(&refused));
+}

@@ -306,8 +306,10 @@ pub struct Scanner {
     features: Vec<Feature>,
     seen: HashMap<ProblemKind, Seen>,
     extreme_max: f64,
-    hashes: HashMap<u128, usize>,
-    duplicate_of: Vec<(usize, usize)>,
+    /// One 64-bit hash per sample with its index; sorted at the end to find
+    /// duplicates (16 bytes a sample; a false duplicate has odds of about
+    /// n² / 2⁶⁵, a few in a billion for a million samples).
+    hashes: Vec<(u64, u32)>,
     labels: Option<(i64, i64, Vec<usize>)>,
     reservoir: Vec<Vec<f64>>,
     capacity: usize,
@@ -327,8 +329,7 @@ impl Scanner {
             values: 0,
             seen: HashMap::new(),
             extreme_max: 0.0,
-            hashes: HashMap::new(),
-            duplicate_of: Vec::new(),
+            hashes: Vec::new(),
             labels: None,
             reservoir: Vec::new(),
             capacity,
@@ -353,12 +354,9 @@ impl Scanner {
             let index = ids.map_or(position, |ids| ids[row]);
             let sample = &chunk.values[row * f..(row + 1) * f];
             let (mut nan, mut inf, mut extreme, mut zero) = (false, false, false, true);
-            let mut h1 = std::hash::DefaultHasher::new();
-            let mut h2 = std::hash::DefaultHasher::new();
-            h2.write_u64(0x9e37_79b9_7f4a_7c15);
+            let mut hash = std::hash::DefaultHasher::new();
             for (feat, &v) in self.features.iter_mut().zip(sample) {
-                h1.write_u64(v.to_bits());
-                h2.write_u64(v.to_bits());
+                hash.write_u64(v.to_bits());
                 if v.is_nan() {
                     feat.nan += 1;
                     nan = true;
@@ -398,8 +396,7 @@ impl Scanner {
             let labels = &chunk.labels[row * l..(row + 1) * l];
             let mut bad_label = false;
             for &y in labels {
-                h1.write_i64(y);
-                h2.write_i64(y);
+                hash.write_i64(y);
                 let (lo, hi, counts) = self.labels.get_or_insert((y, y, Vec::new()));
                 *lo = (*lo).min(y);
                 *hi = (*hi).max(y);
@@ -418,16 +415,7 @@ impl Scanner {
                     .or_default()
                     .add(index, max);
             }
-            let hash = (u128::from(h1.finish()) << 64) | u128::from(h2.finish());
-            if let Some(&first) = self.hashes.get(&hash) {
-                self.duplicate_of.push((index, first));
-                self.seen
-                    .entry(ProblemKind::DuplicateSample)
-                    .or_default()
-                    .add(index, max);
-            } else {
-                self.hashes.insert(hash, index);
-            }
+            self.hashes.push((hash.finish(), index as u32));
             // Reservoir sampling (algorithm R) over whole samples.
             if self.reservoir.len() < self.capacity {
                 self.reservoir.push(sample.to_vec());
@@ -444,6 +432,23 @@ impl Scanner {
 
     pub fn finish(mut self, dataset: String) -> DataScan {
         let f = self.shape.numel();
+        // Equal hashes sort together; the first of a run is the original
+        // (indices ascend within a run: the sort is stable).
+        self.hashes.sort_by_key(|&(h, _)| h);
+        let mut duplicate_of = Vec::new();
+        for run in self.hashes.chunk_by(|a, b| a.0 == b.0) {
+            let first = run.iter().map(|&(_, i)| i).min().unwrap_or(0) as usize;
+            for &(_, i) in run.iter().filter(|&&(_, i)| i as usize != first) {
+                duplicate_of.push((i as usize, first));
+            }
+        }
+        duplicate_of.sort_unstable();
+        for &(d, _) in &duplicate_of {
+            self.seen
+                .entry(ProblemKind::DuplicateSample)
+                .or_default()
+                .add(d, self.opts.max_listed);
+        }
         let mut columns: Vec<Vec<f64>> = vec![Vec::with_capacity(self.reservoir.len()); f];
         for sample in &self.reservoir {
             for (c, &v) in columns.iter_mut().zip(sample) {
@@ -519,8 +524,7 @@ impl Scanner {
                 },
                 ProblemKind::AllZeroSample => "every value of the sample is 0".into(),
                 ProblemKind::DuplicateSample => {
-                    let pairs: Vec<String> = self
-                        .duplicate_of
+                    let pairs: Vec<String> = duplicate_of
                         .iter()
                         .take(5)
                         .map(|(d, o)| format!("{d} = {o}"))
@@ -642,4 +646,62 @@ pub fn scan_dataset(
         scanner.push_with(&chunk, Some(block));
     }
     Ok(scanner.finish(dataset.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::MemoryDataset;
+
+    fn dataset(values: Vec<f32>, labels: Vec<i64>) -> MemoryDataset {
+        let shape = SampleShape {
+            dims: vec![2],
+            integer: false,
+            labels: 1,
+            targets: 0,
+        };
+        MemoryDataset::new("t".into(), shape, values, labels, Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn duplicates_constant_features_and_statistics() {
+        // Samples: (1, 5) (2, 5) (1, 5) (3, 5) (2, 5); labels 0 1 0 1 0.
+        let d = dataset(
+            vec![1.0, 5.0, 2.0, 5.0, 1.0, 5.0, 3.0, 5.0, 2.0, 5.0],
+            vec![0, 1, 0, 1, 0],
+        );
+        let scan = scan_dataset(&d, None, &ScanOptions::default()).unwrap();
+        // Sample 2 repeats sample 0; sample 4 has 1's values but 0's label.
+        let dup = scan.problem(ProblemKind::DuplicateSample).unwrap();
+        assert_eq!(dup.indices, vec![2]);
+        let constant = scan.problem(ProblemKind::ConstantFeature).unwrap();
+        assert_eq!(constant.indices, vec![1]);
+        assert!(!scan.has_errors(), "warnings only");
+        let f0 = &scan.feature_stats[0];
+        assert_eq!((f0.min, f0.max, f0.median), (1.0, 3.0, 2.0));
+        assert!((f0.mean - 1.8).abs() < 1e-12);
+        assert!((f0.std - 0.56f64.sqrt()).abs() < 1e-12);
+        assert_eq!(scan.labels.as_ref().unwrap().counts, vec![3, 2]);
+    }
+
+    #[test]
+    fn a_subset_reports_dataset_indices() {
+        let d = dataset(
+            vec![0.0, 1.0, f32::NAN, 1.0, 2.0, 1.0, 3.0, f32::INFINITY],
+            vec![0, 1, 0, 7],
+        );
+        let opts = ScanOptions {
+            classes: Some(2),
+            ..ScanOptions::default()
+        };
+        let scan = scan_dataset(&d, Some(&[3, 1]), &opts).unwrap();
+        assert_eq!(scan.samples, 2);
+        assert_eq!(scan.problem(ProblemKind::Nan).unwrap().indices, vec![1]);
+        assert_eq!(scan.problem(ProblemKind::Inf).unwrap().indices, vec![3]);
+        assert_eq!(
+            scan.problem(ProblemKind::LabelOutOfRange).unwrap().indices,
+            vec![3]
+        );
+        assert_eq!(scan.bad_samples(), vec![1, 3]);
+    }
 }
