@@ -173,6 +173,48 @@ fn process_exists(pid: u32) -> bool {
     }
 }
 
+/// `path` without `.` components and with `a/..` pairs removed (lexically:
+/// symbolic links are not followed).
+pub fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// `path` as seen from `dir` (`../data/x.safetensors`), where both lie
+/// under one directory below the root; else `path` made absolute.
+pub fn relative_to(path: &Path, dir: &Path) -> PathBuf {
+    let (Ok(path), Ok(dir)) = (std::path::absolute(path), std::path::absolute(dir)) else {
+        return path.to_path_buf();
+    };
+    let (path, dir) = (normalize(&path), normalize(&dir));
+    let (p, d): (Vec<_>, Vec<_>) = (path.components().collect(), dir.components().collect());
+    let common = p.iter().zip(&d).take_while(|(a, b)| a == b).count();
+    // Sharing only the root, the two are on unrelated trees.
+    if common <= 1 {
+        return path;
+    }
+    let mut out = PathBuf::new();
+    for _ in common..d.len() {
+        out.push("..");
+    }
+    for c in &p[common..] {
+        out.push(c.as_os_str());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,46 +311,4 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// `path` without `.` components and with `a/..` pairs removed (lexically:
-/// symbolic links are not followed).
-pub fn normalize(path: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir
-                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
-            {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
-
-/// `path` as seen from `dir` (`../data/x.safetensors`), where both lie
-/// under one directory below the root; else `path` made absolute.
-pub fn relative_to(path: &Path, dir: &Path) -> PathBuf {
-    let (Ok(path), Ok(dir)) = (std::path::absolute(path), std::path::absolute(dir)) else {
-        return path.to_path_buf();
-    };
-    let (path, dir) = (normalize(&path), normalize(&dir));
-    let (p, d): (Vec<_>, Vec<_>) = (path.components().collect(), dir.components().collect());
-    let common = p.iter().zip(&d).take_while(|(a, b)| a == b).count();
-    // Sharing only the root, the two are on unrelated trees.
-    if common <= 1 {
-        return path;
-    }
-    let mut out = PathBuf::new();
-    for _ in common..d.len() {
-        out.push("..");
-    }
-    for c in &p[common..] {
-        out.push(c.as_os_str());
-    }
-    out
 }

@@ -347,7 +347,7 @@ impl Scanner {
     fn push_with(&mut self, chunk: &Chunk, ids: Option<&[usize]>) {
         let f = self.shape.numel();
         let l = self.shape.labels;
-        let k = if f == 0 { 0 } else { chunk.values.len() / f };
+        let k = chunk.values.len().checked_div(f).unwrap_or(0);
         let max = self.opts.max_listed;
         for row in 0..k {
             let position = self.next + row;

@@ -35,7 +35,7 @@ impl Chunk {
 pub trait SampleReader {
     fn shape(&self) -> &SampleShape;
     /// Samples in the file, where the format says so before reading (CSV does not).
-    fn len(&self) -> Option<usize>;
+    fn samples(&self) -> Option<usize>;
     /// Appends up to `max` samples to `chunk`; returns how many (0 at the end).
     fn read(&mut self, max: usize, chunk: &mut Chunk) -> Result<usize>;
     /// The class count the file declares (safetensors metadata `classes`).
@@ -230,7 +230,7 @@ fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
     let mut reader = open(source)?;
     let shape = reader.shape().clone();
     let per_sample = 4 * (shape.numel() + shape.targets) + 8 * shape.labels;
-    if let Some(n) = reader.len() {
+    if let Some(n) = reader.samples() {
         let need = n as u128 * per_sample as u128;
         if need > max_bytes as u128 {
             return Err(too_large(source, need, max_bytes));

@@ -293,7 +293,7 @@ impl SampleReader for Reader {
         &self.shape
     }
 
-    fn len(&self) -> Option<usize> {
+    fn samples(&self) -> Option<usize> {
         Some(self.len)
     }
 
