@@ -645,3 +645,36 @@ fn a_campaign_over_a_dataset_fuzzes_the_knobs_and_keeps_the_data() {
     assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
     assert!(stderr(&refused).contains("dataset"), "{}", stderr(&refused));
 }
+
+#[test]
+fn gradcheck_diff_and_lr_tables_run_on_a_dataset() {
+    let case = root().join("corpora/datasets/digits/digits_cnn.json");
+    let case = case.to_str().unwrap();
+    let g = nanhunt(&["gradcheck", case]);
+    assert_eq!(g.status.code(), Some(0), "{}{}", stdout(&g), stderr(&g));
+    assert!(stdout(&g).contains("all gradients match"), "{}", stdout(&g));
+    let d = nanhunt(&["diff", case, "--threads", "1,2"]);
+    assert_eq!(d.status.code(), Some(0), "{}{}", stdout(&d), stderr(&d));
+    let t = nanhunt(&[
+        "lr-table",
+        "--case",
+        case,
+        "--optimizer",
+        "sgd",
+        "--seeds",
+        "1",
+        "--steps",
+        "20",
+        "--no-curvature",
+        "--format",
+        "json",
+        "--quiet",
+    ]);
+    assert_eq!(t.status.code(), Some(0), "{}", stderr(&t));
+    let table = json(&t);
+    let text = table.to_string();
+    assert!(
+        text.contains("\"size\":\"case\"") || text.contains("case"),
+        "{text}"
+    );
+}

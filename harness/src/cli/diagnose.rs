@@ -74,6 +74,27 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
             println!("step 2, data {label} augmentation: {text}");
         }
     }
+    if let Some(scan) = &d.dataset {
+        let bad = scan.bad_samples();
+        let text = if bad.is_empty() {
+            "no sample with a bad value or label".to_string()
+        } else {
+            format!(
+                "{} flagged ({})",
+                nanhunt::data::samples_phrase(&bad),
+                scan.problems
+                    .iter()
+                    .filter(|p| p.kind.is_error())
+                    .map(|p| p.kind.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        println!(
+            "step 2, whole dataset ({} samples of {}): {text}",
+            scan.samples, scan.dataset
+        );
+    }
     match d.grad_norm_growth {
         Some(g) => println!(
             "step 3, gradients: the norm grew {g:.3e}x over {} steps",

@@ -58,6 +58,19 @@ impl ProblemKind {
         )
     }
 
+    /// The kind as the JSON report writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProblemKind::Nan => "nan",
+            ProblemKind::Inf => "inf",
+            ProblemKind::Extreme => "extreme",
+            ProblemKind::LabelOutOfRange => "label_out_of_range",
+            ProblemKind::AllZeroSample => "all_zero_sample",
+            ProblemKind::ConstantFeature => "constant_feature",
+            ProblemKind::DuplicateSample => "duplicate_sample",
+        }
+    }
+
     fn title(self) -> &'static str {
         match self {
             ProblemKind::Nan => "NaN values",
