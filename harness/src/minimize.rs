@@ -301,7 +301,7 @@ fn model_candidates(c: &Case) -> Vec<Case> {
                     if let ModelSpec::Cnn(m) = s {
                         if m.blocks.len() > 1 {
                             m.blocks.remove(i);
-                            fix_residuals(m);
+                            m.fix_residuals();
                         }
                     }
                 });
@@ -309,7 +309,7 @@ fn model_candidates(c: &Case) -> Vec<Case> {
                     if let ModelSpec::Cnn(m) = s {
                         let b = &mut m.blocks[i];
                         b.channels = (b.channels / 2).max(1);
-                        fix_residuals(m);
+                        m.fix_residuals();
                     }
                 });
                 with(&|s| {
@@ -336,7 +336,7 @@ fn model_candidates(c: &Case) -> Vec<Case> {
             with(&|s| {
                 if let ModelSpec::Cnn(m) = s {
                     m.channels = 1;
-                    fix_residuals(m);
+                    m.fix_residuals();
                 }
             });
             with(&|s| set_classes(s, 2));
@@ -408,17 +408,6 @@ fn model_candidates(c: &Case) -> Vec<Case> {
         init.gain = round1(init.gain);
     });
     out
-}
-
-/// Residual blocks need equal channels in and out; drop the ones a change broke.
-fn fix_residuals(m: &mut CnnSpec) {
-    let mut ch = m.channels;
-    for b in &mut m.blocks {
-        if b.residual && b.channels != ch {
-            b.residual = false;
-        }
-        ch = b.channels;
-    }
 }
 
 fn set_classes(s: &mut ModelSpec, n: usize) {

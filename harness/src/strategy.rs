@@ -691,8 +691,8 @@ fn fit_to_dataset(c: &mut Case, fit: &DatasetFit) {
                 _ => (1, 1, fit.dims.iter().product()),
             };
             (m.channels, m.height, m.width, m.classes) = (ch, h, w, fit.classes);
-            // The first block's residual needs the input's channel count.
-            fix_first_residual(m);
+            // A residual block needs the channel count it is given.
+            m.fix_residuals();
         }
         ModelSpec::Rnn(r) => {
             (r.seq_len, r.features, r.classes) = (seq_len, features, fit.classes);
@@ -722,16 +722,6 @@ fn fit_to_dataset(c: &mut Case, fit: &DatasetFit) {
         source: SourceSpec::File(fit.source.clone()),
         ..DataSpec::default()
     };
-}
-
-fn fix_first_residual(m: &mut CnnSpec) {
-    let mut ch = m.channels;
-    for b in &mut m.blocks {
-        if b.residual && b.channels != ch {
-            b.residual = false;
-        }
-        ch = b.channels;
-    }
 }
 
 /// The case a seed draws: deterministic, independent of any test runner.

@@ -223,6 +223,20 @@ pub struct CnnSpec {
     pub init: InitSpec,
 }
 
+impl CnnSpec {
+    /// Residual blocks need equal channels in and out: drops the residual
+    /// connections a change of channel counts broke.
+    pub fn fix_residuals(&mut self) {
+        let mut ch = self.channels;
+        for b in &mut self.blocks {
+            if b.residual && b.channels != ch {
+                b.residual = false;
+            }
+            ch = b.channels;
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TokenOrContinuous {

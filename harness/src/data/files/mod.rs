@@ -29,6 +29,21 @@ impl Chunk {
         self.labels.clear();
         self.targets.clear();
     }
+
+    /// Appends the preloaded labels and targets of samples `rows`.
+    fn extend_parts(
+        &mut self,
+        shape: &SampleShape,
+        labels: &[i64],
+        targets: &[f64],
+        rows: std::ops::Range<usize>,
+    ) {
+        let (l, t) = (shape.labels, shape.targets);
+        self.labels
+            .extend_from_slice(&labels[rows.start * l..rows.end * l]);
+        self.targets
+            .extend_from_slice(&targets[rows.start * t..rows.end * t]);
+    }
 }
 
 /// A dataset file opened for reading, sample by sample.
@@ -95,25 +110,32 @@ pub fn files_of(source: &FileSource) -> Result<Vec<PathBuf>> {
 
 /// Opens a source's file(s) for streaming.
 pub fn open(source: &FileSource) -> Result<Box<dyn SampleReader>> {
-    for f in files_of(source)? {
-        if !f.is_file() {
-            let expected = source
-                .sha256
-                .as_deref()
-                .map(|h| format!(" (the case expects sha256 {h})"))
-                .unwrap_or_default();
-            return Err(Error::data(
-                f.display(),
-                format!("the file is missing or not a regular file{expected}"),
-            ));
-        }
-    }
+    present(source, &files_of(source)?)?;
     Ok(match format_of(source)? {
         FileFormat::Safetensors => Box::new(safetensors::Reader::open(source)?),
         FileFormat::Npy => Box::new(npy::Reader::open_npy(source)?),
         FileFormat::Npz => Box::new(npy::Reader::open_npz(source)?),
         FileFormat::Csv => Box::new(csv::Reader::open(source)?),
     })
+}
+
+/// Every file of a source is a regular file; else an error naming the
+/// missing one and the hash the case expected of it.
+fn present(source: &FileSource, files: &[PathBuf]) -> Result<()> {
+    match files.iter().find(|f| !f.is_file()) {
+        None => Ok(()),
+        Some(f) => {
+            let expected = source
+                .sha256
+                .as_deref()
+                .map(|h| format!(" (the case expects sha256 {h})"))
+                .unwrap_or_default();
+            Err(Error::data(
+                f.display(),
+                format!("the file is missing or not a regular file{expected}"),
+            ))
+        }
+    }
 }
 
 /// SHA-256 (hex) of the files' bytes, read in order.
@@ -182,19 +204,7 @@ pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>>
     let dataset = match cached {
         Some(d) => d,
         None => {
-            for f in &files {
-                if !f.is_file() {
-                    let expected = source
-                        .sha256
-                        .as_deref()
-                        .map(|h| format!(" (the case expects sha256 {h})"))
-                        .unwrap_or_default();
-                    return Err(Error::data(
-                        f.display(),
-                        format!("the file is missing or not a regular file{expected}"),
-                    ));
-                }
-            }
+            present(source, &files)?;
             // A file far larger than the memory limit cannot fit after
             // conversion (8x allows f64 halved and CSV text): refused before
             // anything reads it (a hostile path such as /proc/kcore).

@@ -313,14 +313,12 @@ impl SampleReader for Reader {
             return Err(bad(&self.path, "the inputs ended before their shape said"));
         }
         chunk.values.extend(self.pending.drain(..need));
-        let (l, t) = (self.shape.labels, self.shape.targets);
-        let rows = self.next..self.next + k;
-        chunk
-            .labels
-            .extend_from_slice(&self.labels[rows.start * l..rows.end * l]);
-        chunk
-            .targets
-            .extend_from_slice(&self.targets[rows.start * t..rows.end * t]);
+        chunk.extend_parts(
+            &self.shape,
+            &self.labels,
+            &self.targets,
+            self.next..self.next + k,
+        );
         self.next += k;
         Ok(k)
     }

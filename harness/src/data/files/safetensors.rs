@@ -196,14 +196,12 @@ impl SampleReader for Reader {
         let from = self.start + self.next * self.sample_bytes;
         let to = from + k * self.sample_bytes;
         convert(self.dtype, &self.map[from..to], &mut chunk.values);
-        let (l, t) = (self.shape.labels, self.shape.targets);
-        let rows = self.next..self.next + k;
-        chunk
-            .labels
-            .extend_from_slice(&self.labels[rows.start * l..rows.end * l]);
-        chunk
-            .targets
-            .extend_from_slice(&self.targets[rows.start * t..rows.end * t]);
+        chunk.extend_parts(
+            &self.shape,
+            &self.labels,
+            &self.targets,
+            self.next..self.next + k,
+        );
         self.next += k;
         self.release(to);
         Ok(k)
