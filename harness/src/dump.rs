@@ -18,7 +18,6 @@ use crate::state::Snapshot;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const CASE_FILE: &str = "case.json";
@@ -190,11 +189,7 @@ fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
     Ok(out)
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
-    f.sync_all().map_err(|e| Error::io(path, e))
-}
+use crate::files::write_synced as write_file;
 
 /// Writes the dump of a failed step to `dir` (which must not exist).
 pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
@@ -223,36 +218,25 @@ pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
         },
     };
 
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    // What an earlier, killed write left beside it.
-    crate::files::remove_stale_temps(parent, None);
-    let tmp = crate::files::temp_path(dir);
-    let _ = std::fs::remove_dir_all(&tmp);
-    let written = (|| -> Result<()> {
-        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    crate::files::write_dir_atomic(dir, |tmp| {
         let case = case.with_paths_relative_to(dir);
         write_file(&tmp.join(CASE_FILE), case.to_json().as_bytes())?;
         let map: HashMap<String, Tensor> = named
             .into_iter()
             .map(|(n, t)| Ok((n, t.to_device(&Device::Cpu)?)))
             .collect::<Result<_>>()?;
-        let state_path = tmp.join(STATE_FILE);
-        candle_core::safetensors::save(&map, &state_path)?;
-        std::fs::File::open(&state_path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(&state_path, e))?;
+        save_tensors(&map, &tmp.join(STATE_FILE))?;
         let json = serde_json::to_string_pretty(&dump_stats).expect("dump stats serialize");
-        write_file(&tmp.join(STATS_FILE), json.as_bytes())?;
-        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    written
+        write_file(&tmp.join(STATS_FILE), json.as_bytes())
+    })
+}
+
+/// Saves tensors as safetensors and syncs the file.
+pub fn save_tensors(map: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    candle_core::safetensors::save(map, path)?;
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(path, e))
 }
 
 /// A dump read back from disk.

@@ -215,6 +215,38 @@ pub fn relative_to(path: &Path, dir: &Path) -> PathBuf {
     out
 }
 
+/// Writes `bytes` to a new file at `path` and syncs it to disk.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
+    f.sync_all().map_err(|e| Error::io(path, e))
+}
+
+/// Makes directory `dir` (which must not exist) atomically: `fill` writes
+/// its files into a temporary sibling, which is renamed into place, so the
+/// directory is either complete or absent. What a killed write left beside
+/// it is removed first.
+pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    remove_stale_temps(parent, None);
+    let tmp = temp_path(dir);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let written = (|| -> Result<()> {
+        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        fill(&tmp)?;
+        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

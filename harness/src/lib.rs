@@ -18,6 +18,7 @@ pub mod floats;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod gradcheck;
+pub mod guard;
 pub mod journal;
 pub mod kernels;
 pub mod localize;
@@ -42,9 +43,11 @@ pub mod scaler;
 pub mod spec;
 pub mod state;
 pub mod strategy;
+mod trace;
 pub use campaign::workers;
 
 pub use error::{Error, Result};
 pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};
 pub use runner::{run, run_model, run_with_options, RunOptions};
 pub use spec::{Case, Limits};
+pub use trace::{trace, traced};

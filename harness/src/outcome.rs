@@ -103,6 +103,9 @@ pub enum FindingKind {
     InvalidLabel,
     /// Dynamic loss scaling halved the scale below its floor.
     ScaleCollapse,
+    /// A trainable variable received no gradient: an op without a backward
+    /// pass (candle's fused norms and softmax) or a detach cut it off.
+    NoGradient,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -125,6 +128,7 @@ impl FindingKind {
             FindingKind::Divergence => "divergence",
             FindingKind::InvalidLabel => "invalid_label",
             FindingKind::ScaleCollapse => "scale_collapse",
+            FindingKind::NoGradient => "no_gradient",
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - `datasets`: dataset files in every command, planted bad samples, Python-written files.
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
@@ -19,6 +20,7 @@ mod datasets;
 mod diagnose;
 mod dump;
 mod fuzz;
+mod guard;
 mod hostile_input;
 mod lrtable;
 mod planted;

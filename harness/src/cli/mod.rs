@@ -10,6 +10,7 @@ mod fuzz;
 mod gradcheck;
 #[cfg(feature = "arbitrary")]
 mod import_artifact;
+mod inspect;
 mod lr_table;
 mod merge;
 mod minimize;
@@ -90,6 +91,8 @@ enum Command {
     LrTable(lr_table::Args),
     /// Re-run a crash dump's failing step, or a reproducer; exit 0 when it fails the same way.
     Replay(replay::Args),
+    /// Print a dump's scene (a guard's or a case run's): finding, losses, statistics, environment.
+    Inspect(inspect::Args),
     /// Check a whole dataset file (streamed): NaN/Inf/extreme values, bad labels, constant features, zero and duplicated samples; exit 1 on a problem.
     ScanData(scan_data::Args),
     /// A campaign's worker process: JSON requests on stdin, responses on stdout.
@@ -116,6 +119,7 @@ pub fn main() -> anyhow::Result<Exit> {
         Command::LrTable(a) => lr_table::main(a),
         Command::Diff(a) => diff::main(a),
         Command::ScanData(a) => scan_data::main(a),
+        Command::Inspect(a) => inspect::main(a),
         #[cfg(feature = "arbitrary")]
         Command::ImportArtifact(a) => import_artifact::main(a),
     }

@@ -1,0 +1,610 @@
+//! nanhunt in the user's own training loop: a guard checks each step of
+//! any candle loop (the batch, the loss, that every trainable variable got
+//! a gradient, every gradient, the parameters after the update, the loss
+//! trend), keeps what it needs to undo the step, and on the first failure
+//! restores the state from before it, re-runs the step with tracing on to
+//! name the first producer, writes the scene and stops the loop with a
+//! typed error carrying the [`Finding`].
+//!
+//! ```ignore
+//! let mut guard = Guard::new(&varmap, GuardOptions::default().dump_to("nan-scene"))?;
+//! let mut opt = guard.optimizer(OptimizerSpec::adamw(1e-3))?;
+//! for step in 0..steps {
+//!     let batch = Batch::new([("x", x.clone()), ("y", y.clone())]);
+//!     guard.step(step, &batch, &mut opt, |b| loss_of(&model, b.get("x")?, b.get("y")?))?;
+//! }
+//! ```
+
+mod optim;
+mod replay;
+mod scene;
+
+pub use optim::{GuardOptimizer, NanhuntOptimizer, OptimizerRecord, SavedOptimizer};
+pub use replay::{replay, GuardReplay};
+pub use scene::{GuardScene, SCENE_FILE, SCENE_TENSORS};
+
+use crate::error::Error;
+use crate::localize;
+use crate::outcome::{Finding, FindingKind, Phase, Signature, Trace};
+use crate::probe::{scan_all, DivergenceTracker, TensorScan, TensorStats};
+use crate::spec::{dtype_max, OptimizerSpec};
+use candle_core::{DType, Result as CandleResult, Tensor, Var};
+use std::path::PathBuf;
+
+/// How a guard checks and where it writes the scene.
+#[derive(Clone, Debug)]
+pub struct GuardOptions {
+    /// The name signatures give the model (`family`).
+    pub name: String,
+    /// Write the scene of the first failure here (it must not exist yet).
+    pub dump: Option<PathBuf>,
+    /// Divergence: the smoothed loss exceeds this many times its best.
+    pub divergence_factor: f64,
+    /// Only tensors whose dump name starts with one of these go into the
+    /// scene (`param/encoder.`, `batch/`); empty: all. Bounds its size.
+    pub include: Vec<String>,
+}
+
+impl Default for GuardOptions {
+    fn default() -> Self {
+        GuardOptions {
+            name: "user".into(),
+            dump: None,
+            divergence_factor: 4.0,
+            include: Vec::new(),
+        }
+    }
+}
+
+impl GuardOptions {
+    pub fn dump_to(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dump = Some(dir.into());
+        self
+    }
+
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+}
+
+/// A step's batch: named tensors, in order.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    parts: Vec<(String, Tensor)>,
+}
+
+impl Batch {
+    pub fn new<S: Into<String>>(parts: impl IntoIterator<Item = (S, Tensor)>) -> Self {
+        Batch {
+            parts: parts.into_iter().map(|(n, t)| (n.into(), t)).collect(),
+        }
+    }
+
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> CandleResult<&Tensor> {
+        self.parts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| candle_core::Error::Msg(format!("the batch has no tensor `{name}`")))
+    }
+
+    pub fn parts(&self) -> &[(String, Tensor)] {
+        &self.parts
+    }
+}
+
+/// Why a guarded step stopped the loop.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    /// The step failed: the finding names the first producer; the state
+    /// from before the step is back in place and the scene is written.
+    #[error("{}: {} (step {}){}", .finding.signature, .finding.detail, .finding.step,
+            .dump.as_ref().map(|d| format!("; scene in {}", d.display())).unwrap_or_default())]
+    Unstable {
+        finding: Box<Finding>,
+        dump: Option<PathBuf>,
+    },
+    /// The guard was used wrongly (bad batch, a dump directory that exists)
+    /// or candle failed.
+    #[error(transparent)]
+    Invalid(#[from] Error),
+}
+
+impl From<candle_core::Error> for GuardError {
+    fn from(e: candle_core::Error) -> Self {
+        GuardError::Invalid(Error::from(e))
+    }
+}
+
+impl GuardError {
+    pub fn finding(&self) -> Option<&Finding> {
+        match self {
+            GuardError::Unstable { finding, .. } => Some(finding),
+            GuardError::Invalid(_) => None,
+        }
+    }
+}
+
+/// The state a step changes, kept to undo it.
+struct Before {
+    params: Vec<Tensor>,
+    optimizer: Option<SavedOptimizer>,
+    tracker: DivergenceTracker,
+    history: Trace,
+}
+
+/// A failure before it becomes a finding.
+struct Failure {
+    kind: FindingKind,
+    phase: Phase,
+    stage: String,
+    detail: String,
+    stats: Option<TensorStats>,
+}
+
+/// Watches the steps of a training loop.
+pub struct Guard {
+    names: Vec<String>,
+    vars: Vec<Var>,
+    opts: GuardOptions,
+    tracker: DivergenceTracker,
+    trace: Trace,
+    /// The batch's names and per-sample dims, from the first step.
+    layout: Option<Vec<(String, DType, Vec<usize>)>>,
+}
+
+impl Guard {
+    /// A guard over every variable of `varmap` (in name order).
+    pub fn new(varmap: &candle_nn::VarMap, opts: GuardOptions) -> crate::Result<Self> {
+        let mut named: Vec<(String, Var)> = varmap
+            .data()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        Guard::with_vars(named, opts)
+    }
+
+    /// A guard over named trainable variables, in the order given.
+    pub fn with_vars(named: Vec<(String, Var)>, opts: GuardOptions) -> crate::Result<Self> {
+        if named.is_empty() {
+            return Err(Error::option(
+                "vars",
+                "the guard has no trainable variables to watch (was the model built on this VarMap?)",
+            ));
+        }
+        if let Some(dir) = &opts.dump {
+            crate::dump::ensure_free(dir)?;
+        }
+        if !(opts.divergence_factor > 1.0 && opts.divergence_factor.is_finite()) {
+            return Err(Error::option(
+                "divergence_factor",
+                format!("must be finite and above 1, got {}", opts.divergence_factor),
+            ));
+        }
+        let (names, vars) = named.into_iter().unzip();
+        Ok(Guard {
+            names,
+            vars,
+            tracker: DivergenceTracker::new(opts.divergence_factor),
+            opts,
+            trace: Trace::default(),
+            layout: None,
+        })
+    }
+
+    /// The variables in the guard's order.
+    pub fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// nanhunt's optimizer of `spec` over the guard's variables.
+    pub fn optimizer(&self, spec: OptimizerSpec) -> crate::Result<NanhuntOptimizer> {
+        Ok(<NanhuntOptimizer as candle_nn::Optimizer>::new(
+            self.vars.clone(),
+            spec,
+        )?)
+    }
+
+    /// The losses and gradient norms of the steps so far.
+    pub fn history(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// One guarded step: `loss_of` computes the loss of `batch` with the
+    /// current parameters (it may be called again, with tracing on, to
+    /// localize a failure); the guard runs backward and the optimizer.
+    /// Returns the loss.
+    pub fn step<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        batch: &Batch,
+        opt: &mut O,
+        mut loss_of: impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> std::result::Result<f64, GuardError> {
+        self.check_layout(batch)?;
+        let before = Before {
+            params: self
+                .vars
+                .iter()
+                .map(|v| v.as_tensor().copy())
+                .collect::<CandleResult<_>>()?,
+            optimizer: opt.saved(),
+            tracker: self.tracker.clone(),
+            history: self.trace.clone(),
+        };
+        if let Some(f) = self.check_batch(batch)? {
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        let loss = loss_of(batch)?;
+        let value = scalar(&loss)?;
+        self.trace.losses.push(value);
+        if !value.is_finite() {
+            let f = Failure {
+                kind: if value.is_nan() {
+                    FindingKind::Nan
+                } else {
+                    FindingKind::Inf
+                },
+                phase: Phase::Loss,
+                stage: "loss".into(),
+                detail: format!("the loss is {value}"),
+                stats: None,
+            };
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        let grads = loss.backward()?;
+        if let Some(i) = self
+            .vars
+            .iter()
+            .position(|v| grads.get(v.as_tensor()).is_none())
+        {
+            let missing: Vec<&str> = self
+                .vars
+                .iter()
+                .zip(&self.names)
+                .filter(|(v, _)| grads.get(v.as_tensor()).is_none())
+                .map(|(_, n)| n.as_str())
+                .collect();
+            let f = Failure {
+                kind: FindingKind::NoGradient,
+                phase: Phase::Backward,
+                stage: format!("param.{}", self.names[i]),
+                detail: format!(
+                    "{} of {} trainable variables received no gradient ({}): an op without a backward pass (candle's fused layer_norm, rms_norm, softmax_last_dim, rope) or a detach cuts them off, so they never train",
+                    missing.len(),
+                    self.vars.len(),
+                    missing.join(", ")
+                ),
+                stats: None,
+            };
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        let g: Vec<&Tensor> = self
+            .vars
+            .iter()
+            .map(|v| grads.get(v.as_tensor()).expect("checked above"))
+            .collect();
+        let scans = scan_all(&g)?;
+        if let Some(i) = scans.iter().position(|s| !s.is_finite()) {
+            let f = failure_of(
+                &scans[i],
+                Phase::Backward,
+                format!("grad.{}", self.names[i]),
+                format!("the gradient of `{}` is not finite", self.names[i]),
+                g[i],
+            )?;
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
+        self.trace
+            .grad_norms
+            .push(crate::optim::global_norm(&sum_sq));
+        opt.apply(&grads)?;
+        let params: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
+        if let Some(i) = crate::probe::first_non_finite(&params)? {
+            let scan = scan_all(&[params[i]])?[0];
+            let f = failure_of(
+                &scan,
+                Phase::Update,
+                format!("param.{}", self.names[i]),
+                format!(
+                    "parameter `{}` is not finite after the update ({} NaN, {} Inf)",
+                    self.names[i], scan.nan, scan.inf
+                ),
+                params[i],
+            )?;
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        if let Some(smoothed) = self.tracker.push(value) {
+            let f = Failure {
+                kind: FindingKind::Divergence,
+                phase: Phase::Update,
+                stage: "loss_trend".into(),
+                detail: format!(
+                    "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
+                    self.opts.divergence_factor,
+                    self.tracker.best()
+                ),
+                stats: None,
+            };
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        Ok(value)
+    }
+
+    /// The batch keeps its names, dtypes and per-sample dims from step to step.
+    fn check_layout(&mut self, batch: &Batch) -> std::result::Result<(), GuardError> {
+        let layout: Vec<(String, DType, Vec<usize>)> = batch
+            .parts
+            .iter()
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    t.dtype(),
+                    t.dims().iter().skip(1).copied().collect(),
+                )
+            })
+            .collect();
+        let Some(first) = &self.layout else {
+            self.layout = Some(layout);
+            return Ok(());
+        };
+        if *first == layout {
+            return Ok(());
+        }
+        let describe = |l: &[(String, DType, Vec<usize>)]| {
+            l.iter()
+                .map(|(n, d, s)| format!("`{n}` {d:?} (N, {s:?})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(GuardError::Invalid(Error::option(
+            "batch",
+            format!(
+                "this step's batch is {}, the first step's was {}: tensors must keep their names, dtypes and per-sample shapes",
+                describe(&layout),
+                describe(first)
+            ),
+        )))
+    }
+
+    /// The article's data check on the batch's float tensors: non-finite
+    /// values, and magnitudes beyond the dtype's range.
+    fn check_batch(&self, batch: &Batch) -> crate::Result<Option<Failure>> {
+        for (name, t) in &batch.parts {
+            if !t.dtype().is_float() {
+                continue;
+            }
+            let scan = scan_all(&[t])?[0];
+            let limit = dtype_max(t.dtype());
+            if scan.is_finite() && scan.max_abs <= limit {
+                continue;
+            }
+            let detail = if scan.is_finite() {
+                format!(
+                    "batch tensor `{name}` exceeds the largest {:?} value",
+                    t.dtype()
+                )
+            } else {
+                format!(
+                    "batch tensor `{name}` holds {} NaN and {} Inf values",
+                    scan.nan, scan.inf
+                )
+            };
+            return Ok(Some(failure_of(
+                &scan,
+                Phase::Data,
+                format!("batch.{name}"),
+                detail,
+                t,
+            )?));
+        }
+        Ok(None)
+    }
+
+    /// Ends a failed step: restores the state from before it, localizes,
+    /// writes the scene, and makes the error.
+    fn stop<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        first: Failure,
+        before: &Before,
+        opt: &mut O,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> GuardError {
+        let losses = self.trace.losses.clone();
+        if let Err(e) = self.restore(before, opt) {
+            return e.into();
+        }
+        let failure = match first.phase {
+            Phase::Loss | Phase::Backward if first.kind != FindingKind::NoGradient => {
+                match self.localize(batch, loss_of) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => first,
+                    Err(e) => return e.into(),
+                }
+            }
+            _ => first,
+        };
+        let mut trace = before.history.clone();
+        trace.losses = losses;
+        trace.grad_norms = self.trace.grad_norms.clone();
+        let precision = match self.vars[0].dtype() {
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            _ => "f32",
+        };
+        let device = match self.vars[0].device().location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+            _ => "cpu".to_string(),
+        };
+        let finding = Finding {
+            step,
+            kind: failure.kind,
+            phase: failure.phase,
+            signature: Signature {
+                kind: failure.kind,
+                phase: failure.phase,
+                stage: crate::outcome::stage_key(&failure.stage),
+                family: self.opts.name.clone(),
+                optimizer: opt.name(),
+                precision: precision.into(),
+                device,
+            },
+            op: localize::op_of(&failure.stage),
+            stage: failure.stage,
+            detail: failure.detail,
+            stats: failure.stats,
+            trace,
+        };
+        let dump = self.opts.dump.clone();
+        if let Some(dir) = &dump {
+            let saved = scene::Scene {
+                names: &self.names,
+                before_params: &before.params,
+                optimizer: before.optimizer.as_ref(),
+                optimizer_name: opt.name(),
+                optimizer_vars: opt_var_names(opt, &self.vars, &self.names),
+                tracker: &before.tracker,
+                history: &before.history,
+                batch,
+                finding: &finding,
+                include: &self.opts.include,
+            };
+            if let Err(e) = scene::write(dir, &saved) {
+                return e.into();
+            }
+        }
+        GuardError::Unstable {
+            finding: Box::new(finding),
+            dump,
+        }
+    }
+
+    /// Puts the parameters, optimizer, tracker and history back as they
+    /// were before the step.
+    fn restore<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        before: &Before,
+        opt: &mut O,
+    ) -> crate::Result<()> {
+        for (v, t) in self.vars.iter().zip(&before.params) {
+            v.set(t)?;
+        }
+        if let Some(saved) = &before.optimizer {
+            opt.restore(saved)?;
+        }
+        self.tracker = before.tracker.clone();
+        self.trace = before.history.clone();
+        Ok(())
+    }
+
+    /// Re-runs the step's forward and backward with tracing on (nothing is
+    /// updated) and names the first producer among the traced stages.
+    fn localize(
+        &self,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> crate::Result<Option<Failure>> {
+        let (loss, tracer) = crate::trace::traced(|| loss_of(batch));
+        let loss = loss?;
+        let records = tracer.records();
+        if let Some((i, scan)) = localize::first_forward(records)? {
+            let r = &records[i];
+            return Ok(Some(failure_of(
+                &scan,
+                Phase::Forward,
+                r.name.clone(),
+                format!(
+                    "stage `{}` is the first to output non-finite values ({} NaN, {} Inf) from finite inputs",
+                    r.name, scan.nan, scan.inf
+                ),
+                &r.output,
+            )?));
+        }
+        if !scalar(&loss)?.is_finite() {
+            return Ok(None);
+        }
+        let grads = loss.backward()?;
+        Ok(match localize::first_backward(records, &grads)? {
+            Some(p) => {
+                let stage = p.stage.clone().unwrap_or_else(|| "loss".into());
+                Some(failure_of(
+                    &p.scan,
+                    Phase::Backward,
+                    stage.clone(),
+                    format!(
+                        "the backward pass of `{stage}` made the gradient of `{}` non-finite",
+                        p.receiver
+                    ),
+                    &p.grad,
+                )?)
+            }
+            None => None,
+        })
+    }
+}
+
+/// The optimizer's variables by guard name, where it tells them.
+fn opt_var_names<O: GuardOptimizer + ?Sized>(
+    opt: &O,
+    vars: &[Var],
+    names: &[String],
+) -> Vec<String> {
+    opt.vars()
+        .unwrap_or_default()
+        .iter()
+        .map(|v| {
+            vars.iter()
+                .position(|g| g.as_tensor().id() == v.as_tensor().id())
+                .map_or_else(|| "(not guarded)".to_string(), |i| names[i].clone())
+        })
+        .collect()
+}
+
+fn scalar(loss: &Tensor) -> crate::Result<f64> {
+    if loss.elem_count() != 1 {
+        return Err(Error::option(
+            "loss",
+            format!(
+                "the step closure must return the scalar loss, got shape {:?}",
+                loss.dims()
+            ),
+        ));
+    }
+    Ok(loss.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?[0])
+}
+
+fn failure_of(
+    scan: &TensorScan,
+    phase: Phase,
+    stage: String,
+    detail: String,
+    t: &Tensor,
+) -> crate::Result<Failure> {
+    let kind = if scan.nan > 0 {
+        FindingKind::Nan
+    } else if scan.inf > 0 {
+        FindingKind::Inf
+    } else {
+        FindingKind::Overflow
+    };
+    Ok(Failure {
+        kind,
+        phase,
+        stage,
+        detail,
+        stats: Some(TensorStats::of_tensor(t)?),
+    })
+}

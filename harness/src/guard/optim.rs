@@ -1,0 +1,161 @@
+//! Optimizers whose state a guard can save and restore: nanhunt's SGD,
+//! Adam, AdamW and RMSprop (PyTorch's update rules) as a
+//! `candle_nn::Optimizer`, a drop-in for candle-nn's; and candle-nn's own
+//! `SGD` and `AdamW`, which step but whose state is private (a guard's
+//! dump says so).
+
+use crate::optim::Optimizer;
+use crate::spec::OptimizerSpec;
+use candle_core::backprop::GradStore;
+use candle_core::{Result, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+/// An optimizer's state as a dump saves it.
+#[derive(Clone, Debug)]
+pub struct SavedOptimizer {
+    pub spec: OptimizerSpec,
+    /// Completed update steps.
+    pub steps: usize,
+    /// `m.<index>`, `v.<index>`, `momentum.<index>` by variable index.
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+/// What a dump records of the optimizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OptimizerRecord {
+    /// nanhunt's optimizer: its spec and step count; the moments are in
+    /// `scene.safetensors` under `optimizer/`.
+    Saved { spec: OptimizerSpec, steps: usize },
+    /// An optimizer whose state cannot be read (candle-nn's): a replay
+    /// starts it fresh.
+    NotAvailable { name: String },
+}
+
+/// What a guard needs of an optimizer: a step, and its state if it can.
+pub trait GuardOptimizer {
+    fn apply(&mut self, grads: &GradStore) -> Result<()>;
+    /// How dumps name it.
+    fn name(&self) -> String;
+    /// Its state, if it can be read (and restored).
+    fn saved(&self) -> Option<SavedOptimizer> {
+        None
+    }
+    /// The variables it updates, in its order, if it tells them.
+    fn vars(&self) -> Option<Vec<Var>> {
+        None
+    }
+    fn restore(&mut self, _saved: &SavedOptimizer) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// nanhunt's optimizers as a `candle_nn::Optimizer` over a list of variables.
+pub struct NanhuntOptimizer {
+    vars: Vec<Var>,
+    inner: Optimizer,
+    spec: OptimizerSpec,
+    lr: f64,
+}
+
+impl NanhuntOptimizer {
+    /// The variables in the order they were given (a guard's order).
+    pub fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+}
+
+impl candle_nn::Optimizer for NanhuntOptimizer {
+    type Config = OptimizerSpec;
+
+    fn new(vars: Vec<Var>, spec: OptimizerSpec) -> Result<Self> {
+        Ok(NanhuntOptimizer {
+            inner: Optimizer::new(&spec, vars.len()),
+            lr: spec.lr(),
+            spec,
+            vars,
+        })
+    }
+
+    /// A variable without a gradient gets a zero one (candle-nn skips it;
+    /// a guard reports it before the step).
+    fn step(&mut self, grads: &GradStore) -> Result<()> {
+        let grads: Vec<Tensor> = self
+            .vars
+            .iter()
+            .map(|v| match grads.get(v.as_tensor()) {
+                Some(g) => Ok(g.clone()),
+                None => v.as_tensor().zeros_like(),
+            })
+            .collect::<Result<_>>()?;
+        self.inner.step(&self.vars, &grads, self.lr)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+impl GuardOptimizer for NanhuntOptimizer {
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        candle_nn::Optimizer::step(self, grads)
+    }
+
+    fn name(&self) -> String {
+        self.spec.name().to_string()
+    }
+
+    fn vars(&self) -> Option<Vec<Var>> {
+        Some(self.vars.clone())
+    }
+
+    fn saved(&self) -> Option<SavedOptimizer> {
+        let names: Vec<String> = (0..self.vars.len()).map(|i| i.to_string()).collect();
+        let mut spec = self.spec.clone();
+        spec.set_lr(self.lr);
+        Some(SavedOptimizer {
+            spec,
+            steps: self.inner.steps(),
+            tensors: self.inner.state(&names),
+        })
+    }
+
+    fn restore(&mut self, saved: &SavedOptimizer) -> Result<()> {
+        let names: Vec<String> = (0..self.vars.len()).map(|i| i.to_string()).collect();
+        let mut inner = Optimizer::new(&saved.spec, self.vars.len());
+        inner.restore(saved.steps, &names, |key| {
+            saved
+                .tensors
+                .iter()
+                .find(|(n, _)| n == key)
+                .map(|(_, t)| t.clone())
+        });
+        self.inner = inner;
+        self.lr = saved.spec.lr();
+        Ok(())
+    }
+}
+
+impl GuardOptimizer for candle_nn::AdamW {
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        candle_nn::Optimizer::step(self, grads)
+    }
+
+    fn name(&self) -> String {
+        "candle_nn::AdamW".into()
+    }
+}
+
+impl GuardOptimizer for candle_nn::SGD {
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        candle_nn::Optimizer::step(self, grads)
+    }
+
+    fn name(&self) -> String {
+        "candle_nn::SGD".into()
+    }
+}

@@ -1,0 +1,379 @@
+//! The guard in a user's own candle loop: one planted fault per phase, each
+//! stopping at its step with its producer named; the scene replays bit for
+//! bit; a healthy loop is untouched; misuse gets a clear error.
+
+use crate::support::*;
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{linear, Linear, VarBuilder, VarMap};
+use nanhunt::guard::{Batch, Guard, GuardError, GuardOptimizer, GuardOptions};
+use nanhunt::rng::Rng;
+use nanhunt::spec::OptimizerSpec;
+use nanhunt::{FindingKind, Phase};
+
+/// A user's model: an encoder with a nested block, and a head.
+struct Net {
+    l1: Linear,
+    l2: Linear,
+    gate: candle_core::Tensor,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// sqrt of a negative input inside `encoder.inner` (finite data).
+    Forward,
+    /// log(softmax) written naively, on huge logits: the loss is -log 0.
+    Loss,
+    /// sqrt at 0 after a relu: a finite forward, an infinite gradient.
+    Backward,
+    /// A softmax without a backward pass between the layers.
+    NoBackward,
+}
+
+fn net(varmap: &VarMap) -> Net {
+    let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+    Net {
+        l1: linear(8, 16, vb.pp("l1")).unwrap(),
+        l2: linear(16, 4, vb.pp("l2")).unwrap(),
+        gate: vb
+            .get_with_hints(4, "gate", candle_nn::Init::Const(0.5))
+            .unwrap(),
+    }
+}
+
+impl Net {
+    fn encoder(&self, x: &Tensor, fault: Fault) -> candle_core::Result<Tensor> {
+        let x = if fault == Fault::Forward {
+            nanhunt::trace("encoder.inner.sqrt", x.sqrt()?)?
+        } else {
+            x.clone()
+        };
+        let h = nanhunt::trace("encoder.l1", self.l1.forward(&x)?)?;
+        let h = nanhunt::trace("encoder.relu", h.relu()?)?;
+        match fault {
+            Fault::Backward => nanhunt::trace("encoder.sqrt", h.sqrt()?),
+            Fault::NoBackward => candle_nn::ops::softmax_last_dim(&h),
+            _ => Ok(h),
+        }
+    }
+
+    fn loss(&self, b: &Batch, fault: Fault) -> candle_core::Result<Tensor> {
+        let (x, y) = (b.get("x")?, b.get("y")?);
+        let h = self.encoder(x, fault)?;
+        let logits = nanhunt::trace("head", self.l2.forward(&h)?)?;
+        // The gate's gradient is exactly zero: Adam with eps 0 divides 0 by 0.
+        let logits = logits.broadcast_add(&(self.gate.broadcast_mul(&self.gate.zeros_like()?))?)?;
+        if fault == Fault::Loss {
+            let p = candle_nn::ops::softmax(&(logits * 1e4)?, 1)?;
+            let picked = (p * y)?.sum(1)?;
+            return picked.log()?.neg()?.mean_all();
+        }
+        let logp = candle_nn::ops::log_softmax(&logits, 1)?;
+        (logp * y)?.sum(1)?.neg()?.mean_all()
+    }
+}
+
+/// The batch of a step: inputs in [0, 1), one-hot targets.
+fn batch(step: usize) -> Batch {
+    let mut rng = Rng::keyed(7, "guard.test", step as u64);
+    let x: Vec<f32> = (0..32 * 8).map(|_| rng.uniform() as f32).collect();
+    let y: Vec<f32> = (0..32)
+        .flat_map(|r| (0..4).map(move |c| if c == r % 4 { 1.0 } else { 0.0 }))
+        .collect();
+    Batch::new([
+        ("x", Tensor::from_vec(x, (32, 8), &Device::Cpu).unwrap()),
+        ("y", Tensor::from_vec(y, (32, 4), &Device::Cpu).unwrap()),
+    ])
+}
+
+fn with_nan(b: &Batch) -> Batch {
+    let x = b.get("x").unwrap();
+    let mut v = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v[13] = f32::NAN;
+    Batch::new([
+        ("x", Tensor::from_vec(v, x.dims(), &Device::Cpu).unwrap()),
+        ("y", b.get("y").unwrap().clone()),
+    ])
+}
+
+fn with_negative(b: &Batch) -> Batch {
+    let x = b.get("x").unwrap();
+    let mut v = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v[5] = -4.0;
+    Batch::new([
+        ("x", Tensor::from_vec(v, x.dims(), &Device::Cpu).unwrap()),
+        ("y", b.get("y").unwrap().clone()),
+    ])
+}
+
+fn adam(eps: f64) -> OptimizerSpec {
+    OptimizerSpec::Adam {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps,
+        weight_decay: 0.0,
+    }
+}
+
+/// Runs 10 guarded steps; at `at` the batch and the model take the fault.
+/// Returns the error of the first failure (or the losses).
+fn guarded(
+    at: usize,
+    fault: Fault,
+    data_fault: Option<fn(&Batch) -> Batch>,
+    spec: OptimizerSpec,
+    dump: Option<std::path::PathBuf>,
+) -> Result<Vec<f64>, GuardError> {
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let mut opts = GuardOptions::default().named("user_net");
+    opts.dump = dump;
+    let mut guard = Guard::new(&varmap, opts).unwrap();
+    let mut opt = guard.optimizer(spec).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..10 {
+        let mut b = batch(step);
+        let f = if step == at { fault } else { Fault::None };
+        if step == at {
+            if let Some(d) = data_fault {
+                b = d(&b);
+            }
+        }
+        losses.push(guard.step(step, &b, &mut opt, |b| model.loss(b, f))?);
+    }
+    Ok(losses)
+}
+
+fn finding_of(r: Result<Vec<f64>, GuardError>) -> nanhunt::Finding {
+    match r {
+        Err(GuardError::Unstable { finding, .. }) => *finding,
+        other => panic!("expected a finding, got {other:?}"),
+    }
+}
+
+#[test]
+fn each_planted_fault_stops_at_its_step_with_its_producer() {
+    let f = finding_of(guarded(3, Fault::None, Some(with_nan), adam(1e-8), None));
+    assert_eq!(
+        (f.step, f.kind, f.phase, f.stage.as_str()),
+        (3, FindingKind::Nan, Phase::Data, "batch.x")
+    );
+
+    let f = finding_of(guarded(
+        4,
+        Fault::Forward,
+        Some(with_negative),
+        adam(1e-8),
+        None,
+    ));
+    assert_eq!(
+        (f.step, f.phase, f.stage.as_str()),
+        (4, Phase::Forward, "encoder.inner.sqrt"),
+        "{}",
+        f.detail
+    );
+
+    let f = finding_of(guarded(2, Fault::Loss, None, adam(1e-8), None));
+    assert_eq!(
+        (f.step, f.phase, f.stage.as_str()),
+        (2, Phase::Loss, "loss"),
+        "{}",
+        f.detail
+    );
+
+    let f = finding_of(guarded(5, Fault::Backward, None, adam(1e-8), None));
+    assert_eq!(
+        (f.step, f.phase, f.stage.as_str()),
+        (5, Phase::Backward, "encoder.sqrt"),
+        "{}",
+        f.detail
+    );
+    assert!(f.detail.contains("`encoder.relu`"), "{}", f.detail);
+
+    let f = finding_of(guarded(99, Fault::None, None, adam(0.0), None));
+    assert_eq!(
+        (f.step, f.phase, f.stage.as_str()),
+        (0, Phase::Update, "param.gate"),
+        "{}",
+        f.detail
+    );
+
+    let f = finding_of(guarded(6, Fault::NoBackward, None, adam(1e-8), None));
+    assert_eq!(
+        (f.step, f.kind, f.phase),
+        (6, FindingKind::NoGradient, Phase::Backward)
+    );
+    assert_eq!(f.stage, "param.l1.bias");
+    assert!(
+        f.detail.contains("2 of 5") && f.detail.contains("l1.weight"),
+        "{}",
+        f.detail
+    );
+    assert_eq!(f.signature.family, "user_net");
+}
+
+#[test]
+fn a_healthy_loop_is_untouched_by_its_guard() {
+    // candle's init is random: both runs start from one snapshot of it.
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let snapshot: Vec<(String, Tensor)> = {
+        let data = varmap.data().lock().unwrap();
+        data.iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
+            .collect()
+    };
+    let run = |guard_it: bool| -> Vec<u64> {
+        for (n, t) in &snapshot {
+            varmap.data().lock().unwrap()[n].set(t).unwrap();
+        }
+        let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+        let mut opt = guard.optimizer(adam(1e-8)).unwrap();
+        (0..10)
+            .map(|step| {
+                let b = batch(step);
+                let l = if guard_it {
+                    guard
+                        .step(step, &b, &mut opt, |b| model.loss(b, Fault::None))
+                        .unwrap()
+                } else {
+                    let loss = model.loss(&b, Fault::None).unwrap();
+                    opt.apply(&loss.backward().unwrap()).unwrap();
+                    loss.to_dtype(DType::F64)
+                        .unwrap()
+                        .to_scalar::<f64>()
+                        .unwrap()
+                };
+                l.to_bits()
+            })
+            .collect()
+    };
+    assert_eq!(
+        run(true),
+        run(false),
+        "the same bits with and without the guard"
+    );
+}
+
+#[test]
+fn the_scene_is_written_restored_and_replays_bit_for_bit() {
+    let dir = scratch("guard-scene").join("scene");
+    let err = guarded(99, Fault::None, None, adam(0.0), Some(dir.clone())).unwrap_err();
+    assert!(err.to_string().contains("scene in"), "{err}");
+    let scene: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("scene.json")).unwrap()).unwrap();
+    assert_eq!(scene["optimizer"]["kind"], "saved");
+    assert_eq!(scene["finding"]["stage"], "param.gate");
+    // Python reads the tensors.
+    let script = format!(
+        "from safetensors.numpy import load_file; t = load_file({:?}); print(sorted(t))",
+        dir.join("scene.safetensors").to_str().unwrap()
+    );
+    let out = python_with_safetensors()
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        names.contains("param/gate") && names.contains("batch/x"),
+        "{names}"
+    );
+
+    // A fresh model of the same shape replays the scene.
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let r = nanhunt::guard::replay(&dir, &varmap, |b| model.loss(b, Fault::None)).unwrap();
+    assert!(r.reproduced(), "{}", r.message);
+    assert_eq!(r.bit_identical, Some(true));
+
+    // `nanhunt inspect` prints the scene.
+    let out = nanhunt(&["inspect", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("param.gate") && text.contains("recent losses"),
+        "{text}"
+    );
+}
+
+#[test]
+fn after_a_failure_the_state_from_before_the_step_is_back() {
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+    let mut opt = guard.optimizer(adam(1e-8)).unwrap();
+    guard
+        .step(0, &batch(0), &mut opt, |b| model.loss(b, Fault::None))
+        .unwrap();
+    let before: Vec<Vec<f32>> = guard
+        .vars()
+        .iter()
+        .map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
+    let err = guard.step(1, &batch(1), &mut opt, |b| model.loss(b, Fault::Loss));
+    assert!(err.is_err());
+    let after: Vec<Vec<f32>> = guard
+        .vars()
+        .iter()
+        .map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn misuse_gets_a_clear_error() {
+    let empty = VarMap::new();
+    let e = Guard::new(&empty, GuardOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no trainable variables"), "{e}");
+    let taken = scratch("guard-taken");
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let e = Guard::new(&varmap, GuardOptions::default().dump_to(&taken))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("already exists"), "{e}");
+    let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+    let mut opt = guard.optimizer(adam(1e-8)).unwrap();
+    guard
+        .step(0, &batch(0), &mut opt, |b| model.loss(b, Fault::None))
+        .unwrap();
+    let wide = Batch::new([
+        (
+            "x",
+            Tensor::zeros((32, 9), DType::F32, &Device::Cpu).unwrap(),
+        ),
+        ("y", batch(1).get("y").unwrap().clone()),
+    ]);
+    let e = guard
+        .step(1, &wide, &mut opt, |b| model.loss(b, Fault::None))
+        .unwrap_err();
+    assert!(matches!(e, GuardError::Invalid(_)), "{e}");
+    assert!(e.to_string().contains("`x` F32 (N, [9])"), "{e}");
+    // candle-nn's own optimizer steps, but the scene says its state is private.
+    let dir = scratch("guard-candle-opt").join("scene");
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let mut guard = Guard::new(&varmap, GuardOptions::default().dump_to(&dir)).unwrap();
+    let mut opt = <candle_nn::AdamW as candle_nn::Optimizer>::new(
+        guard.vars().to_vec(),
+        candle_nn::ParamsAdamW::default(),
+    )
+    .unwrap();
+    guard
+        .step(0, &batch(0), &mut opt, |b| model.loss(b, Fault::None))
+        .unwrap();
+    let e = guard.step(1, &with_nan(&batch(1)), &mut opt, |b| {
+        model.loss(b, Fault::None)
+    });
+    assert!(e.is_err());
+    let scene = std::fs::read_to_string(dir.join("scene.json")).unwrap();
+    assert!(
+        scene.contains("not_available") && scene.contains("candle_nn::AdamW"),
+        "{scene}"
+    );
+}
