@@ -1,0 +1,123 @@
+//! The guard's overhead as a ratio measured in one run: a plain candle loop
+//! (forward, loss, `backward`, the optimizer's step) against the same loop
+//! through `Guard::step`, steps interleaved so that machine noise hits both
+//! alike, medians compared. Each built-in family at its side-by-side
+//! (`--size large`) size, its model built on a candle `VarMap` as a user's
+//! would be. Run: `cargo bench -p nanhunt --bench guard_overhead`
+//! (RAYON_NUM_THREADS=1 for the single-thread figure).
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use nanhunt::data::{Generator, HostBatch, HostInput};
+use nanhunt::guard::{Batch, Guard, GuardOptimizer, GuardOptions, NanhuntOptimizer};
+use nanhunt::models::{BuiltinFactory, Model, ModelFactory, Tracer};
+use nanhunt::spec::{Size, FAMILIES};
+use nanhunt::Case;
+use std::time::Instant;
+
+const STEPS: usize = 200;
+const WARMUP: usize = 20;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn to_batch(b: &HostBatch) -> Batch {
+    let dev = Device::Cpu;
+    let input = match &b.input {
+        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &dev),
+        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &dev),
+    }
+    .unwrap();
+    let targets = Tensor::from_slice(&b.targets, (b.rows(), b.classes), &dev).unwrap();
+    Batch::new([("x", input), ("t", targets)])
+}
+
+struct Loop {
+    varmap: VarMap,
+    model_of: Box<dyn Fn(&VarMap) -> Box<dyn Model>>,
+    opt: NanhuntOptimizer,
+    guard: Option<Guard>,
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    nanhunt::device::retain_freed_memory();
+    println!(
+        "{:20} {:>12} {:>12} {:>9}",
+        "family", "guarded", "plain", "overhead"
+    );
+    for family in FAMILIES {
+        if !filter.is_empty() && !filter.iter().any(|f| family.contains(f.as_str())) {
+            continue;
+        }
+        let case = Case::example_sized(family, Size::Large).unwrap();
+        let generator = Generator::new(&case);
+        let batches: Vec<Batch> = (0..8)
+            .map(|s| to_batch(&generator.batch(s, case.batch_size)))
+            .collect();
+        let make = |guarded: bool| {
+            let varmap = VarMap::new();
+            let spec = case.model.clone();
+            let model_of: Box<dyn Fn(&VarMap) -> Box<dyn Model>> = Box::new(move |vm| {
+                let vb = VarBuilder::from_varmap(vm, DType::F32, &Device::Cpu);
+                BuiltinFactory::new(&spec).unwrap().build(vb).unwrap()
+            });
+            model_of(&varmap);
+            let guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+            let opt = guard.optimizer(case.optimizer.clone()).unwrap();
+            Loop {
+                varmap,
+                model_of,
+                opt,
+                guard: guarded.then_some(guard),
+            }
+        };
+        let (mut on, mut off) = (make(true), make(false));
+        let loss = case.loss.clone();
+        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+        for step in 0..STEPS + WARMUP {
+            let b = &batches[step % batches.len()];
+            for (l, times) in [(&mut on, &mut t_on), (&mut off, &mut t_off)] {
+                let start = Instant::now();
+                let model = (l.model_of)(&l.varmap);
+                let loss_of = |b: &Batch| -> candle_core::Result<Tensor> {
+                    let out = model.forward(b.get("x")?, &mut Tracer::off())?;
+                    let logits = match out.rank() {
+                        3 => out.flatten(0, 1)?,
+                        _ => out,
+                    };
+                    nanhunt::losses::loss(&loss, &logits, b.get("t")?)
+                };
+                match &mut l.guard {
+                    Some(g) => {
+                        g.step(step, b, &mut l.opt, loss_of).expect("stays stable");
+                    }
+                    None => {
+                        let value = loss_of(b).unwrap();
+                        // What a plain loop reads back: the loss, for its log.
+                        let _ = value
+                            .to_dtype(DType::F64)
+                            .unwrap()
+                            .to_scalar::<f64>()
+                            .unwrap();
+                        l.opt.apply(&value.backward().unwrap()).unwrap();
+                    }
+                }
+                if step >= WARMUP {
+                    times.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+        let (m_on, m_off) = (median(&mut t_on), median(&mut t_off));
+        println!(
+            "{:20} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}%",
+            format!("{family} (large)"),
+            (m_on / m_off - 1.0) * 100.0
+        );
+    }
+}
