@@ -26,25 +26,35 @@ pub fn trace(name: &str, t: Tensor) -> Result<Tensor> {
 }
 
 /// Runs `f` with tracing on for this thread; returns its result and the
-/// stages it recorded (nested calls keep the outer tracer).
+/// stages it recorded.
 pub fn traced<R>(f: impl FnOnce() -> R) -> (R, Tracer) {
-    let outer = TRACER.with(|tr| tr.borrow_mut().replace(Tracer::on()));
-    let was = ACTIVE.with(|a| a.replace(true));
-    // Restored even if `f` panics.
-    struct Reset(Option<Tracer>, bool);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            let outer = self.0.take();
-            let was = self.1;
-            TRACER.with(|tr| *tr.borrow_mut() = outer);
-            ACTIVE.with(|a| a.set(was));
-        }
-    }
-    let reset = Reset(outer, was);
+    let tracer = Tracer::on();
+    let shared = share(&tracer);
     let r = f();
-    let tracer = TRACER.with(|tr| tr.borrow_mut().take()).unwrap_or_default();
-    drop(reset);
+    drop(shared);
     (r, tracer)
+}
+
+/// While the returned value lives, [`trace`] on this thread records into
+/// `tracer` (whose clones share its records); the tracer before is put back
+/// afterwards, even on a panic.
+pub(crate) fn share(tracer: &Tracer) -> Shared {
+    let outer = TRACER.with(|tr| tr.borrow_mut().replace(tracer.clone()));
+    let was = ACTIVE.with(|a| a.replace(true));
+    Shared { outer, was }
+}
+
+pub(crate) struct Shared {
+    outer: Option<Tracer>,
+    was: bool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let outer = self.outer.take();
+        TRACER.with(|tr| *tr.borrow_mut() = outer);
+        ACTIVE.with(|a| a.set(self.was));
+    }
 }
 
 #[cfg(test)]
@@ -61,7 +71,7 @@ mod tests {
             let a = trace("a", t.clone()).unwrap();
             trace("a.b", (a * 2.0).unwrap()).unwrap()
         });
-        let names: Vec<&str> = tracer.records().iter().map(|r| r.name.as_str()).collect();
+        let names: Vec<String> = tracer.records().iter().map(|r| r.name.clone()).collect();
         assert_eq!(names, ["a", "a.b"]);
         assert_eq!(r.to_vec1::<f32>().unwrap(), vec![2.0, 4.0]);
         assert_eq!(trace("after", t.clone()).unwrap().id(), t.id());

@@ -377,3 +377,48 @@ fn misuse_gets_a_clear_error() {
         "{scene}"
     );
 }
+
+/// A user model that names its stages with `nanhunt::trace` only.
+struct DeepLog {
+    l: Linear,
+}
+
+impl nanhunt::models::Model for DeepLog {
+    fn forward(
+        &self,
+        x: &Tensor,
+        _tracer: &mut nanhunt::models::Tracer,
+    ) -> candle_core::Result<Tensor> {
+        let h = nanhunt::trace("encoder.block3.proj", self.l.forward(x)?)?;
+        // log of a negative projection: NaN from finite values, three calls deep.
+        nanhunt::trace("encoder.block3.log", h.log()?)
+    }
+}
+
+#[test]
+fn run_model_localizes_stages_a_user_traced_from_any_depth() {
+    use nanhunt::spec::*;
+    let mut case = Case::example("cnn").unwrap();
+    case.model = ModelSpec::Custom(CustomSpec {
+        name: "deep_log".into(),
+        input: InputSpec::Vector { features: 8 },
+        outputs: 4,
+        init: InitSpec::default(),
+        per_token: false,
+    });
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn nanhunt::models::Model>> {
+        Ok(Box::new(DeepLog {
+            l: linear(8, 4, vb.pp("l"))?,
+        }))
+    };
+    let out = nanhunt::run_model(&case, &factory, &nanhunt::RunOptions::default()).unwrap();
+    let nanhunt::Outcome::Unstable { finding } = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (finding.phase, finding.stage.as_str()),
+        (Phase::Forward, "encoder.block3.log"),
+        "{}",
+        finding.detail
+    );
+}

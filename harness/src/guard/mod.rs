@@ -520,7 +520,7 @@ impl Guard {
         let (loss, tracer) = crate::trace::traced(|| loss_of(batch));
         let loss = loss?;
         let records = tracer.records();
-        if let Some((i, scan)) = localize::first_forward(records)? {
+        if let Some((i, scan)) = localize::first_forward(&records)? {
             let r = &records[i];
             return Ok(Some(failure_of(
                 &scan,
@@ -537,7 +537,7 @@ impl Guard {
             return Ok(None);
         }
         let grads = loss.backward()?;
-        Ok(match localize::first_backward(records, &grads)? {
+        Ok(match localize::first_backward(&records, &grads)? {
             Some(p) => {
                 let stage = p.stage.clone().unwrap_or_else(|| "loss".into());
                 Some(failure_of(

@@ -24,10 +24,14 @@ use candle_nn::VarBuilder;
 /// fresh zero variable `z` of the same shape: the forward value is unchanged
 /// and, since candle keeps gradients only for variables, the gradient of `z`
 /// after backward *is* the gradient of this stage's output.
-#[derive(Default)]
+///
+/// The records are shared by the tracer's clones: while a traced re-run is
+/// active, [`crate::trace`] (called anywhere in a user's code) records into
+/// the same list, in execution order.
+#[derive(Clone, Default)]
 pub struct Tracer {
     enabled: bool,
-    records: Vec<Record>,
+    records: std::rc::Rc<std::cell::RefCell<Vec<Record>>>,
 }
 
 /// One recorded stage.
@@ -48,7 +52,7 @@ impl Tracer {
     pub fn on() -> Self {
         Tracer {
             enabled: true,
-            records: Vec::new(),
+            records: Default::default(),
         }
     }
 
@@ -80,7 +84,7 @@ impl Tracer {
     fn push(&mut self, name: String, t: Tensor) -> Result<Tensor> {
         let z = candle_core::Var::zeros(t.shape(), t.dtype(), t.device())?;
         let out = (&t + z.as_tensor())?;
-        self.records.push(Record {
+        self.records.borrow_mut().push(Record {
             name,
             output: out.clone(),
             grad_probe: z,
@@ -88,12 +92,13 @@ impl Tracer {
         Ok(out)
     }
 
-    pub fn records(&self) -> &[Record] {
-        &self.records
+    /// The stages recorded so far, in execution order.
+    pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
+        self.records.borrow()
     }
 
     pub fn into_records(self) -> Vec<Record> {
-        self.records
+        self.records.borrow().clone()
     }
 }
 

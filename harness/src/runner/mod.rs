@@ -696,8 +696,12 @@ impl<'a> Session<'a> {
         let history = self.trace.clone();
         self.restore(before)?;
         let mut tracer = Tracer::on();
+        // `nanhunt::trace` calls in a user's model record into it too.
+        let shared = crate::trace::share(&tracer);
         // A traced re-run reads values in place: its failure is this step's.
-        let traced = self.step_inner(step, lr, &mut tracer, true)?;
+        let traced = self.step_inner(step, lr, &mut tracer, true);
+        drop(shared);
+        let traced = traced?;
         self.restore(&after)?;
         self.trace = history;
         Ok(match traced.map(Failed::into_failure) {

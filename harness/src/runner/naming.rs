@@ -33,8 +33,9 @@ impl Namer<'_> {
         loss_value: f64,
         tracer: &Tracer,
     ) -> Result<Failure> {
-        if let Some((i, scan)) = localize::first_forward(tracer.records())? {
-            let r = &tracer.records()[i];
+        let records = tracer.records();
+        if let Some((i, scan)) = localize::first_forward(&records)? {
+            let r = &records[i];
             let mut f = self.tensor_failure(
                 &scan,
                 Phase::Forward,
@@ -81,7 +82,7 @@ impl Namer<'_> {
         grad_store: &candle_core::backprop::GradStore,
     ) -> Result<Failure> {
         if tracer.enabled() {
-            if let Some(p) = localize::first_backward(tracer.records(), grad_store)? {
+            if let Some(p) = localize::first_backward(&tracer.records(), grad_store)? {
                 let (stage, op) = match &p.stage {
                     Some(s) => (s.clone(), localize::op_of(s)),
                     None => (

@@ -125,7 +125,8 @@ impl Session<'_> {
         // In execution order the forward stages come first: a non-finite
         // stage output is the producer even when a later op masked it
         // (relu(NaN) is 0 in candle) and the failure surfaced downstream.
-        if (fine && localize::first_forward(tracer.records())?.is_some()) || !loss_value.is_finite()
+        if (fine && localize::first_forward(&tracer.records())?.is_some())
+            || !loss_value.is_finite()
         {
             let namer = self.namer();
             return fail(namer.forward_failure(

@@ -369,9 +369,10 @@ fn twin(c: &Case) -> Twin {
             .map(|v| g.get(v.as_tensor()).unwrap().clone())
             .collect()
     };
+    let stages = tracer.records().iter().map(|r| r.name.clone()).collect();
     Twin {
         grads: [grads(&plain), grads(&traced)],
-        stages: tracer.records().iter().map(|r| r.name.clone()).collect(),
+        stages,
         plain,
         traced,
     }
