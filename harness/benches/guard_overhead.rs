@@ -34,9 +34,12 @@ fn to_batch(b: &HostBatch) -> Batch {
     Batch::new([("x", input), ("t", targets)])
 }
 
+/// Builds the family's model on a VarMap's variables (as a user's loop does).
+type Build = Box<dyn Fn(&VarMap) -> Box<dyn Model>>;
+
 struct Loop {
     varmap: VarMap,
-    model_of: Box<dyn Fn(&VarMap) -> Box<dyn Model>>,
+    model_of: Build,
     opt: NanhuntOptimizer,
     guard: Option<Guard>,
 }
@@ -63,7 +66,7 @@ fn main() {
         let make = |guarded: bool| {
             let varmap = VarMap::new();
             let spec = case.model.clone();
-            let model_of: Box<dyn Fn(&VarMap) -> Box<dyn Model>> = Box::new(move |vm| {
+            let model_of: Build = Box::new(move |vm| {
                 let vb = VarBuilder::from_varmap(vm, DType::F32, &Device::Cpu);
                 BuiltinFactory::new(&spec).unwrap().build(vb).unwrap()
             });
