@@ -422,3 +422,32 @@ fn run_model_localizes_stages_a_user_traced_from_any_depth() {
         finding.detail
     );
 }
+
+#[test]
+fn half_precision_gradients_near_overflow_are_warned_about() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F16, &Device::Cpu);
+    let w = vb
+        .get_with_hints(4, "w", candle_nn::Init::Const(1e-3))
+        .unwrap();
+    let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+    let mut opt = guard
+        .optimizer(OptimizerSpec::Sgd {
+            lr: 1e-9,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        })
+        .unwrap();
+    let b = Batch::new([("x", Tensor::ones(4, DType::F16, &Device::Cpu).unwrap())]);
+    // d/dw of sum(w * 5000) is 5000: far from f16's 65504 / 8.
+    guard
+        .step(0, &b, &mut opt, |_| (&w * 5000.0)?.sum_all())
+        .unwrap();
+    assert!(guard.warnings().is_empty(), "{:?}", guard.warnings());
+    guard
+        .step(1, &b, &mut opt, |_| (&w * 20000.0)?.sum_all())
+        .unwrap();
+    assert_eq!(guard.warnings().len(), 1, "{:?}", guard.warnings());
+    assert!(guard.warnings()[0].contains("`w`") && guard.warnings()[0].contains("F16"));
+}

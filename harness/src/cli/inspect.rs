@@ -37,6 +37,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             println!("  {:<24} {:<5} {}", p.name, p.dtype, stats(&p.stats));
         }
         tensors(&scene.tensors);
+        for w in &scene.warnings {
+            println!("warning: {w}");
+        }
         if !scene.omitted.is_empty() {
             println!("left out of the scene: {}", scene.omitted.join(", "));
         }

@@ -153,7 +153,15 @@ pub struct Guard {
     trace: Trace,
     /// The batch's names and per-sample dims, from the first step.
     layout: Option<Vec<(String, DType, Vec<usize>)>>,
+    /// Half-precision gradients that came near their dtype's largest value
+    /// (at most one per variable).
+    warnings: Vec<String>,
 }
+
+/// A half-precision gradient within this factor of its dtype's largest
+/// value is warned about: one more doubling of the loss scale or of the
+/// loss overflows it.
+pub const HALF_MARGIN: f64 = 8.0;
 
 impl Guard {
     /// A guard over every variable of `varmap` (in name order).
@@ -194,6 +202,7 @@ impl Guard {
             opts,
             trace: Trace::default(),
             layout: None,
+            warnings: Vec::new(),
         })
     }
 
@@ -217,6 +226,12 @@ impl Guard {
     /// The losses and gradient norms of the steps so far.
     pub fn history(&self) -> &Trace {
         &self.trace
+    }
+
+    /// Half-precision gradients that came within [`HALF_MARGIN`] of
+    /// overflowing (the run goes on; these say how close it came).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// One guarded step: `loss_of` computes the loss of `batch` with the
@@ -303,6 +318,22 @@ impl Guard {
                 g[i],
             )?;
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        for ((t, scan), name) in g.iter().zip(&scans).zip(&self.names) {
+            let dtype = t.dtype();
+            let limit = dtype_max(dtype);
+            if matches!(dtype, DType::F16 | DType::BF16)
+                && scan.max_abs > limit / HALF_MARGIN
+                && !self
+                    .warnings
+                    .iter()
+                    .any(|w| w.contains(&format!("`{name}`")))
+            {
+                self.warnings.push(format!(
+                    "step {step}: the gradient of `{name}` reached {:.4e}, within {HALF_MARGIN}x of the largest {dtype:?} value {limit:.4e}",
+                    scan.max_abs
+                ));
+            }
         }
         let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
         self.trace
@@ -481,6 +512,7 @@ impl Guard {
                 batch,
                 finding: &finding,
                 include: &self.opts.include,
+                warnings: &self.warnings,
             };
             if let Err(e) = scene::write(dir, &saved) {
                 return e.into();

@@ -46,6 +46,9 @@ pub struct GuardScene {
     /// The run's history before the failing step.
     pub history: Trace,
     pub environment: Environment,
+    /// Half-precision gradients that came near overflow before the failure.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,6 +70,7 @@ pub(super) struct Scene<'a> {
     pub batch: &'a Batch,
     pub finding: &'a Finding,
     pub include: &'a [String],
+    pub warnings: &'a [String],
 }
 
 pub(super) fn write(dir: &Path, s: &Scene) -> Result<()> {
@@ -128,6 +132,7 @@ pub(super) fn write(dir: &Path, s: &Scene) -> Result<()> {
         tracker: s.tracker.clone(),
         history: s.history.clone(),
         environment: Environment::collect(&s.finding.signature.device),
+        warnings: s.warnings.to_vec(),
     };
     let map: HashMap<String, Tensor> = kept
         .into_iter()
