@@ -61,6 +61,16 @@ pub struct BackwardProducer {
     pub scan: TensorScan,
 }
 
+impl BackwardProducer {
+    /// The finding's detail, the producing stage being named `stage`.
+    pub fn detail(&self, stage: &str) -> String {
+        format!(
+            "the backward pass of `{stage}` made the gradient of `{}` non-finite",
+            self.receiver
+        )
+    }
+}
+
 /// Walks the records' gradients from the output back to the input.
 pub fn first_backward(records: &[Record], grads: &GradStore) -> Result<Option<BackwardProducer>> {
     // (index, gradient) of the records that are on the path to the loss.

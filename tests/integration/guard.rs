@@ -86,24 +86,26 @@ fn batch(step: usize) -> Batch {
     ])
 }
 
-fn with_nan(b: &Batch) -> Batch {
+/// The batch with input value `at` set to `v` (finite data or not).
+fn with_value(b: &Batch, at: usize, v: f32) -> Batch {
     let x = b.get("x").unwrap();
-    let mut v = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    v[13] = f32::NAN;
+    let mut values = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    values[at] = v;
     Batch::new([
-        ("x", Tensor::from_vec(v, x.dims(), &Device::Cpu).unwrap()),
+        (
+            "x",
+            Tensor::from_vec(values, x.dims(), &Device::Cpu).unwrap(),
+        ),
         ("y", b.get("y").unwrap().clone()),
     ])
 }
 
+fn with_nan(b: &Batch) -> Batch {
+    with_value(b, 13, f32::NAN)
+}
+
 fn with_negative(b: &Batch) -> Batch {
-    let x = b.get("x").unwrap();
-    let mut v = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    v[5] = -4.0;
-    Batch::new([
-        ("x", Tensor::from_vec(v, x.dims(), &Device::Cpu).unwrap()),
-        ("y", b.get("y").unwrap().clone()),
-    ])
+    with_value(b, 5, -4.0)
 }
 
 fn adam(eps: f64) -> OptimizerSpec {

@@ -576,10 +576,7 @@ impl Guard {
                     &p.scan,
                     Phase::Backward,
                     stage.clone(),
-                    format!(
-                        "the backward pass of `{stage}` made the gradient of `{}` non-finite",
-                        p.receiver
-                    ),
+                    p.detail(&stage),
                     &p.grad,
                 )?)
             }

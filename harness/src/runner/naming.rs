@@ -94,10 +94,7 @@ impl Namer<'_> {
                     &p.scan,
                     Phase::Backward,
                     stage.clone(),
-                    format!(
-                        "the backward pass of `{stage}` made the gradient of `{}` non-finite",
-                        p.receiver
-                    ),
+                    p.detail(&stage),
                     &p.grad,
                 )?;
                 f.op = op;
