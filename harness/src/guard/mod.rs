@@ -129,7 +129,10 @@ impl GuardError {
 
 /// The state a step changes, kept to undo it.
 struct Before {
-    params: Vec<Tensor>,
+    /// A copy of the parameters, when the optimizer sets them before they
+    /// can be checked; `None`: they change only after the checks pass.
+    params: Option<Vec<Tensor>>,
+    buffers: Vec<Tensor>,
     optimizer: Option<SavedOptimizer>,
     tracker: DivergenceTracker,
     history: Trace,
@@ -156,6 +159,9 @@ pub struct Guard {
     /// Half-precision gradients that came near their dtype's largest value
     /// (at most one per variable).
     warnings: Vec<String>,
+    /// Non-trainable state a forward pass may change (batch-norm running
+    /// statistics in training mode): restored with the step.
+    buffers: Vec<Var>,
 }
 
 /// A half-precision gradient within this factor of its dtype's largest
@@ -164,7 +170,10 @@ pub struct Guard {
 pub const HALF_MARGIN: f64 = 8.0;
 
 impl Guard {
-    /// A guard over every variable of `varmap` (in name order).
+    /// A guard over every variable of `varmap` (in name order). Buffers
+    /// (`running_mean`, `running_var`, ...: a VarMap holds them as
+    /// variables) are not trained: they are saved and restored with the
+    /// step, but need no gradient.
     pub fn new(varmap: &candle_nn::VarMap, opts: GuardOptions) -> crate::Result<Self> {
         let mut named: Vec<(String, Var)> = varmap
             .data()
@@ -174,7 +183,12 @@ impl Guard {
             .map(|(n, v)| (n.clone(), v.clone()))
             .collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
-        Guard::with_vars(named, opts)
+        let (buffers, trainable): (Vec<_>, Vec<_>) = named
+            .into_iter()
+            .partition(|(n, _)| crate::models::is_buffer(n));
+        let mut guard = Guard::with_vars(trainable, opts)?;
+        guard.buffers = buffers.into_iter().map(|(_, v)| v).collect();
+        Ok(guard)
     }
 
     /// A guard over named trainable variables, in the order given.
@@ -203,6 +217,7 @@ impl Guard {
             trace: Trace::default(),
             layout: None,
             warnings: Vec::new(),
+            buffers: Vec::new(),
         })
     }
 
@@ -247,8 +262,18 @@ impl Guard {
     ) -> std::result::Result<f64, GuardError> {
         self.check_layout(batch)?;
         let before = Before {
-            params: self
-                .vars
+            params: if opt.can_prepare() {
+                None
+            } else {
+                Some(
+                    self.vars
+                        .iter()
+                        .map(|v| v.as_tensor().copy())
+                        .collect::<CandleResult<_>>()?,
+                )
+            },
+            buffers: self
+                .buffers
                 .iter()
                 .map(|v| v.as_tensor().copy())
                 .collect::<CandleResult<_>>()?,
@@ -339,22 +364,7 @@ impl Guard {
         self.trace
             .grad_norms
             .push(crate::optim::global_norm(&sum_sq));
-        opt.apply(&grads)?;
-        let params: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
-        if let Some(i) = crate::probe::first_non_finite(&params)? {
-            let scan = scan_all(&[params[i]])?[0];
-            let f = failure_of(
-                &scan,
-                Phase::Update,
-                format!("param.{}", self.names[i]),
-                format!(
-                    "parameter `{}` is not finite after the update ({} NaN, {} Inf)",
-                    self.names[i], scan.nan, scan.inf
-                ),
-                params[i],
-            )?;
-            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
-        }
+        // The loss trend first: a diverged run takes no update.
         if let Some(smoothed) = self.tracker.push(value) {
             let f = Failure {
                 kind: FindingKind::Divergence,
@@ -368,6 +378,34 @@ impl Guard {
                 stats: None,
             };
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        // The update, checked before it is set where the optimizer can say
+        // what it would be (nanhunt's), else after.
+        let prepared = opt.prepare(&grads)?;
+        let updated: Vec<Tensor> = match &prepared {
+            Some(new) => new.clone(),
+            None => {
+                opt.apply(&grads)?;
+                self.vars.iter().map(|v| v.as_tensor().clone()).collect()
+            }
+        };
+        let refs: Vec<&Tensor> = updated.iter().collect();
+        if let Some(i) = crate::probe::first_non_finite(&refs)? {
+            let scan = scan_all(&[refs[i]])?[0];
+            let f = failure_of(
+                &scan,
+                Phase::Update,
+                format!("param.{}", self.names[i]),
+                format!(
+                    "parameter `{}` is not finite after the update ({} NaN, {} Inf)",
+                    self.names[i], scan.nan, scan.inf
+                ),
+                refs[i],
+            )?;
+            return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
+        }
+        if let Some(new) = prepared {
+            opt.commit(new)?;
         }
         Ok(value)
     }
@@ -501,9 +539,11 @@ impl Guard {
         };
         let dump = self.opts.dump.clone();
         if let Some(dir) = &dump {
+            // Restored above: the variables hold the state from before the step.
+            let params: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().clone()).collect();
             let saved = scene::Scene {
                 names: &self.names,
-                before_params: &before.params,
+                before_params: &params,
                 optimizer: before.optimizer.as_ref(),
                 optimizer_name: opt.name(),
                 optimizer_vars: opt_var_names(opt, &self.vars, &self.names),
@@ -531,7 +571,12 @@ impl Guard {
         before: &Before,
         opt: &mut O,
     ) -> crate::Result<()> {
-        for (v, t) in self.vars.iter().zip(&before.params) {
+        if let Some(params) = &before.params {
+            for (v, t) in self.vars.iter().zip(params) {
+                v.set(t)?;
+            }
+        }
+        for (v, t) in self.buffers.iter().zip(&before.buffers) {
             v.set(t)?;
         }
         if let Some(saved) = &before.optimizer {

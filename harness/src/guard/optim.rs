@@ -48,6 +48,22 @@ pub trait GuardOptimizer {
     fn restore(&mut self, _saved: &SavedOptimizer) -> Result<()> {
         Ok(())
     }
+    /// Whether [`GuardOptimizer::prepare`] computes updates ahead (then
+    /// the guard checks them before they are set, and needs no copy of the
+    /// parameters to undo a step).
+    fn can_prepare(&self) -> bool {
+        false
+    }
+    /// The variables' values after one update, computed but not set (the
+    /// optimizer's state is not advanced either): `None` when it cannot
+    /// tell before it steps. [`GuardOptimizer::commit`] applies them.
+    fn prepare(&mut self, _grads: &GradStore) -> Result<Option<Vec<Tensor>>> {
+        Ok(None)
+    }
+    /// Sets what [`GuardOptimizer::prepare`] computed and advances the state.
+    fn commit(&mut self, _new: Vec<Tensor>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// nanhunt's optimizers as a `candle_nn::Optimizer` over a list of variables.
@@ -56,12 +72,24 @@ pub struct NanhuntOptimizer {
     inner: Optimizer,
     spec: OptimizerSpec,
     lr: f64,
+    /// The state after a prepared update, until it is committed.
+    prepared: Option<Optimizer>,
 }
 
 impl NanhuntOptimizer {
     /// The variables in the order they were given (a guard's order).
     pub fn vars(&self) -> &[Var] {
         &self.vars
+    }
+
+    fn grads_of(&self, grads: &GradStore) -> Result<Vec<Tensor>> {
+        self.vars
+            .iter()
+            .map(|v| match grads.get(v.as_tensor()) {
+                Some(g) => Ok(g.clone()),
+                None => v.as_tensor().zeros_like(),
+            })
+            .collect()
     }
 }
 
@@ -74,20 +102,14 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
             lr: spec.lr(),
             spec,
             vars,
+            prepared: None,
         })
     }
 
     /// A variable without a gradient gets a zero one (candle-nn skips it;
     /// a guard reports it before the step).
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        let grads: Vec<Tensor> = self
-            .vars
-            .iter()
-            .map(|v| match grads.get(v.as_tensor()) {
-                Some(g) => Ok(g.clone()),
-                None => v.as_tensor().zeros_like(),
-            })
-            .collect::<Result<_>>()?;
+        let grads = self.grads_of(grads)?;
         self.inner.step(&self.vars, &grads, self.lr)
     }
 
@@ -111,6 +133,30 @@ impl GuardOptimizer for NanhuntOptimizer {
 
     fn vars(&self) -> Option<Vec<Var>> {
         Some(self.vars.clone())
+    }
+
+    fn can_prepare(&self) -> bool {
+        true
+    }
+
+    fn prepare(&mut self, grads: &GradStore) -> Result<Option<Vec<Tensor>>> {
+        let grads = self.grads_of(grads)?;
+        // On a clone (its tensors are shared, not copied): the state only
+        // advances at commit.
+        let mut next = self.inner.clone();
+        let new = next.update(&self.vars, &grads, self.lr)?;
+        self.prepared = Some(next);
+        Ok(Some(new))
+    }
+
+    fn commit(&mut self, new: Vec<Tensor>) -> Result<()> {
+        for (v, t) in self.vars.iter().zip(&new) {
+            v.set(t)?;
+        }
+        if let Some(next) = self.prepared.take() {
+            self.inner = next;
+        }
+        Ok(())
     }
 
     fn saved(&self) -> Option<SavedOptimizer> {

@@ -82,8 +82,18 @@ impl Optimizer {
 
     /// Applies one update with learning rate `lr` to each (param, grad) pair.
     pub fn step(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<()> {
+        for (p, new) in params.iter().zip(self.update(params, grads, lr)?) {
+            p.set(&new)?;
+        }
+        Ok(())
+    }
+
+    /// The parameters one update would give, without setting them (the
+    /// optimizer's own state does advance): a caller can check them first.
+    pub fn update(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<Vec<Tensor>> {
         self.steps += 1;
         let t = self.steps as i32;
+        let mut out = Vec::with_capacity(params.len());
         for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
             let new = match self.spec {
                 OptimizerSpec::Sgd {
@@ -155,9 +165,9 @@ impl Optimizer {
                     (p.as_tensor() - (direction * lr)?)?
                 }
             };
-            p.set(&new)?;
+            out.push(new);
         }
-        Ok(())
+        Ok(out)
     }
 }
 
