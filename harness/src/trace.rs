@@ -2,6 +2,8 @@
 //! anywhere in a user's code records a stage while a traced re-run is
 //! active on this thread, and otherwise hands `t` back at the cost of one
 //! thread-local flag read — no `&mut Tracer` threaded through `forward`.
+//! Calls on other threads (inside a user's own rayon closure) are not
+//! recorded: trace on the thread that runs the step.
 
 use crate::models::Tracer;
 use candle_core::{Result, Tensor};

@@ -1,14 +1,17 @@
 //! nanhunt in the user's own training loop: a guard checks each step of
 //! any candle loop (the batch, the loss, that every trainable variable got
 //! a gradient, every gradient, the parameters after the update, the loss
-//! trend), keeps what it needs to undo the step, and on the first failure
+//! trend), keeps what it needs to undo the step (nanhunt's optimizers are
+//! checked before they set anything), and on the first failure
 //! restores the state from before it, re-runs the step with tracing on to
 //! name the first producer, writes the scene and stops the loop with a
 //! typed error carrying the [`Finding`].
 //!
 //! ```ignore
 //! let mut guard = Guard::new(&varmap, GuardOptions::default().dump_to("nan-scene"))?;
-//! let mut opt = guard.optimizer(OptimizerSpec::adamw(1e-3))?;
+//! let mut opt = guard.optimizer(OptimizerSpec::Adamw {
+//!     lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01,
+//! })?;
 //! for step in 0..steps {
 //!     let batch = Batch::new([("x", x.clone()), ("y", y.clone())]);
 //!     guard.step(step, &batch, &mut opt, |b| loss_of(&model, b.get("x")?, b.get("y")?))?;
