@@ -13,10 +13,6 @@ use std::sync::{Arc, Mutex};
 pub trait DataSource: Send + Sync {
     /// The batch of `step` (deterministic: the same step, the same bits).
     fn batch(&self, step: usize, batch_size: usize) -> Result<HostBatch>;
-    /// The samples a run draws (`None`: endless, synthetic).
-    fn samples(&self) -> Option<usize> {
-        None
-    }
     /// The dataset behind the source, if finite (for scans and shrinking).
     fn dataset(&self) -> Option<&Arc<dyn Dataset>> {
         None
@@ -335,10 +331,6 @@ impl DataSource for Sampled {
             mix: None,
             samples,
         })
-    }
-
-    fn samples(&self) -> Option<usize> {
-        Some(self.base.len())
     }
 
     fn dataset(&self) -> Option<&Arc<dyn Dataset>> {

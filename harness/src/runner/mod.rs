@@ -221,11 +221,12 @@ impl<'a> Session<'a> {
     /// creates the parameters.
     pub fn new(case: &Case, factory: &'a dyn ModelFactory, opts: &RunOptions) -> Result<Self> {
         // Validation names the case's own faults before the data's.
-        case.on(opts.device).validate(&opts.limits)?;
+        let case = case.on(opts.device);
+        case.validate(&opts.limits)?;
         let max = opts.limits.max_memory_bytes;
-        let case = crate::data::pinned(case, max)?;
+        let case = crate::data::pinned(&case, max)?;
         let source = crate::data::open_source(&case, opts.dataset.as_ref(), max)?;
-        Session::with_source(&case, factory, opts, source)
+        Session::build(case, factory, opts, source)
     }
 
     /// Like [`Session::new`], with batches from `source` (a dump's saved batch).
@@ -237,6 +238,16 @@ impl<'a> Session<'a> {
     ) -> Result<Self> {
         let case = case.on(opts.device);
         case.validate(&opts.limits)?;
+        Session::build(case, factory, opts, source)
+    }
+
+    /// The session of a validated case, on its device, with its source.
+    fn build(
+        case: Case,
+        factory: &'a dyn ModelFactory,
+        opts: &RunOptions,
+        source: Box<dyn DataSource>,
+    ) -> Result<Self> {
         if let (crate::spec::LossSpec::Custom { name, .. }, None) = (&case.loss, &opts.loss) {
             return Err(Error::invalid(
                 "loss",

@@ -307,76 +307,71 @@ fn sample_dims(dims: &[usize]) -> Vec<usize> {
     }
 }
 
-/// Labels and targets laid out per sample, checked against the inputs'
-/// sample count; errors name the file and the part.
-struct Parts {
-    labels: Option<(Vec<i64>, usize)>,
-    targets: Option<(Vec<f64>, usize)>,
+/// A part of a file read whole: its values, the values per sample (the
+/// product of the dims after the first) and whether its dtype is integer.
+struct Whole {
+    values: Vec<f64>,
+    per: usize,
+    integer: bool,
 }
 
-impl Parts {
-    fn check(
-        &self,
-        path: &Path,
-        n: usize,
-        label_name: &str,
-        target_name: &str,
-    ) -> Result<SampleShape> {
-        let mut shape = SampleShape {
-            dims: vec![],
-            integer: false,
-            labels: 0,
-            targets: 0,
-        };
-        for (name, len, per, slot) in [
-            (
-                label_name,
-                self.labels.as_ref().map(|l| l.0.len()),
-                self.labels.as_ref().map_or(0, |l| l.1),
-                &mut shape.labels,
-            ),
-            (
-                target_name,
-                self.targets.as_ref().map(|t| t.0.len()),
-                self.targets.as_ref().map_or(0, |t| t.1),
-                &mut shape.targets,
-            ),
-        ] {
-            if let Some(len) = len {
-                if len != n * per {
-                    return Err(Error::malformed(
-                        Document::Dataset,
-                        path,
-                        format!(
-                            "`{name}` holds {} samples, the inputs {n}",
-                            len / per.max(1)
-                        ),
-                    ));
-                }
-                *slot = per;
+/// The parts of a file laid out per sample: the samples' shape, the
+/// integer labels and the dense targets.
+struct Layout {
+    shape: SampleShape,
+    labels: Vec<i64>,
+    targets: Vec<f64>,
+}
+
+/// Lays out a file of `len` samples of `dims` (`integer` inputs) with its
+/// labels (named as the error should name them) and targets, checking
+/// that they hold as many samples as the inputs; errors name the file and
+/// the part. Labels must be of an integer dtype.
+fn layout(
+    path: &Path,
+    len: usize,
+    dims: Vec<usize>,
+    integer: bool,
+    labels: Option<(String, Whole)>,
+    targets: Option<(String, Whole)>,
+) -> Result<Layout> {
+    let bad = |reason: String| Error::malformed(Document::Dataset, path, reason);
+    let mut shape = SampleShape {
+        dims,
+        integer,
+        labels: 0,
+        targets: 0,
+    };
+    for (part, slot) in [(&labels, &mut shape.labels), (&targets, &mut shape.targets)] {
+        if let Some((name, w)) = part {
+            if w.values.len() != len * w.per {
+                return Err(bad(format!(
+                    "`{name}` holds {} samples, the inputs {len}",
+                    w.values.len() / w.per.max(1)
+                )));
             }
+            *slot = w.per;
         }
-        if shape.labels == 0 && shape.targets == 0 {
-            return Err(Error::malformed(
-                Document::Dataset,
-                path,
-                "it has neither labels nor targets: name one (`labels`, `targets`)",
-            ));
-        }
-        Ok(shape)
     }
-}
-
-/// Integer labels from any numeric values: a fraction is a wrong dtype.
-fn integer_labels(path: &Path, name: &str, values: Vec<f64>, integer: bool) -> Result<Vec<i64>> {
-    if !integer {
-        return Err(Error::malformed(
-            Document::Dataset,
-            path,
-            format!("`{name}` must hold integer class labels, but its dtype is a float type"),
+    if shape.labels == 0 && shape.targets == 0 {
+        return Err(bad(
+            "it has neither labels nor targets: name one (`labels`, `targets`)".into(),
         ));
     }
-    Ok(values.into_iter().map(|v| v as i64).collect())
+    let labels = match labels {
+        Some((name, w)) if !w.integer => {
+            return Err(bad(format!(
+                "`{name}` must hold integer class labels, but its dtype is a float type"
+            )))
+        }
+        Some((_, w)) => w.values.into_iter().map(|v| v as i64).collect(),
+        None => Vec::new(),
+    };
+    Ok(Layout {
+        shape,
+        labels,
+        targets: targets.map(|(_, w)| w.values).unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! them as named arrays. The inputs stream from a reader thread through a
 //! bounded channel, so an archive member is decompressed a chunk at a time.
 
-use super::{integer_labels, sample_dims, Chunk, Parts, SampleReader};
+use super::{layout, sample_dims, Chunk, Layout, SampleReader, Whole};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
@@ -184,9 +184,8 @@ fn elements(
     Ok(())
 }
 
-/// A small array read whole: values, values per sample (after the first
-/// dim), rows and whether it is of an integer dtype.
-fn whole(array: &Array) -> Result<(Vec<f64>, usize, bool)> {
+/// A small array read whole.
+fn whole(array: &Array) -> Result<Whole> {
     array.with(|npy| {
         let (dims, integer) = header(array, &npy)?;
         let mut values = Vec::new();
@@ -194,7 +193,12 @@ fn whole(array: &Array) -> Result<(Vec<f64>, usize, bool)> {
             values.push(v);
             true
         })?;
-        Ok((values, dims.iter().skip(1).product(), integer))
+        let per = dims.iter().skip(1).product();
+        Ok(Whole {
+            values,
+            per,
+            integer,
+        })
     })
 }
 
@@ -227,29 +231,21 @@ impl Reader {
     ) -> Result<Self> {
         let (dims, integer) = inputs.with(|npy| header(&inputs, &npy))?;
         let len = dims.first().copied().unwrap_or(1);
-        let labels = match &labels {
-            Some(a) => {
-                let (values, per, integer) = whole(a)?;
-                Some((integer_labels(a.path(), &a.name(), values, integer)?, per))
-            }
-            None => None,
+        let read = |a: Option<Array>| -> Result<Option<(String, Whole)>> {
+            a.map(|a| Ok((a.name(), whole(&a)?))).transpose()
         };
-        let targets = match &targets {
-            Some(a) => {
-                let (values, per, _) = whole(a)?;
-                Some((values, per))
-            }
-            None => None,
-        };
-        let parts = Parts { labels, targets };
-        let mut shape = parts.check(
+        let Layout {
+            shape,
+            labels,
+            targets,
+        } = layout(
             &source.path,
             len,
-            source.labels.as_deref().unwrap_or("labels"),
-            source.targets.as_deref().unwrap_or("targets"),
+            sample_dims(&dims),
+            integer,
+            read(labels)?,
+            read(targets)?,
         )?;
-        shape.dims = sample_dims(&dims);
-        shape.integer = integer;
         // The inputs stream from their own thread, two blocks ahead at most.
         let (tx, blocks) = sync_channel(2);
         std::thread::spawn(move || {
@@ -274,14 +270,13 @@ impl Reader {
                 let _ = tx.send(Err(e));
             }
         });
-        let Parts { labels, targets } = parts;
         Ok(Reader {
             path: source.path.clone(),
             shape,
             len,
             next: 0,
-            labels: labels.map(|l| l.0).unwrap_or_default(),
-            targets: targets.map(|t| t.0).unwrap_or_default(),
+            labels,
+            targets,
             blocks,
             pending: Vec::new(),
         })

@@ -4,7 +4,7 @@
 //! are converted a chunk at a time and the pages already read are given
 //! back, so a scan of a file larger than memory stays small.
 
-use super::{integer_labels, sample_dims, Chunk, Parts, SampleReader};
+use super::{layout, sample_dims, Chunk, Layout, SampleReader, Whole};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
@@ -107,38 +107,29 @@ impl Reader {
         let len = inputs.shape().first().copied().unwrap_or(1);
         let dims = sample_dims(inputs.shape());
         let start = inputs.data().as_ptr() as usize - map.as_ptr() as usize;
-        let whole = |name: &str| -> Result<(Vec<f64>, usize, bool)> {
+        let whole = |name: &str| -> Result<(String, Whole)> {
             let v = view(name)?;
             let (_, integer) = element(&path, name, v.dtype())?;
-            let mut out = Vec::new();
-            convert(v.dtype(), v.data(), &mut out);
-            Ok((out, v.shape().iter().skip(1).product(), integer))
+            let mut values = Vec::new();
+            convert(v.dtype(), v.data(), &mut values);
+            let per = v.shape().iter().skip(1).product();
+            Ok((
+                name.to_string(),
+                Whole {
+                    values,
+                    per,
+                    integer,
+                },
+            ))
         };
-        let labels = match &source.labels {
-            Some(name) => {
-                let (values, per, integer) = whole(name)?;
-                Some((integer_labels(&path, name, values, integer)?, per))
-            }
-            None => None,
-        };
-        let targets = match &source.targets {
-            Some(name) => {
-                let (values, per, _) = whole(name)?;
-                Some((values, per))
-            }
-            None => None,
-        };
-        let parts = Parts { labels, targets };
-        let mut shape = parts.check(
-            &path,
-            len,
-            source.labels.as_deref().unwrap_or("labels"),
-            source.targets.as_deref().unwrap_or("targets"),
-        )?;
-        shape.dims = dims;
-        shape.integer = integer;
+        let labels = source.labels.as_deref().map(whole).transpose()?;
+        let targets = source.targets.as_deref().map(whole).transpose()?;
+        let Layout {
+            shape,
+            labels,
+            targets,
+        } = layout(&path, len, dims, integer, labels, targets)?;
         let sample_bytes = size * shape.numel();
-        let Parts { labels, targets } = parts;
         drop(st);
         Ok(Reader {
             map,
@@ -148,8 +139,8 @@ impl Reader {
             len,
             next: 0,
             shape,
-            labels: labels.map(|l| l.0).unwrap_or_default(),
-            targets: targets.map(|t| t.0).unwrap_or_default(),
+            labels,
+            targets,
             released: 0,
             classes,
         })
