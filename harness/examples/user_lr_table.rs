@@ -35,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     let configs: Vec<Config> = ["sgd", "momentum", "adam"]
         .into_iter()

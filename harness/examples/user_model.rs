@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     case.steps = 30;
     case.data.pathologies = vec![Pathology::AllZero {

@@ -27,6 +27,7 @@ fn main() -> anyhow::Result<()> {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     case.loss = LossSpec::CrossEntropy {
         label_smoothing: 0.0,

@@ -54,11 +54,6 @@ pub enum Error {
     #[error("device `{device}`: {reason}")]
     Device { device: String, reason: String },
 
-    /// A trainable variable received no gradient: the model's graph is broken
-    /// (an op without a backward pass, or a detached parameter).
-    #[error("parameter `{param}` received no gradient in backward; its op has no backward pass or it is detached")]
-    MissingGradient { param: String },
-
     /// candle's message, without the backtrace candle attaches when
     /// `RUST_BACKTRACE` is set (common in CI).
     #[error("{}", candle_message(.0))]

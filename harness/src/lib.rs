@@ -7,6 +7,7 @@
 
 pub mod augment;
 pub mod campaign;
+pub mod coverage;
 pub mod data;
 pub mod device;
 pub mod diagnose;

@@ -317,6 +317,10 @@ pub struct Finding {
     /// Statistics of the offending tensor, where there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<TensorStats>,
+    /// A `no_gradient` finding's frozen tensors, by module, and where the
+    /// gradient flow stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Box<crate::coverage::GradientCoverage>>,
     pub signature: Signature,
     pub trace: Trace,
 }

@@ -488,6 +488,7 @@ fn lm_case(per_token: bool, loss: LossSpec) -> Case {
         outputs: 16,
         init: InitSpec::default(),
         per_token,
+        frozen: Vec::new(),
     });
     c.data = DataSpec {
         source: SourceSpec::User {

@@ -176,6 +176,7 @@ fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     let factory = |_: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(ModuleModel(candle_nn::seq())))

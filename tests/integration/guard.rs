@@ -206,9 +206,14 @@ fn each_planted_fault_stops_at_its_step_with_its_producer() {
         (f.step, f.kind, f.phase),
         (6, FindingKind::NoGradient, Phase::Backward)
     );
-    assert_eq!(f.stage, "param.l1.bias");
+    // The traced re-run names where the flow stops: the fused softmax
+    // between the two recorded stages.
+    assert_eq!(f.stage, "encoder.relu");
     assert!(
-        f.detail.contains("2 of 5") && f.detail.contains("l1.weight"),
+        f.detail.contains("2 of 5")
+            && f.detail.contains("l1 (bias, weight)")
+            && f.detail
+                .contains("between stages `encoder.relu` and `head`"),
         "{}",
         f.detail
     );
@@ -407,6 +412,7 @@ fn run_model_localizes_stages_a_user_traced_from_any_depth() {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn nanhunt::models::Model>> {
         Ok(Box::new(DeepLog {

@@ -12,6 +12,7 @@
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
+//! - `real_models`: candle-transformers' BERT, Llama and ViT as published.
 
 mod campaign;
 mod cli;
@@ -24,5 +25,6 @@ mod guard;
 mod hostile_input;
 mod lrtable;
 mod planted;
+mod real_models;
 mod report;
 mod support;

@@ -27,6 +27,7 @@ fn vector_case(name: &str) -> Case {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     c.optimizer = sgd(1e-3);
     c

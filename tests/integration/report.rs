@@ -92,6 +92,7 @@ fn user_case(loss: LossSpec) -> Case {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     c.steps = 30;
     c.loss = loss;

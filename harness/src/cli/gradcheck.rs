@@ -1,12 +1,20 @@
 //! `nanhunt gradcheck CASE.json`: finite-difference check of every gradient.
 
 use super::{load_case, Exit, LimitArgs};
+use nanhunt::gradcheck::{CheckPrecision, GradcheckOptions, Verdict};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The case file; its model and loss are checked in f64 on its first batch.
+    /// The case file; its model and loss are checked in f64 (f32 for a
+    /// model that cannot run in f64) at one batch.
     case: PathBuf,
+    /// Check at the batch of this step.
+    #[arg(long, default_value_t = 0)]
+    batch: usize,
+    /// Check the case at this seed (parameters and data) instead of its own.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -16,31 +24,67 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let case = load_case(&args.case, &args.limits.limits())?;
-    let report = nanhunt::gradcheck::check_case(&case).map_err(super::in_file(&args.case))?;
+    let opts = GradcheckOptions {
+        batch: args.batch,
+        seed: args.seed,
+        ..GradcheckOptions::default()
+    };
+    let report =
+        nanhunt::gradcheck::check_case_with(&case, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        let precision = match report.precision {
+            CheckPrecision::F64 => "f64",
+            CheckPrecision::F32 => "f32",
+        };
         println!(
-            "gradcheck: {} / {} (|analytic - numeric| <= {:e} + {:e} * |gradient|)",
-            report.family, report.loss, report.atol, report.rtol
+            "gradcheck: {} / {} in {precision} at the batch of step {}, seed {} (|analytic - numeric| <= {:e} + {:e} * |gradient|, step {:e})",
+            report.family, report.loss, report.batch, report.seed, report.atol, report.rtol, report.tolerance.step
         );
+        if let Some(why) = &report.fallback {
+            println!("  checked in f32: {why}");
+        }
+        if !report.lower_precision.is_empty() {
+            println!(
+                "  {} tensors compute below f64 inside the model (checked at f32's tolerance): {}",
+                report.lower_precision.len(),
+                report.lower_precision.join(", ")
+            );
+        }
+        if let Some(problem) = &report.problem {
+            println!("  {problem}");
+        }
         for t in &report.tensors {
-            let verdict = if t.passed { "ok" } else { "FAIL" };
-            if t.has_gradient {
-                println!(
+            let verdict = match t.verdict {
+                Verdict::Agrees => "ok",
+                Verdict::IllConditioned => "ILL",
+                _ => "FAIL",
+            };
+            match (&t.note, t.has_gradient) {
+                (_, false) => println!("  {verdict:4} {:40} received no gradient", t.name),
+                (Some(note), _) if t.verdict != Verdict::Agrees => {
+                    println!("  {verdict:4} {:40} {}: {note}", t.name, t.verdict.as_str())
+                }
+                _ => println!(
                     "  {verdict:4} {:40} max rel err {:.2e} (abs {:.2e}, {} coords)",
                     t.name, t.max_rel_err, t.max_abs_err, t.checked
-                );
-            } else {
-                println!("  {verdict:4} {:40} received no gradient", t.name);
+                ),
             }
         }
+        if let Some(coverage) = &report.coverage {
+            println!("  no gradient: {}", coverage.summary());
+        }
+        let ill = report.with_verdict(Verdict::IllConditioned).len();
         println!(
             "{}",
-            if report.passed {
-                "all gradients match"
-            } else {
-                "gradient mismatch"
+            match (report.passed, ill) {
+                (true, 0) => "all gradients match".to_string(),
+                (true, n) => format!(
+                    "no wrong gradient; {n} tensors sit at a near-singular point (see above)"
+                ),
+                (false, _) if report.problem.is_some() => "not checked".to_string(),
+                (false, _) => "gradient mismatch".to_string(),
             }
         );
     }

@@ -64,6 +64,7 @@ fn bases() -> &'static Bases {
             outputs: 4,
             init: InitSpec::default(),
             per_token: false,
+            frozen: Vec::new(),
         });
         cases.push(custom);
         cases.extend((0..12).map(|seed| generate(&StrategyOptions::default(), seed)));

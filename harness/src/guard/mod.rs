@@ -26,6 +26,7 @@ pub use optim::{GuardOptimizer, NanhuntOptimizer, OptimizerRecord, SavedOptimize
 pub use replay::{replay, GuardReplay};
 pub use scene::{GuardScene, SCENE_FILE, SCENE_TENSORS};
 
+use crate::coverage::GradientCoverage;
 use crate::error::Error;
 use crate::localize;
 use crate::outcome::{Finding, FindingKind, Phase, Signature, Trace};
@@ -46,6 +47,10 @@ pub struct GuardOptions {
     /// Only tensors whose dump name starts with one of these go into the
     /// scene (`param/encoder.`, `batch/`); empty: all. Bounds its size.
     pub include: Vec<String>,
+    /// Variables (or module prefixes: `encoder` covers `encoder.l1.weight`)
+    /// that are deliberately not trained: they need no gradient, and the
+    /// guard's optimizer leaves them alone.
+    pub frozen: Vec<String>,
 }
 
 impl Default for GuardOptions {
@@ -55,6 +60,7 @@ impl Default for GuardOptions {
             dump: None,
             divergence_factor: 4.0,
             include: Vec::new(),
+            frozen: Vec::new(),
         }
     }
 }
@@ -67,6 +73,12 @@ impl GuardOptions {
 
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// Declares variables (or module prefixes) frozen.
+    pub fn frozen<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.frozen.extend(names.into_iter().map(Into::into));
         self
     }
 }
@@ -148,6 +160,31 @@ struct Failure {
     stage: String,
     detail: String,
     stats: Option<TensorStats>,
+    coverage: Option<Box<GradientCoverage>>,
+}
+
+/// The failure of a backward pass that left variables without a gradient,
+/// staged at the flow's stop when a traced re-run saw it.
+fn no_gradient(coverage: GradientCoverage) -> Failure {
+    let stage = match &coverage.stops_at {
+        Some(stop) => stop.stage.clone(),
+        None => format!(
+            "param.{}",
+            coverage
+                .frozen_names()
+                .first()
+                .map(String::as_str)
+                .unwrap_or("?")
+        ),
+    };
+    Failure {
+        kind: FindingKind::NoGradient,
+        phase: Phase::Backward,
+        stage,
+        detail: coverage.summary(),
+        stats: None,
+        coverage: Some(Box::new(coverage)),
+    }
 }
 
 /// Watches the steps of a training loop.
@@ -196,10 +233,14 @@ impl Guard {
 
     /// A guard over named trainable variables, in the order given.
     pub fn with_vars(named: Vec<(String, Var)>, opts: GuardOptions) -> crate::Result<Self> {
+        let named: Vec<(String, Var)> = named
+            .into_iter()
+            .filter(|(n, _)| !crate::coverage::declared_frozen(n, &opts.frozen))
+            .collect();
         if named.is_empty() {
             return Err(Error::option(
                 "vars",
-                "the guard has no trainable variables to watch (was the model built on this VarMap?)",
+                "the guard has no trainable variables to watch (was the model built on this VarMap? are they all declared frozen?)",
             ));
         }
         if let Some(dir) = &opts.dump {
@@ -301,34 +342,13 @@ impl Guard {
                 stage: "loss".into(),
                 detail: format!("the loss is {value}"),
                 stats: None,
+                coverage: None,
             };
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
         }
         let grads = loss.backward()?;
-        if let Some(i) = self
-            .vars
-            .iter()
-            .position(|v| grads.get(v.as_tensor()).is_none())
-        {
-            let missing: Vec<&str> = self
-                .vars
-                .iter()
-                .zip(&self.names)
-                .filter(|(v, _)| grads.get(v.as_tensor()).is_none())
-                .map(|(_, n)| n.as_str())
-                .collect();
-            let f = Failure {
-                kind: FindingKind::NoGradient,
-                phase: Phase::Backward,
-                stage: format!("param.{}", self.names[i]),
-                detail: format!(
-                    "{} of {} trainable variables received no gradient ({}): an op without a backward pass (candle's fused layer_norm, rms_norm, softmax_last_dim, rope) or a detach cuts them off, so they never train",
-                    missing.len(),
-                    self.vars.len(),
-                    missing.join(", ")
-                ),
-                stats: None,
-            };
+        if let Some(coverage) = crate::coverage::of(&self.names, &self.vars, &grads, &[]) {
+            let f = no_gradient(coverage);
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
         }
         let g: Vec<&Tensor> = self
@@ -379,6 +399,7 @@ impl Guard {
                     self.tracker.best()
                 ),
                 stats: None,
+                coverage: None,
             };
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
         }
@@ -499,13 +520,18 @@ impl Guard {
             return e.into();
         }
         let failure = match first.phase {
-            Phase::Loss | Phase::Backward if first.kind != FindingKind::NoGradient => {
-                match self.localize(batch, loss_of) {
+            Phase::Backward if first.kind == FindingKind::NoGradient => {
+                match self.localize_cut(batch, loss_of) {
                     Ok(Some(f)) => f,
                     Ok(None) => first,
                     Err(e) => return e.into(),
                 }
             }
+            Phase::Loss | Phase::Backward => match self.localize(batch, loss_of) {
+                Ok(Some(f)) => f,
+                Ok(None) => first,
+                Err(e) => return e.into(),
+            },
             _ => first,
         };
         let mut trace = before.history.clone();
@@ -538,6 +564,7 @@ impl Guard {
             stage: failure.stage,
             detail: failure.detail,
             stats: failure.stats,
+            coverage: failure.coverage,
             trace,
         };
         let dump = self.opts.dump.clone();
@@ -592,6 +619,19 @@ impl Guard {
 
     /// Re-runs the step's forward and backward with tracing on (nothing is
     /// updated) and names the first producer among the traced stages.
+    /// Re-runs the loss with tracing on: the stages `nanhunt::trace` records
+    /// say where the gradient flow stops.
+    fn localize_cut(
+        &self,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> crate::Result<Option<Failure>> {
+        let (loss, tracer) = crate::trace::traced(|| loss_of(batch));
+        let grads = loss?.backward()?;
+        let records = tracer.records();
+        Ok(crate::coverage::of(&self.names, &self.vars, &grads, &records).map(no_gradient))
+    }
+
     fn localize(
         &self,
         batch: &Batch,
@@ -683,5 +723,6 @@ fn failure_of(
         stage,
         detail,
         stats: Some(TensorStats::of_tensor(t)?),
+        coverage: None,
     })
 }

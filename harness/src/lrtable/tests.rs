@@ -35,6 +35,7 @@ fn regression_case() -> Case {
         outputs: OUTPUTS,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     case.loss = LossSpec::Mse {
         root: false,

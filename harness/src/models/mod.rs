@@ -114,6 +114,10 @@ pub trait Model {
 /// Builds a model from a `VarBuilder`. The runner calls it once to create the
 /// parameters and then once per step; building must only fetch parameters.
 ///
+/// The builder is `'static` (the runner's builders own their store), so a
+/// model may keep it or borrow from it: candle-transformers' `resnet18`
+/// returns a `Func<'_>` tied to its builder, and is a factory as it is.
+///
 /// How drivers take a factory, one convention: a driver of the one case
 /// its caller holds takes `&dyn ModelFactory` (`run_model`, `diagnose`,
 /// `gradcheck::check_model`; a built-in family's is
@@ -123,15 +127,15 @@ pub trait Model {
 /// replayed file) takes `Option<&dyn ModelFactory>`, where `None` is each
 /// case's built-in family, resolved by [`factory_for`].
 pub trait ModelFactory: Sync {
-    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>>;
+    fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>>;
 }
 
 /// Any `Fn(VarBuilder) -> Result<Box<dyn Model>>` is a factory.
 impl<F> ModelFactory for F
 where
-    F: Fn(VarBuilder) -> Result<Box<dyn Model>> + Sync,
+    F: Fn(VarBuilder<'static>) -> Result<Box<dyn Model>> + Sync,
 {
-    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>> {
+    fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>> {
         self(vb)
     }
 }
@@ -184,7 +188,7 @@ pub fn factory_for<'a>(
 }
 
 impl ModelFactory for BuiltinFactory {
-    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Model>> {
+    fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>> {
         Ok(match &self.spec {
             ModelSpec::Cnn(c) => Box::new(cnn::Cnn::new(c, vb)?),
             ModelSpec::Transformer(t) => Box::new(transformer::Transformer::new(t, vb)?),

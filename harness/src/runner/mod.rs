@@ -147,6 +147,8 @@ pub struct Failure {
     pub op: Option<String>,
     pub detail: String,
     pub stats: Option<TensorStats>,
+    /// A `no_gradient` failure's tensors and where the flow stopped.
+    pub coverage: Option<Box<crate::coverage::GradientCoverage>>,
 }
 
 impl Failure {
@@ -163,6 +165,7 @@ impl Failure {
             op: None,
             detail: detail.into(),
             stats: None,
+            coverage: None,
         }
     }
 }
@@ -263,7 +266,13 @@ impl<'a> Session<'a> {
             device.clone(),
         );
         factory.build(params.creating_builder())?;
-        let trainable = params.trainable();
+        // Tensors the case declares frozen are not trained and need no gradient.
+        let frozen = case.model.frozen();
+        let trainable: Vec<(String, Var)> = params
+            .trainable()
+            .into_iter()
+            .filter(|(n, _)| !crate::coverage::declared_frozen(n, frozen))
+            .collect();
         if trainable.is_empty() {
             return Err(Error::invalid(
                 "model",
@@ -774,6 +783,7 @@ impl<'a> Session<'a> {
             op: f.op,
             detail: f.detail,
             stats: f.stats,
+            coverage: f.coverage,
             signature,
             trace,
         }

@@ -6,7 +6,7 @@
 
 use super::{Failure, Forward, Session};
 use crate::data::HostBatch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::localize;
 use crate::models::Tracer;
 use crate::optim;
@@ -85,7 +85,7 @@ impl Session<'_> {
         let (forward, loss_value) = go!(self.forward_phase(&batch, tracer, readback, fine));
         // The scale the loss was multiplied by; the scaler may change it below.
         let scale = self.scaler.scale;
-        let (mut grads, grad_store) = self.backward_phase(&forward.loss, scale)?;
+        let (mut grads, grad_store) = go!(self.backward_phase(&forward.loss, scale, tracer));
         let (loss_value, scans) = match readback {
             Readback::InPlace => (loss_value, None),
             Readback::Deferred => {
@@ -139,26 +139,34 @@ impl Session<'_> {
         Ok(Flow::Go((forward, loss_value)))
     }
 
-    /// The gradients of the (scaled) loss, one per trainable variable.
-    fn backward_phase(&self, loss: &Tensor, scale: f64) -> Result<(Vec<Tensor>, GradStore)> {
+    /// The gradients of the (scaled) loss, one per trainable variable; a
+    /// variable without one ends the step with a `no_gradient` failure.
+    fn backward_phase(
+        &self,
+        loss: &Tensor,
+        scale: f64,
+        tracer: &Tracer,
+    ) -> Result<Flow<(Vec<Tensor>, GradStore)>> {
         let scaled = if scale != 1.0 {
             (loss * scale)?
         } else {
             loss.clone()
         };
         let grad_store = scaled.backward()?;
-        let mut grads = Vec::with_capacity(self.vars.len());
-        for (var, name) in self.vars.iter().zip(&self.names) {
-            match grad_store.get(var.as_tensor()) {
-                Some(g) => grads.push(g.clone()),
-                None => {
-                    return Err(Error::MissingGradient {
-                        param: name.clone(),
-                    })
-                }
+        let grads: Option<Vec<Tensor>> = self
+            .vars
+            .iter()
+            .map(|v| grad_store.get(v.as_tensor()).cloned())
+            .collect();
+        match grads {
+            Some(grads) => Ok(Flow::Go((grads, grad_store))),
+            None => {
+                let records = tracer.records();
+                let coverage = crate::coverage::of(&self.names, &self.vars, &grad_store, &records)
+                    .expect("a variable without a gradient");
+                fail(no_gradient_failure(coverage))
             }
         }
-        Ok((grads, grad_store))
     }
 
     /// Deferred readback's one synchronization of the step: the loss, the
@@ -335,5 +343,31 @@ impl Session<'_> {
                 self.tracker.best()
             ),
         )))))
+    }
+}
+
+/// The failure of a backward pass that left trainable tensors without a
+/// gradient: staged at the flow's stop when the tracer saw it, else at the
+/// first frozen module.
+pub(crate) fn no_gradient_failure(coverage: crate::coverage::GradientCoverage) -> Failure {
+    let stage = match &coverage.stops_at {
+        Some(stop) => stop.stage.clone(),
+        None => format!(
+            "param.{}",
+            coverage
+                .frozen_names()
+                .first()
+                .map(String::as_str)
+                .unwrap_or("?")
+        ),
+    };
+    Failure {
+        coverage: Some(Box::new(coverage.clone())),
+        ..Failure::new(
+            FindingKind::NoGradient,
+            Phase::Backward,
+            stage,
+            coverage.summary(),
+        )
     }
 }

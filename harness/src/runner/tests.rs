@@ -159,6 +159,7 @@ fn vector_case(name: &str) -> Case {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
+        frozen: Vec::new(),
     });
     c
 }
@@ -246,9 +247,9 @@ impl Model for Detached {
 }
 
 #[test]
-fn a_parameter_without_gradient_is_an_error_naming_it() {
+fn a_parameter_without_gradient_is_a_finding_naming_it_unless_declared_frozen() {
     let mut c = example("cnn");
-    c.model = ModelSpec::Custom(CustomSpec {
+    let mut spec = CustomSpec {
         name: "mine".into(),
         input: InputSpec::Image {
             channels: 3,
@@ -258,7 +259,9 @@ fn a_parameter_without_gradient_is_an_error_naming_it() {
         outputs: 4,
         init: InitSpec::default(),
         per_token: false,
-    });
+        frozen: Vec::new(),
+    };
+    c.model = ModelSpec::Custom(spec.clone());
     let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         let _unused = vb
             .pp("ghost")
@@ -267,10 +270,27 @@ fn a_parameter_without_gradient_is_an_error_naming_it() {
             used: candle_nn::linear(768, 4, vb.pp("fc"))?,
         }))
     };
-    match run_model(&c, &factory, &RunOptions::default()) {
-        Err(Error::MissingGradient { param }) => assert_eq!(param, "ghost.weight"),
-        other => panic!("{other:?}"),
-    }
+    let outcome = run_model(&c, &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("a no_gradient finding");
+    assert_eq!(
+        (f.kind, f.phase, f.step),
+        (FindingKind::NoGradient, Phase::Backward, 0)
+    );
+    assert_eq!(f.stage, "param.ghost.weight");
+    let coverage = f.coverage.as_ref().expect("the coverage");
+    assert_eq!((coverage.frozen_tensors, coverage.tensors), (1, 3));
+    assert_eq!(coverage.frozen_parameters, 3);
+    assert_eq!(coverage.frozen_names(), ["ghost.weight"]);
+    assert!(
+        f.detail.contains("1 of 3 trainable tensors"),
+        "{}",
+        f.detail
+    );
+    // Declared frozen, it is left alone and the run trains the rest.
+    spec.frozen = vec!["ghost".into()];
+    c.model = ModelSpec::Custom(spec);
+    let outcome = run_model(&c, &factory, &RunOptions::default()).unwrap();
+    assert_eq!(outcome.verdict(), "stable", "{outcome:?}");
 }
 
 #[test]

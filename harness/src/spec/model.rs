@@ -67,6 +67,14 @@ impl ModelSpec {
         }
     }
 
+    /// The tensors a custom model declares frozen (built-in families train all).
+    pub fn frozen(&self) -> &[String] {
+        match self {
+            ModelSpec::Custom(c) => &c.frozen,
+            _ => &[],
+        }
+    }
+
     pub fn init(&self) -> InitSpec {
         match self {
             ModelSpec::Cnn(c) => c.init,
@@ -358,4 +366,9 @@ pub struct CustomSpec {
     /// takes one label per position.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_token: bool,
+    /// Tensors (or module prefixes: `embeddings` covers
+    /// `embeddings.word.weight`) that are deliberately not trained: they
+    /// need no gradient and the optimizer leaves them alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<String>,
 }

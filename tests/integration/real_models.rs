@@ -1,0 +1,581 @@
+//! candle-transformers' BERT, Llama and ViT as published (tiny configs:
+//! hidden 32, 2 layers), wrapped as nanhunt models: the gradients their
+//! fused ops lose are one `no_gradient` finding in `run`, the guard and
+//! `gradcheck`, counted as a plain candle loop counts them.
+
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use candle_transformers::models::{bert, llama, vit};
+use nanhunt::gradcheck::{CheckPrecision, Verdict};
+use nanhunt::models::{Model, Tracer};
+use nanhunt::spec::*;
+use nanhunt::{run_model, FindingKind, Phase, RunOptions};
+
+const HIDDEN: usize = 32;
+const LAYERS: usize = 2;
+const VOCAB: usize = 64;
+const SEQ: usize = 8;
+const CLASSES: usize = 4;
+
+fn bert_config() -> bert::Config {
+    bert::Config {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 4,
+        intermediate_size: 2 * HIDDEN,
+        max_position_embeddings: 4 * SEQ,
+        ..bert::Config::default()
+    }
+}
+
+/// BERT with a classification head on the first token.
+pub struct Bert {
+    bert: bert::BertModel,
+    head: candle_nn::Linear,
+}
+
+impl Bert {
+    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(Bert {
+            bert: bert::BertModel::load(vb.pp("bert"), &bert_config())?,
+            head: candle_nn::linear(HIDDEN, CLASSES, vb.pp("head"))?,
+        })
+    }
+}
+
+impl Model for Bert {
+    fn forward(&self, ids: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let types = ids.zeros_like()?;
+        let h = tr.record("bert", self.bert.forward(ids, &types, None)?)?;
+        tr.record("head", self.head.forward(&h.i((.., 0, ..))?)?)
+    }
+}
+
+fn llama_config() -> llama::Config {
+    llama::Config {
+        hidden_size: HIDDEN,
+        intermediate_size: 2 * HIDDEN,
+        vocab_size: VOCAB,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 4 * SEQ,
+        tie_word_embeddings: false,
+    }
+}
+
+/// Llama predicting the token after the sequence (its own head).
+pub struct Llama {
+    llama: llama::Llama,
+    dtype: DType,
+}
+
+impl Llama {
+    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(Llama {
+            dtype: vb.dtype(),
+            llama: llama::Llama::load(vb, &llama_config())?,
+        })
+    }
+}
+
+impl Model for Llama {
+    fn forward(&self, ids: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let mut cache = llama::Cache::new(false, self.dtype, &llama_config(), ids.device())?;
+        tr.record("llama", self.llama.forward(ids, 0, &mut cache)?)
+    }
+}
+
+fn vit_config() -> vit::Config {
+    vit::Config {
+        hidden_size: HIDDEN,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 4,
+        intermediate_size: 2 * HIDDEN,
+        hidden_act: candle_nn::Activation::Gelu,
+        layer_norm_eps: 1e-12,
+        image_size: 16,
+        patch_size: 4,
+        num_channels: 3,
+        qkv_bias: true,
+    }
+}
+
+pub struct Vit(vit::Model);
+
+impl Vit {
+    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(Vit(vit::Model::new(&vit_config(), CLASSES, vb)?))
+    }
+}
+
+impl Model for Vit {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        tr.record("vit", self.0.forward(x)?)
+    }
+}
+
+/// The three models: name, input, outputs, factory.
+struct Real {
+    name: &'static str,
+    input: InputSpec,
+    outputs: usize,
+    factory: fn(VarBuilder<'static>) -> candle_core::Result<Box<dyn Model>>,
+}
+
+fn tokens() -> InputSpec {
+    InputSpec::Tokens {
+        seq_len: SEQ,
+        vocab: VOCAB,
+    }
+}
+
+fn models() -> [Real; 3] {
+    [
+        Real {
+            name: "bert",
+            input: tokens(),
+            outputs: CLASSES,
+            factory: |vb| Ok(Box::new(Bert::new(vb)?)),
+        },
+        Real {
+            name: "llama",
+            input: tokens(),
+            outputs: VOCAB,
+            factory: |vb| Ok(Box::new(Llama::new(vb)?)),
+        },
+        Real {
+            name: "vit",
+            input: InputSpec::Image {
+                channels: 3,
+                height: 16,
+                width: 16,
+            },
+            outputs: CLASSES,
+            factory: |vb| Ok(Box::new(Vit::new(vb)?)),
+        },
+    ]
+}
+
+fn case_of(m: &Real) -> Case {
+    let mut c = Case::example("transformer").unwrap();
+    c.model = ModelSpec::Custom(CustomSpec {
+        name: m.name.into(),
+        input: m.input.clone(),
+        outputs: m.outputs,
+        init: InitSpec::default(),
+        per_token: false,
+        frozen: Vec::new(),
+    });
+    c.batch_size = 4;
+    c.steps = 3;
+    c.optimizer = crate::support::sgd(1e-2);
+    c.precision = Precision::F32;
+    c
+}
+
+/// A plain candle loop's answer: the tensors of a VarMap that one
+/// backward pass of the cross-entropy leaves without a gradient.
+fn untrained_by_a_plain_loop(m: &Real) -> (usize, usize) {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    // The VarMap's builder borrows nothing: it is 'static like nanhunt's.
+    let model = (m.factory)(vb).unwrap();
+    let input = match &m.input {
+        InputSpec::Tokens { .. } => Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
+            .unwrap()
+            .reshape((4, SEQ))
+            .unwrap(),
+        _ => Tensor::ones((4, 3, 16, 16), DType::F32, &Device::Cpu).unwrap(),
+    };
+    let logits = model.forward(&input, &mut Tracer::off()).unwrap();
+    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
+    let loss = candle_nn::loss::cross_entropy(&logits, &labels).unwrap();
+    let grads = loss.backward().unwrap();
+    let vars = varmap.all_vars();
+    let missing = vars
+        .iter()
+        .filter(|v| grads.get(v.as_tensor()).is_none())
+        .count();
+    (missing, vars.len())
+}
+
+#[test]
+fn stock_bert_llama_and_vit_give_one_no_gradient_finding_counting_what_a_plain_loop_leaves_untrained(
+) {
+    let expected = [("bert", 37, 39), ("llama", 20, 21), ("vit", 16, 40)];
+    for (m, (name, frozen, total)) in models().iter().zip(expected) {
+        assert_eq!(m.name, name);
+        assert_eq!(
+            untrained_by_a_plain_loop(m),
+            (frozen, total),
+            "{name}: the plain loop"
+        );
+        let outcome = run_model(&case_of(m), &m.factory, &RunOptions::default()).unwrap();
+        let f = outcome
+            .finding()
+            .unwrap_or_else(|| panic!("{name}: {outcome:?}"));
+        assert_eq!(
+            (f.kind, f.phase, f.step),
+            (FindingKind::NoGradient, Phase::Backward, 0),
+            "{name}"
+        );
+        let cov = f.coverage.as_ref().unwrap();
+        assert_eq!(
+            (cov.frozen_tensors, cov.tensors),
+            (frozen, total),
+            "{name}: {}",
+            f.detail
+        );
+        assert!(cov.frozen_share > 0.0 && cov.frozen_share < 1.0, "{name}");
+        // The wrapper's one record is reached: the flow stops inside the
+        // model, before `bert`/`llama`/`vit` hands its output on.
+        assert!(
+            cov.no_backward_ops
+                .iter()
+                .any(|o| o.op.contains("layer_norm") || o.op.contains("rms_norm")),
+            "{name}: {:?}",
+            cov.no_backward_ops
+        );
+        assert!(
+            f.detail.contains("would silently never train"),
+            "{}",
+            f.detail
+        );
+        eprintln!("{name}: {} | {}", f.stage, f.detail);
+    }
+}
+
+#[test]
+fn a_real_model_with_its_frozen_tensors_declared_runs_and_trains_the_rest() {
+    let m = &models()[0];
+    let mut case = case_of(m);
+    let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
+    let frozen = outcome
+        .finding()
+        .unwrap()
+        .coverage
+        .as_ref()
+        .unwrap()
+        .frozen_names();
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.frozen = vec!["bert".into()];
+    }
+    let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
+    assert_eq!(outcome.verdict(), "stable", "{outcome:?}");
+    assert!(frozen.iter().all(|n| n.starts_with("bert.")), "{frozen:?}");
+}
+
+#[test]
+fn the_guard_reports_the_same_frozen_tensors_in_a_plain_loop() {
+    use nanhunt::guard::{Batch, Guard, GuardOptions};
+    let m = &models()[1];
+    let varmap = VarMap::new();
+    let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    let mut guard = Guard::new(&varmap, GuardOptions::default().named("llama")).unwrap();
+    let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
+    let ids = Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
+        .unwrap()
+        .reshape((4, SEQ))
+        .unwrap();
+    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
+    let batch = Batch::new([("ids", ids), ("labels", labels)]);
+    let err = guard
+        .step(0, &batch, &mut opt, |b| {
+            let logits = model.forward(b.get("ids")?, &mut Tracer::off())?;
+            candle_nn::loss::cross_entropy(&logits, b.get("labels")?)
+        })
+        .unwrap_err();
+    let f = err.finding().expect("a finding");
+    assert_eq!(f.kind, FindingKind::NoGradient);
+    let cov = f.coverage.as_ref().unwrap();
+    assert_eq!((cov.frozen_tensors, cov.tensors), (20, 21));
+    // Module paths as the model names them.
+    assert!(
+        cov.modules
+            .iter()
+            .any(|m| m.module == "model.layers.0.self_attn.q_proj"),
+        "{:?}",
+        cov.modules
+    );
+}
+
+#[test]
+fn gradcheck_on_stock_models_runs_in_f32_reports_the_frozen_tensors_and_no_false_alarm() {
+    for m in &models() {
+        let report = nanhunt::gradcheck::check_model(&case_of(m), &m.factory).unwrap();
+        let why = report.fallback.as_deref().unwrap_or_default();
+        assert_eq!(report.precision, CheckPrecision::F32, "{}: {why}", m.name);
+        assert!(why.contains("f64"), "{}: {why}", m.name);
+        let cov = report.coverage.as_ref().expect("the frozen tensors");
+        assert_eq!(
+            report.with_verdict(Verdict::NoGradient).len(),
+            cov.frozen_tensors
+        );
+        let alarms: Vec<_> = report
+            .tensors
+            .iter()
+            .filter(|t| t.has_gradient && t.verdict.fails())
+            .map(|t| format!("{} {:?} {:?}", t.name, t.verdict, t.note))
+            .collect();
+        assert!(alarms.is_empty(), "{}: {alarms:?}", m.name);
+    }
+}
+
+/// A feature-vector case for a small custom model.
+fn vector_case(name: &str, features: usize) -> Case {
+    let mut c = Case::example("cnn").unwrap();
+    c.model = ModelSpec::Custom(CustomSpec {
+        name: name.into(),
+        input: InputSpec::Vector { features },
+        outputs: CLASSES,
+        init: InitSpec::default(),
+        per_token: false,
+        frozen: Vec::new(),
+    });
+    c.batch_size = 8;
+    c
+}
+
+/// tanh with a deliberately wrong backward (twice the true derivative).
+struct WrongTanh;
+
+impl candle_core::CustomOp1 for WrongTanh {
+    fn name(&self) -> &'static str {
+        "wrong-tanh"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("wrong-tanh takes contiguous input")
+        };
+        let out = match storage {
+            candle_core::CpuStorage::F64(v) => {
+                candle_core::CpuStorage::F64(v[start..end].iter().map(|x| x.tanh()).collect())
+            }
+            candle_core::CpuStorage::F32(v) => {
+                candle_core::CpuStorage::F32(v[start..end].iter().map(|x| x.tanh()).collect())
+            }
+            _ => candle_core::bail!("wrong-tanh takes f32 or f64"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let d = (1.0 - res.sqr()?)?;
+        Ok(Some(((grad * d)? * 2.0)?))
+    }
+}
+
+/// Two linear layers around `mid`.
+struct Mlp {
+    a: candle_nn::Linear,
+    b: candle_nn::Linear,
+    mid: fn(&Tensor) -> candle_core::Result<Tensor>,
+}
+
+impl Model for Mlp {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("a", self.a.forward(x)?)?;
+        let h = tr.record("mid", (self.mid)(&h)?)?;
+        tr.record("b", self.b.forward(&h)?)
+    }
+}
+
+fn mlp(
+    vb: VarBuilder,
+    mid: fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Box<dyn Model>> {
+    Ok(Box::new(Mlp {
+        a: candle_nn::linear(8, 16, vb.pp("a"))?,
+        b: candle_nn::linear(16, CLASSES, vb.pp("b"))?,
+        mid,
+    }))
+}
+
+#[test]
+fn gradcheck_catches_a_planted_wrong_backward_at_every_step_size() {
+    let factory = |vb: VarBuilder| mlp(vb, |h| h.contiguous()?.apply_op1(WrongTanh));
+    let report = nanhunt::gradcheck::check_model(&vector_case("wrong", 8), &factory).unwrap();
+    assert!(!report.passed);
+    assert_eq!(report.precision, CheckPrecision::F64);
+    let bad: Vec<&str> = report
+        .with_verdict(Verdict::Mismatch)
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    // The wrong backward feeds the first layer only.
+    assert_eq!(bad, ["a.weight", "a.bias"], "{report:#?}");
+    assert!(report
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("b."))
+        .all(|t| t.passed));
+    let note = report.tensors[0].note.as_deref().unwrap();
+    assert!(note.contains("the same at every step"), "{note}");
+}
+
+#[test]
+fn gradcheck_checks_a_model_that_casts_to_f32_inside_at_f32_tolerance_without_false_alarms() {
+    let factory =
+        |vb: VarBuilder| mlp(vb, |h| h.to_dtype(DType::F32)?.tanh()?.to_dtype(DType::F64));
+    let report = nanhunt::gradcheck::check_model(&vector_case("casts", 8), &factory).unwrap();
+    assert_eq!(report.precision, CheckPrecision::F64);
+    assert!(report.passed, "{report:#?}");
+    // Both layers' loss moves in f32 steps: the first feeds the cast, the
+    // second reads its f32-rounded output.
+    assert!(
+        report.lower_precision.contains(&"a.weight".to_string()),
+        "{:?}",
+        report.lower_precision
+    );
+    // The f64 check alone would have failed: the planted cast is real.
+    let strict = report
+        .tensors
+        .iter()
+        .find(|t| t.name == "a.weight")
+        .unwrap();
+    assert!(strict.max_rel_err > nanhunt::gradcheck::RTOL, "{strict:?}");
+}
+
+/// A zero-initialized token (candle's default hint for `get`) through a
+/// layer norm with eps 1e-12, added to the input: the ViT `cls_token` case.
+struct ZeroToken {
+    token: Tensor,
+    head: candle_nn::Linear,
+}
+
+impl Model for ZeroToken {
+    fn forward(&self, x: &Tensor, _tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let ones = Tensor::ones(8, x.dtype(), x.device())?;
+        let zeros = Tensor::zeros(8, x.dtype(), x.device())?;
+        let n = candle_nn::ops::layer_norm_slow(&self.token, &ones, &zeros, 1e-12)?;
+        self.head.forward(&x.broadcast_add(&n)?)
+    }
+}
+
+#[test]
+fn gradcheck_reports_an_ill_conditioned_point_as_such_not_as_a_wrong_gradient() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(ZeroToken {
+            token: vb.get((1, 8), "token")?,
+            head: candle_nn::linear(8, CLASSES, vb.pp("head"))?,
+        }))
+    };
+    let report = nanhunt::gradcheck::check_model(&vector_case("zero_token", 8), &factory).unwrap();
+    let token = report.tensors.iter().find(|t| t.name == "token").unwrap();
+    assert_eq!(token.verdict, Verdict::IllConditioned, "{token:?}");
+    assert!(
+        token.note.as_deref().unwrap().contains("near-singular"),
+        "{token:?}"
+    );
+    assert!(
+        report.passed,
+        "ill-conditioning is not a wrong gradient: {report:#?}"
+    );
+    assert!(report.with_verdict(Verdict::Mismatch).is_empty());
+}
+
+#[test]
+fn gradcheck_says_plainly_when_a_gradient_or_the_loss_is_not_finite() {
+    // sqrt at an exact 0: the gradient of `p` is +inf.
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        let p = vb.get(CLASSES, "p")?;
+        let head = candle_nn::linear(8, CLASSES, vb.pp("head"))?;
+        Ok(Box::new(nanhunt::models::ModuleModel(candle_nn::func(
+            move |x| head.forward(x)?.broadcast_add(&p.sqrt()?),
+        ))))
+    };
+    let report = nanhunt::gradcheck::check_model(&vector_case("sqrt0", 8), &factory);
+    let report = report.unwrap();
+    let p = report.tensors.iter().find(|t| t.name == "p").unwrap();
+    assert_eq!(p.verdict, Verdict::NonFinite, "{p:?}");
+    assert!(p.note.as_deref().unwrap().contains("inf"), "{p:?}");
+    assert!(!report.passed);
+    // A loss that is NaN at the checked point is the report's problem.
+    let factory = |vb: VarBuilder| mlp(vb, |h| (h - 10.0)?.log());
+    let report = nanhunt::gradcheck::check_model(&vector_case("log", 8), &factory).unwrap();
+    assert!(
+        report.problem.as_deref().unwrap().contains("NaN"),
+        "{report:?}"
+    );
+    assert!(!report.passed && report.tensors.is_empty());
+    // The point can be chosen: another batch and seed.
+    let opts = nanhunt::gradcheck::GradcheckOptions {
+        batch: 3,
+        seed: Some(7),
+        ..Default::default()
+    };
+    let factory = |vb: VarBuilder| mlp(vb, |h| h.tanh());
+    let report =
+        nanhunt::gradcheck::check_model_with(&vector_case("tanh", 8), &factory, &opts).unwrap();
+    assert_eq!((report.batch, report.seed), (3, 7));
+    assert!(report.passed, "{report:#?}");
+}
+
+#[test]
+fn with_records_the_finding_names_the_stages_between_which_the_gradient_stops() {
+    let factory = |vb: VarBuilder| mlp(vb, candle_nn::ops::softmax_last_dim);
+    let outcome = run_model(&vector_case("fused", 8), &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().unwrap();
+    assert_eq!(f.kind, FindingKind::NoGradient);
+    let stop = f
+        .coverage
+        .as_ref()
+        .unwrap()
+        .stops_at
+        .clone()
+        .expect("localized");
+    assert_eq!(
+        (stop.stage.as_str(), stop.next.as_deref()),
+        ("a", Some("mid"))
+    );
+    assert_eq!(f.stage, "a");
+    assert!(
+        f.detail.contains("between stages `a` and `mid`"),
+        "{}",
+        f.detail
+    );
+}
+
+#[test]
+fn the_guard_trains_a_stock_model_whose_frozen_part_is_declared() {
+    use nanhunt::guard::{Batch, Guard, GuardOptions};
+    let m = &models()[1];
+    let varmap = VarMap::new();
+    let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    let opts = GuardOptions::default().named("llama").frozen(["model"]);
+    let mut guard = Guard::new(&varmap, opts).unwrap();
+    assert_eq!(guard.names(), ["lm_head.weight"]);
+    let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
+    let ids = Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
+        .unwrap()
+        .reshape((4, SEQ))
+        .unwrap();
+    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
+    let batch = Batch::new([("ids", ids), ("labels", labels)]);
+    for step in 0..3 {
+        guard
+            .step(step, &batch, &mut opt, |b| {
+                let logits = model.forward(b.get("ids")?, &mut Tracer::off())?;
+                candle_nn::loss::cross_entropy(&logits, b.get("labels")?)
+            })
+            .unwrap();
+    }
+}
