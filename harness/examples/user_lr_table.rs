@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     let configs: Vec<Config> = ["sgd", "momentum", "adam"]
         .into_iter()

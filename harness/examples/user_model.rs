@@ -48,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     case.steps = 30;
     case.data.pathologies = vec![Pathology::AllZero {

@@ -28,6 +28,7 @@ fn main() -> anyhow::Result<()> {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     case.loss = LossSpec::CrossEntropy {
         label_smoothing: 0.0,

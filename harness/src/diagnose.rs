@@ -184,6 +184,10 @@ pub enum CauseKind {
     Precision,
     Device,
     Threads,
+    /// A trainable tensor gets no gradient (an op without a backward pass).
+    NoBackward,
+    /// A knob the model declares (`model.knobs`).
+    ModelKnob,
 }
 
 impl CauseKind {
@@ -194,8 +198,9 @@ impl CauseKind {
             CauseKind::LearningRate
             | CauseKind::NoClipping
             | CauseKind::OptimizerEps
-            | CauseKind::InitScale => 3,
-            CauseKind::UnsafeLoss | CauseKind::NormEps => 4,
+            | CauseKind::InitScale
+            | CauseKind::NoBackward => 3,
+            CauseKind::UnsafeLoss | CauseKind::NormEps | CauseKind::ModelKnob => 4,
             CauseKind::Precision | CauseKind::Device | CauseKind::Threads => 5,
         }
     }
@@ -213,6 +218,8 @@ impl CauseKind {
             CauseKind::Precision => "half precision overflows or underflows",
             CauseKind::Device => "device-specific numerics",
             CauseKind::Threads => "thread-count-dependent numerics",
+            CauseKind::NoBackward => "an op without a backward pass cuts the gradient",
+            CauseKind::ModelKnob => "a model knob",
         }
     }
 
@@ -220,7 +227,17 @@ impl CauseKind {
     fn relevance(self, f: &Finding) -> i32 {
         let stage = f.stage.as_str();
         let op = f.op.as_deref().unwrap_or("");
+        if f.kind == FindingKind::NoGradient {
+            // Only the cut explains tensors without a gradient.
+            return match self {
+                CauseKind::NoBackward => 90,
+                _ => 0,
+            };
+        }
         match self {
+            CauseKind::NoBackward => 0,
+            // A knob's own relevance depends on its stage: see `knob_relevance`.
+            CauseKind::ModelKnob => 15,
             CauseKind::Data => match f.phase {
                 Phase::Data => 60,
                 _ => 0,
@@ -319,6 +336,8 @@ impl Diagnosis {
 /// A candidate: a cause and a changed case that would rule it in or out.
 struct Variant {
     kind: CauseKind,
+    /// The cause's title (a knob's names the knob).
+    title: String,
     description: String,
     case: Case,
     /// Run under a one-thread pool.
@@ -335,6 +354,7 @@ fn variant(
     change(&mut case);
     Variant {
         kind,
+        title: kind.title().to_string(),
         description: description.into(),
         case,
         one_thread: false,
@@ -366,9 +386,44 @@ pub fn stable_loss(loss: &LossSpec) -> Option<LossSpec> {
 }
 
 /// The changed cases worth running for a finding; `bad` are the dataset
-/// samples the data check flags.
-fn variants(case: &Case, bad: &[usize]) -> Vec<Variant> {
+/// samples the data check flags. The learning rate is searched separately
+/// ([`lr_search`]).
+fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
     let mut out = Vec::new();
+    if let Some(cov) = &finding.coverage {
+        if matches!(case.model, ModelSpec::Custom(_)) {
+            let frozen = cov.frozen_names();
+            out.push(variant(
+                CauseKind::NoBackward,
+                format!(
+                    "train only what the gradient reaches: declare the {} tensors without one frozen (a workaround; replacing the op trains them all)",
+                    frozen.len()
+                ),
+                case,
+                |c| {
+                    if let Some(f) = c.model.frozen_mut() {
+                        f.extend(frozen);
+                    }
+                },
+            ));
+        }
+    }
+    for (name, knob) in case.model.knobs().into_iter().flatten() {
+        for value in knob.candidates(KNOB_CANDIDATES) {
+            let mut v = variant(
+                CauseKind::ModelKnob,
+                format!("model knob `{name}` {:e} -> {value:e}", knob.value),
+                case,
+                |c| {
+                    if let Some(k) = c.model.knobs_mut().and_then(|k| k.get_mut(name)) {
+                        k.value = value;
+                    }
+                },
+            );
+            v.title = format!("the model knob `{name}`");
+            out.push(v);
+        }
+    }
     // Step 2: data and augmentation.
     if !bad.is_empty() {
         out.push(variant(
@@ -430,18 +485,7 @@ fn variants(case: &Case, bad: &[usize]) -> Vec<Variant> {
             }
         }
     }
-    // Step 3: gradients, learning rate, optimizer.
-    let lr = case.optimizer.lr();
-    if lr > 0.0 {
-        for factor in [10.0, 100.0] {
-            out.push(variant(
-                CauseKind::LearningRate,
-                format!("learning rate / {factor}"),
-                case,
-                |c| c.optimizer.set_lr(lr / factor),
-            ));
-        }
-    }
+    // Step 3: gradients and the optimizer.
     if !matches!(case.clip, ClipSpec::Norm { max_norm } if max_norm <= 1.0) {
         out.push(variant(
             CauseKind::NoClipping,
@@ -547,6 +591,79 @@ fn variants(case: &Case, bad: &[usize]) -> Vec<Variant> {
     one.one_thread = true;
     out.push(one);
     out
+}
+
+/// Values tried per declared model knob.
+pub const KNOB_CANDIDATES: usize = 5;
+
+/// Decades the learning-rate search goes down at most.
+pub const LR_SEARCH_DECADES: i32 = 8;
+
+/// Searches down from the case's learning rate by factors of 10 to the
+/// first LR that trains stably, then narrows the last decade twice (halving
+/// it in log scale) towards the highest stable LR. Every LR tried is a fix,
+/// verified or not.
+fn lr_search(
+    case: &Case,
+    factory: &dyn ModelFactory,
+    opts: &RunOptions,
+    runs: &mut usize,
+) -> Result<Vec<Fix>> {
+    let lr = case.optimizer.lr();
+    let mut tried: Vec<(f64, Fix)> = Vec::new();
+    if lr <= 0.0 {
+        return Ok(Vec::new());
+    }
+    let mut try_lr = |to: f64, tried: &mut Vec<(f64, Fix)>| -> Result<bool> {
+        let mut c = case.clone();
+        c.optimizer.set_lr(to);
+        let outcome = run_model(&c, factory, opts)?;
+        *runs += 1;
+        let verified = matches!(outcome, Outcome::Stable { .. });
+        tried.push((
+            to,
+            Fix {
+                description: format!("learning rate {lr:e} -> {to:e}"),
+                changes: case_diff(case, &c),
+                verified,
+                result: result_text(&outcome),
+            },
+        ));
+        Ok(verified)
+    };
+    let (mut unstable, mut stable) = (lr, None);
+    for decade in 1..=LR_SEARCH_DECADES {
+        let to = lr / 10f64.powi(decade);
+        if try_lr(to, &mut tried)? {
+            stable = Some(to);
+            break;
+        }
+        unstable = to;
+    }
+    if let Some(mut s) = stable {
+        for _ in 0..2 {
+            let mid = crate::minimize::round1((unstable * s).sqrt());
+            if mid <= s || mid >= unstable {
+                break;
+            }
+            if try_lr(mid, &mut tried)? {
+                s = mid;
+            } else {
+                unstable = mid;
+            }
+        }
+    }
+    // The highest stable LR first; the unstable ones after it, as tried.
+    tried.sort_by(|(la, a), (lb, b)| {
+        b.verified
+            .cmp(&a.verified)
+            .then(if a.verified && b.verified {
+                lb.total_cmp(la)
+            } else {
+                std::cmp::Ordering::Equal
+            })
+    });
+    Ok(tried.into_iter().map(|(_, f)| f).collect())
 }
 
 fn run_variant(v: &Variant, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
@@ -675,7 +792,20 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     runs += hardware.arms.len();
 
     let mut causes: Vec<Cause> = Vec::new();
-    for v in variants(&case, &bad) {
+    if finding.kind != FindingKind::NoGradient {
+        let fixes = lr_search(&case, factory, &run_opts, &mut runs)?;
+        if !fixes.is_empty() {
+            causes.push(Cause {
+                kind: CauseKind::LearningRate,
+                title: CauseKind::LearningRate.title().to_string(),
+                article_step: CauseKind::LearningRate.article_step(),
+                evidence: Vec::new(),
+                fixes,
+                score: 0,
+            });
+        }
+    }
+    for v in variants(&case, &finding, &bad) {
         let (verified, result) = match arm_for(&v, &hardware) {
             Some(arm) => (arm.verdict == Verdict::Stable, arm_text(arm)),
             None => {
@@ -693,11 +823,14 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             verified,
             result,
         };
-        match causes.iter_mut().find(|c| c.kind == v.kind) {
+        match causes
+            .iter_mut()
+            .find(|c| c.kind == v.kind && c.title == v.title)
+        {
             Some(c) => c.fixes.push(fix),
             None => causes.push(Cause {
                 kind: v.kind,
-                title: v.kind.title().to_string(),
+                title: v.title.clone(),
                 article_step: v.kind.article_step(),
                 evidence: Vec::new(),
                 fixes: vec![fix],
@@ -708,11 +841,17 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
 
     for c in &mut causes {
         c.evidence = evidence(c.kind, &finding, &case, &scan_raw, &scan_aug, growth);
+        if c.kind == CauseKind::ModelKnob {
+            c.evidence.extend(knob_evidence(&c.title, &finding, &case));
+        }
         if c.kind == CauseKind::Data {
             c.evidence
                 .extend(dataset_evidence(dataset.as_ref(), &scan_raw));
         }
-        let relevance = c.kind.relevance(&finding);
+        let relevance = match c.kind {
+            CauseKind::ModelKnob => knob_relevance(&c.title, &finding, &case),
+            kind => kind.relevance(&finding),
+        };
         // Threads and device only matter when their variant changes the verdict.
         let informative = !matches!(c.kind, CauseKind::Threads | CauseKind::Device) || c.verified();
         c.score = if informative {
@@ -737,6 +876,54 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         causes,
         runs,
     })
+}
+
+/// The knob a `ModelKnob` cause's title names.
+fn knob_of<'c>(title: &str, case: &'c Case) -> Option<(&'c String, &'c KnobSpec)> {
+    case.model
+        .knobs()?
+        .iter()
+        .find(|(n, _)| title == format!("the model knob `{n}`"))
+}
+
+/// A knob explains a finding at the stage it declares it acts on (65,
+/// as the loss fits a loss failure), an eps knob a norm's failure (50);
+/// else it is a weak suspect.
+fn knob_relevance(title: &str, f: &Finding, case: &Case) -> i32 {
+    let Some((name, knob)) = knob_of(title, case) else {
+        return 0;
+    };
+    let at_stage = knob
+        .stage
+        .as_deref()
+        .is_some_and(|s| f.stage == s || f.stage.starts_with(&format!("{s}.")));
+    let norm = StageKind::of_op(f.op.as_deref().unwrap_or("")) == StageKind::Norm;
+    match (at_stage, norm && name.contains("eps")) {
+        (true, _) => 65,
+        (false, true) => 50,
+        _ => CauseKind::ModelKnob.relevance(f),
+    }
+}
+
+fn knob_evidence(title: &str, f: &Finding, case: &Case) -> Vec<String> {
+    let Some((name, knob)) = knob_of(title, case) else {
+        return Vec::new();
+    };
+    let mut e = vec![format!(
+        "the model declares knob `{name}` = {:e} (range [{:e}, {:e}])",
+        knob.value, knob.min, knob.max
+    )];
+    if let Some(stage) = &knob.stage {
+        if f.stage == *stage || f.stage.starts_with(&format!("{stage}.")) {
+            e.push(format!(
+                "the failure is {} in {} at `{}`, the stage the knob acts on",
+                f.kind.as_str(),
+                f.phase.as_str(),
+                f.stage
+            ));
+        }
+    }
+    e
 }
 
 /// What the whole-dataset scan and the failing batch's samples say.
@@ -839,7 +1026,12 @@ fn evidence(
                 e.push(at);
             }
         }
-        CauseKind::Device | CauseKind::Threads => {}
+        CauseKind::NoBackward => {
+            if let Some(cov) = &f.coverage {
+                e.push(cov.summary());
+            }
+        }
+        CauseKind::Device | CauseKind::Threads | CauseKind::ModelKnob => {}
     }
     e
 }

@@ -401,7 +401,16 @@ fn model_candidates(c: &Case) -> Vec<Case> {
             });
             with(&|s| set_classes(s, 2));
         }
-        ModelSpec::Custom(_) => {}
+        ModelSpec::Custom(c) => {
+            // Rounder knob values, one knob at a time, kept in their range.
+            for name in c.knobs.keys() {
+                with(&|s| {
+                    if let Some(k) = s.knobs_mut().and_then(|k| k.get_mut(name)) {
+                        k.value = round1(k.value).clamp(k.min, k.max);
+                    }
+                });
+            }
+        }
     }
     with(&|s| {
         let init = s.init_mut();

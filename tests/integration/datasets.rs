@@ -489,6 +489,7 @@ fn lm_case(per_token: bool, loss: LossSpec) -> Case {
         init: InitSpec::default(),
         per_token,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c.data = DataSpec {
         source: SourceSpec::User {

@@ -177,6 +177,7 @@ fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     let factory = |_: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(ModuleModel(candle_nn::seq())))
@@ -188,4 +189,160 @@ fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
     rejected(diagnose(&case, &factory, &RunOptions::default()).unwrap_err());
     let opts = nanhunt::minimize::MinimizeOptions::default();
     rejected(nanhunt::minimize::minimize(&case, Some(&factory), &opts).unwrap_err());
+}
+
+/// A user's attention with a padding mask, as BERT writes it: an additive
+/// `(1 - keep) * mask_value` with `mask_value` = f32::MIN, declared as a
+/// knob. In f16, f32::MIN is -inf and 0 * -inf is NaN.
+struct MaskedAttention {
+    embed: candle_nn::Embedding,
+    q: candle_nn::Linear,
+    k: candle_nn::Linear,
+    v: candle_nn::Linear,
+    head: candle_nn::Linear,
+    mask_value: f64,
+}
+
+impl nanhunt::models::Model for MaskedAttention {
+    fn forward(
+        &self,
+        ids: &candle_core::Tensor,
+        tr: &mut nanhunt::models::Tracer,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        use candle_core::Module;
+        let x = tr.record("embed", self.embed.forward(ids)?)?;
+        // Token 0 is padding.
+        let keep = ids.ne(0u32)?.to_dtype(x.dtype())?;
+        let add = tr.record(
+            "attn.mask",
+            keep.affine(-1.0, 1.0)?
+                .affine(self.mask_value, 0.0)?
+                .unsqueeze(1)?,
+        )?;
+        let (q, k, v) = (
+            self.q.forward(&x)?,
+            self.k.forward(&x)?,
+            self.v.forward(&x)?,
+        );
+        let scores = (q.matmul(&k.t()?)? / 4.0)?.broadcast_add(&add)?;
+        let p = tr.record("attn.softmax", candle_nn::ops::softmax(&scores, 2)?)?;
+        let h = tr.record("attn.out", p.matmul(&v)?)?;
+        tr.record("head", self.head.forward(&h.mean(1)?)?)
+    }
+}
+
+fn masked_attention_case(precision: Precision) -> Case {
+    let mut knobs = std::collections::BTreeMap::new();
+    knobs.insert(
+        "mask_value".to_string(),
+        KnobSpec {
+            value: f64::from(f32::MIN),
+            min: f64::from(f32::MIN),
+            max: -1e4,
+            stage: Some("attn.mask".into()),
+        },
+    );
+    let mut case = Case::example("transformer").unwrap();
+    case.model = ModelSpec::Custom(CustomSpec {
+        name: "masked_attention".into(),
+        input: InputSpec::Tokens {
+            seq_len: 8,
+            vocab: 16,
+        },
+        outputs: 4,
+        init: InitSpec::default(),
+        per_token: false,
+        frozen: Vec::new(),
+        knobs,
+    });
+    case.precision = precision;
+    case.optimizer = sgd(1e-2);
+    case.steps = 6;
+    case
+}
+
+#[test]
+fn an_f16_nan_made_by_an_additive_f32_min_mask_is_localized_to_the_mask_and_its_knob_fix_verified()
+{
+    use nanhunt::models::{Knobs, Model, WithKnobs};
+    let factory = WithKnobs(
+        |vb: candle_nn::VarBuilder<'static>,
+         knobs: &Knobs|
+         -> candle_core::Result<Box<dyn Model>> {
+            Ok(Box::new(MaskedAttention {
+                embed: candle_nn::embedding(16, 16, vb.pp("embed"))?,
+                q: candle_nn::linear(16, 16, vb.pp("q"))?,
+                k: candle_nn::linear(16, 16, vb.pp("k"))?,
+                v: candle_nn::linear(16, 16, vb.pp("v"))?,
+                head: candle_nn::linear(16, 4, vb.pp("head"))?,
+                mask_value: knobs.get_or("mask_value", f64::from(f32::MIN)),
+            }))
+        },
+    );
+    // In f32 the mask is finite and the model trains.
+    let f32_run = nanhunt::run_model(
+        &masked_attention_case(Precision::F32),
+        &factory,
+        &RunOptions::default(),
+    );
+    assert_eq!(f32_run.unwrap().verdict(), "stable");
+    let case = masked_attention_case(Precision::F16);
+    let outcome = nanhunt::run_model(&case, &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("an f16 NaN");
+    assert_eq!(
+        (f.kind.as_str(), f.phase.as_str(), f.stage.as_str()),
+        ("nan", "forward", "attn.mask"),
+        "{}",
+        f.detail
+    );
+    let d = diagnose(&case, &factory, &RunOptions::default()).unwrap();
+    assert_first(&d, CauseKind::ModelKnob);
+    let first = &d.causes[0];
+    assert_eq!(first.title, "the model knob `mask_value`");
+    let fix = first.fixes.iter().find(|f| f.verified).unwrap();
+    assert_eq!(
+        fix.changes[0].path, "model.knobs.mask_value.value",
+        "{:?}",
+        fix.changes
+    );
+    // Only a mask value f16 can hold is finite: -1e4.
+    assert!(fix.description.ends_with("-> -1e4"), "{}", fix.description);
+    assert!(
+        first
+            .evidence
+            .iter()
+            .any(|e| e.contains("the stage the knob acts on")),
+        "{:?}",
+        first.evidence
+    );
+}
+
+#[test]
+fn the_learning_rate_fix_searches_down_to_a_stable_rate() {
+    let mut case = Case::example("cnn").unwrap();
+    case.optimizer = sgd(1e4);
+    let d = diagnosis(case);
+    let lr = d
+        .causes
+        .iter()
+        .find(|c| c.kind == CauseKind::LearningRate)
+        .unwrap();
+    assert!(lr.verified(), "{:?}", lr.fixes);
+    // More than the two fixed tries of a tenth and a hundredth.
+    assert!(lr.fixes.len() > 2, "{:?}", lr.fixes);
+    let best = &lr.fixes[0];
+    assert!(best.verified);
+    let to: f64 = best
+        .description
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(to < 1e2, "{}", best.description);
+    // Every LR above the best one that was tried failed.
+    for f in &lr.fixes[1..] {
+        let other: f64 = f.description.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(!f.verified || other < to, "{:?}", lr.fixes);
+    }
 }

@@ -28,6 +28,7 @@ fn vector_case(name: &str) -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c.optimizer = sgd(1e-3);
     c

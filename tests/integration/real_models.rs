@@ -173,6 +173,7 @@ fn case_of(m: &Real) -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c.batch_size = 4;
     c.steps = 3;
@@ -249,7 +250,6 @@ fn stock_bert_llama_and_vit_give_one_no_gradient_finding_counting_what_a_plain_l
             "{}",
             f.detail
         );
-        eprintln!("{name}: {} | {}", f.stage, f.detail);
     }
 }
 
@@ -339,6 +339,7 @@ fn vector_case(name: &str, features: usize) -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c.batch_size = 8;
     c
@@ -577,5 +578,64 @@ fn the_guard_trains_a_stock_model_whose_frozen_part_is_declared() {
                 candle_nn::loss::cross_entropy(&logits, b.get("labels")?)
             })
             .unwrap();
+    }
+}
+
+#[test]
+fn diagnose_names_the_cut_for_a_stock_model_and_verifies_training_what_it_reaches() {
+    use nanhunt::diagnose::{diagnose, CauseKind};
+    let m = &models()[2];
+    let d = diagnose(&case_of(m), &m.factory, &RunOptions::default()).unwrap();
+    let first = &d.causes[0];
+    assert_eq!(
+        first.kind,
+        CauseKind::NoBackward,
+        "{:?}",
+        d.causes
+            .iter()
+            .map(|c| (c.kind, c.score))
+            .collect::<Vec<_>>()
+    );
+    assert!(first.verified(), "{:?}", first.fixes);
+    assert!(
+        first.evidence[0].contains("16 of 40"),
+        "{:?}",
+        first.evidence
+    );
+    // No other cause claims a no-gradient finding.
+    assert!(d.causes[1..].iter().all(|c| c.score < first.score));
+}
+
+#[test]
+fn resnet18_borrows_its_builder_and_is_a_factory_as_published() {
+    use candle_transformers::models::resnet;
+    // `resnet18` returns a `Func<'_>` tied to its builder: no transmute needed.
+    let factory = |vb: VarBuilder<'static>| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(nanhunt::models::ModuleModel(resnet::resnet18(
+            CLASSES, vb,
+        )?)))
+    };
+    let mut case = case_of(&models()[2]);
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.name = "resnet18".into();
+        c.input = InputSpec::Image {
+            channels: 3,
+            height: 32,
+            width: 32,
+        };
+    }
+    case.batch_size = 2;
+    match run_model(&case, &factory, &RunOptions::default()) {
+        // candle 0.11.1 has no backward for a max-pool whose kernel differs
+        // from its stride: a plain error naming it, not a panic.
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("backward not supported for maxpool2d"),
+                "{text}"
+            );
+            assert!(!text.contains("stack backtrace"), "{text}");
+        }
+        Ok(outcome) => assert_ne!(outcome.verdict(), "rejected", "{outcome:?}"),
     }
 }

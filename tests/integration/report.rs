@@ -93,6 +93,7 @@ fn user_case(loss: LossSpec) -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c.steps = 30;
     c.loss = loss;

@@ -65,6 +65,7 @@ fn bases() -> &'static Bases {
             init: InitSpec::default(),
             per_token: false,
             frozen: Vec::new(),
+            knobs: Default::default(),
         });
         cases.push(custom);
         cases.extend((0..12).map(|seed| generate(&StrategyOptions::default(), seed)));

@@ -36,6 +36,7 @@ fn regression_case() -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     case.loss = LossSpec::Mse {
         root: false,

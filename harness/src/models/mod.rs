@@ -128,6 +128,61 @@ pub trait Model {
 /// case's built-in family, resolved by [`factory_for`].
 pub trait ModelFactory: Sync {
     fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>>;
+
+    /// Builds with the case's declared knobs (`model.knobs`); the runner
+    /// always calls this. A factory that reads knobs is a [`WithKnobs`].
+    fn build_with(&self, vb: VarBuilder<'static>, knobs: &Knobs) -> Result<Box<dyn Model>> {
+        let _ = knobs;
+        self.build(vb)
+    }
+}
+
+/// The values of a case's declared model knobs, for a factory to read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Knobs(std::collections::BTreeMap<String, f64>);
+
+impl Knobs {
+    /// The knobs a case declares (none for a built-in family).
+    pub fn of(spec: &ModelSpec) -> Self {
+        Knobs(
+            spec.knobs()
+                .map(|k| k.iter().map(|(n, k)| (n.clone(), k.value)).collect())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The knob `name`; an error naming the field when the case does not
+    /// declare it.
+    pub fn get(&self, name: &str) -> Result<f64> {
+        self.0.get(name).copied().ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "the model reads the knob `{name}`, which the case does not declare (model.knobs.{name})"
+            ))
+        })
+    }
+
+    /// The knob `name`, or `default` when the case does not declare it
+    /// (the same factory then also serves a plain candle loop).
+    pub fn get_or(&self, name: &str, default: f64) -> f64 {
+        self.0.get(name).copied().unwrap_or(default)
+    }
+}
+
+/// A factory that reads the case's knobs:
+/// `WithKnobs(|vb, knobs| { let eps = knobs.get("ln_eps")?; ... })`.
+pub struct WithKnobs<F>(pub F);
+
+impl<F> ModelFactory for WithKnobs<F>
+where
+    F: Fn(VarBuilder<'static>, &Knobs) -> Result<Box<dyn Model>> + Sync,
+{
+    fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>> {
+        (self.0)(vb, &Knobs::default())
+    }
+
+    fn build_with(&self, vb: VarBuilder<'static>, knobs: &Knobs) -> Result<Box<dyn Model>> {
+        (self.0)(vb, knobs)
+    }
 }
 
 /// Any `Fn(VarBuilder) -> Result<Box<dyn Model>>` is a factory.

@@ -217,6 +217,8 @@ pub struct Session<'a> {
     failed_before: Option<Snapshot>,
     /// The caller's loss, for a `custom` loss.
     user_loss: Option<std::sync::Arc<dyn UserLoss>>,
+    /// The case's model knobs, for the factory.
+    knobs: crate::models::Knobs,
 }
 
 impl<'a> Session<'a> {
@@ -265,7 +267,8 @@ impl<'a> Session<'a> {
             precision.master_dtype(),
             device.clone(),
         );
-        factory.build(params.creating_builder())?;
+        let knobs = crate::models::Knobs::of(&case.model);
+        factory.build_with(params.creating_builder(), &knobs)?;
         // Tensors the case declares frozen are not trained and need no gradient.
         let frozen = case.model.frozen();
         let trainable: Vec<(String, Var)> = params
@@ -310,6 +313,7 @@ impl<'a> Session<'a> {
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
             user_loss: opts.loss.clone(),
+            knobs,
             compute,
             case,
             device,
@@ -529,7 +533,7 @@ impl<'a> Session<'a> {
         } = self.upload(batch)?;
         let model = self
             .factory
-            .build(self.params.compute_builder(self.compute))?;
+            .build_with(self.params.compute_builder(self.compute), &self.knobs)?;
         let output = model.forward(&input, tracer)?;
         let logits = match output.rank() {
             3 => output.flatten(0, 1)?,

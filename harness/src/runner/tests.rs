@@ -160,6 +160,7 @@ fn vector_case(name: &str) -> Case {
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     });
     c
 }
@@ -260,6 +261,7 @@ fn a_parameter_without_gradient_is_a_finding_naming_it_unless_declared_frozen() 
         init: InitSpec::default(),
         per_token: false,
         frozen: Vec::new(),
+        knobs: Default::default(),
     };
     c.model = ModelSpec::Custom(spec.clone());
     let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {

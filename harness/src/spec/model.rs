@@ -68,6 +68,29 @@ impl ModelSpec {
     }
 
     /// The tensors a custom model declares frozen (built-in families train all).
+    /// A custom model's declared knobs (built-in families have none).
+    pub fn knobs(&self) -> Option<&std::collections::BTreeMap<String, KnobSpec>> {
+        match self {
+            ModelSpec::Custom(c) => Some(&c.knobs),
+            _ => None,
+        }
+    }
+
+    pub fn knobs_mut(&mut self) -> Option<&mut std::collections::BTreeMap<String, KnobSpec>> {
+        match self {
+            ModelSpec::Custom(c) => Some(&mut c.knobs),
+            _ => None,
+        }
+    }
+
+    /// A custom model's frozen list, to extend (built-in families have none).
+    pub fn frozen_mut(&mut self) -> Option<&mut Vec<String>> {
+        match self {
+            ModelSpec::Custom(c) => Some(&mut c.frozen),
+            _ => None,
+        }
+    }
+
     pub fn frozen(&self) -> &[String] {
         match self {
             ModelSpec::Custom(c) => &c.frozen,
@@ -371,4 +394,117 @@ pub struct CustomSpec {
     /// need no gradient and the optimizer leaves them alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frozen: Vec<String>,
+    /// Named numbers the model's factory reads ([`crate::models::Knobs`]):
+    /// a norm eps, a mask value, a gain. `diagnose` proposes and verifies
+    /// values in their range; `minimize` rounds them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub knobs: std::collections::BTreeMap<String, KnobSpec>,
+}
+
+/// A declared model knob: its value and the range worth trying.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KnobSpec {
+    pub value: f64,
+    pub min: f64,
+    pub max: f64,
+    /// The stage (or stage prefix) the knob acts on, as the model records
+    /// it (`attn.mask`): a finding there makes the knob the first suspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+}
+
+impl KnobSpec {
+    /// Values across the range, nearest the current value first: spaced by
+    /// magnitude when the range keeps one sign and spans over 100x, else
+    /// evenly; the current value left out.
+    pub fn candidates(&self, n: usize) -> Vec<f64> {
+        let (lo, hi) = (self.min, self.max);
+        let same_sign = (lo > 0.0 && hi > 0.0) || (lo < 0.0 && hi < 0.0);
+        let (a, b) = (lo.abs().min(hi.abs()), lo.abs().max(hi.abs()));
+        let points: Vec<f64> = if same_sign && b / a > 100.0 {
+            let sign = lo.signum();
+            (0..n)
+                .map(|i| {
+                    let t = i as f64 / (n - 1).max(1) as f64;
+                    sign * (a.ln() + t * (b.ln() - a.ln())).exp()
+                })
+                .map(|v| crate::minimize::round1(v).clamp(lo, hi))
+                .collect()
+        } else {
+            (0..n)
+                .map(|i| lo + (hi - lo) * i as f64 / (n - 1).max(1) as f64)
+                .collect()
+        };
+        let distance = |v: f64| {
+            if same_sign {
+                (v.abs().ln() - self.value.abs().ln()).abs()
+            } else {
+                (v - self.value).abs()
+            }
+        };
+        let mut out: Vec<f64> = Vec::new();
+        for p in points {
+            if p != self.value && !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        out.sort_by(|x, y| distance(*x).total_cmp(&distance(*y)));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knob(value: f64, min: f64, max: f64) -> KnobSpec {
+        KnobSpec {
+            value,
+            min,
+            max,
+            stage: None,
+        }
+    }
+
+    #[test]
+    fn knob_candidates_span_the_range_by_magnitude_nearest_first() {
+        let mask = knob(f64::from(f32::MIN), f64::from(f32::MIN), -1e4);
+        let c = mask.candidates(5);
+        assert_eq!(c.len(), 5, "{c:?}");
+        assert_eq!(*c.last().unwrap(), -1e4, "the far end comes last: {c:?}");
+        assert!(c.iter().all(|v| (mask.min..=mask.max).contains(v)), "{c:?}");
+        assert!(
+            c.windows(2).all(|w| w[0] < w[1]),
+            "nearest -3.4e38 first: {c:?}"
+        );
+        let eps = knob(1e-12, 1e-12, 1e-3);
+        assert_eq!(eps.candidates(4), vec![1e-9, 1e-6, 1e-3]);
+        // A range that crosses zero is spaced evenly.
+        assert_eq!(
+            knob(0.5, 0.0, 1.0).candidates(5),
+            vec![0.25, 0.75, 0.0, 1.0]
+        );
+    }
+
+    #[test]
+    fn a_knob_outside_its_range_is_an_error_naming_it() {
+        let mut case = crate::spec::Case::example("cnn").unwrap();
+        let mut knobs = std::collections::BTreeMap::new();
+        knobs.insert("ln_eps".to_string(), knob(1.0, 1e-12, 1e-3));
+        case.model = ModelSpec::Custom(CustomSpec {
+            name: "m".into(),
+            input: InputSpec::Vector { features: 4 },
+            outputs: 2,
+            init: InitSpec::default(),
+            per_token: false,
+            frozen: Vec::new(),
+            knobs,
+        });
+        let e = case.validate(&Default::default()).unwrap_err().to_string();
+        assert!(
+            e.contains("model.knobs.ln_eps") && e.contains("within"),
+            "{e}"
+        );
+    }
 }

@@ -248,6 +248,37 @@ impl Case {
                 if let InputSpec::Tokens { vocab, .. } = c.input {
                     count("model.input.vocab", vocab, 2, 1_000_000)?;
                 }
+                for (name, k) in &c.knobs {
+                    let field = format!("model.knobs.{name}");
+                    if name.is_empty()
+                        || !name
+                            .chars()
+                            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | '-' | '.'))
+                    {
+                        return Err(Error::invalid(
+                            "model.knobs",
+                            format!("a knob name must be letters, digits, '_', '-' or '.', got {name:?}"),
+                        ));
+                    }
+                    if !(k.min.is_finite() && k.max.is_finite() && k.min < k.max) {
+                        return Err(Error::invalid(
+                            &field,
+                            format!(
+                                "`min` and `max` must be finite with min < max, got {} and {}",
+                                k.min, k.max
+                            ),
+                        ));
+                    }
+                    if !(k.value.is_finite() && (k.min..=k.max).contains(&k.value)) {
+                        return Err(Error::invalid(
+                            &field,
+                            format!(
+                                "`value` must be finite and within [{}, {}], got {}",
+                                k.min, k.max, k.value
+                            ),
+                        ));
+                    }
+                }
             }
         }
         Ok(())
