@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     let configs: Vec<Config> = ["sgd", "momentum", "adam"]
         .into_iter()

@@ -49,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     case.steps = 30;
     case.data.pathologies = vec![Pathology::AllZero {

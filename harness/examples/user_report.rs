@@ -29,6 +29,7 @@ fn main() -> anyhow::Result<()> {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     case.loss = LossSpec::CrossEntropy {
         label_smoothing: 0.0,

@@ -175,6 +175,10 @@ pub struct GradcheckReport {
     pub rtol: f64,
     pub atol: f64,
     pub tensors: Vec<TensorCheck>,
+    /// Weights their hint created as exact zeros (candle's `VarBuilder::get`
+    /// default): a near-singular point often sits there.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub zero_initialized: Vec<String>,
     /// The trainable tensors the backward pass did not reach, by module.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coverage: Option<crate::coverage::GradientCoverage>,
@@ -519,6 +523,7 @@ pub fn check_model_with(
         rtol: tolerance.rtol,
         atol: tolerance.atol,
         tensors: Vec::new(),
+        zero_initialized: point.session.params().zero_initialized(),
         coverage: None,
         problem: None,
         passed: false,
@@ -555,6 +560,13 @@ pub fn check_model_with(
         })();
         var.set(&original)?;
         let mut check = result?;
+        if check.verdict == Verdict::IllConditioned && report.zero_initialized.contains(name) {
+            if let Some(note) = &mut check.note {
+                note.push_str(&format!(
+                    "; `{name}` starts at exact zeros (its hint is Init::Const(0), candle's default for `VarBuilder::get`): give it a `model.init_overrides` entry"
+                ));
+            }
+        }
         if tolerance != Tolerance::F64 || !report.lower_precision.contains(name) {
             report.tensors.push(check);
             continue;

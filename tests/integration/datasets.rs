@@ -490,6 +490,7 @@ fn lm_case(per_token: bool, loss: LossSpec) -> Case {
         per_token,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c.data = DataSpec {
         source: SourceSpec::User {

@@ -178,6 +178,7 @@ fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     let factory = |_: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(ModuleModel(candle_nn::seq())))
@@ -254,6 +255,7 @@ fn masked_attention_case(precision: Precision) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs,
+        init_overrides: Default::default(),
     });
     case.precision = precision;
     case.optimizer = sgd(1e-2);

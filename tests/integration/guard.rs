@@ -414,6 +414,7 @@ fn run_model_localizes_stages_a_user_traced_from_any_depth() {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn nanhunt::models::Model>> {
         Ok(Box::new(DeepLog {

@@ -29,6 +29,7 @@ fn vector_case(name: &str) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c.optimizer = sgd(1e-3);
     c

@@ -174,6 +174,7 @@ fn case_of(m: &Real) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c.batch_size = 4;
     c.steps = 3;
@@ -340,6 +341,7 @@ fn vector_case(name: &str, features: usize) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c.batch_size = 8;
     c

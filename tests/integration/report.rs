@@ -94,6 +94,7 @@ fn user_case(loss: LossSpec) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c.steps = 30;
     c.loss = loss;

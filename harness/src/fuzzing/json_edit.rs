@@ -66,6 +66,7 @@ fn bases() -> &'static Bases {
             per_token: false,
             frozen: Vec::new(),
             knobs: Default::default(),
+            init_overrides: Default::default(),
         });
         cases.push(custom);
         cases.extend((0..12).map(|seed| generate(&StrategyOptions::default(), seed)));

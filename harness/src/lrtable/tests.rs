@@ -37,6 +37,7 @@ fn regression_case() -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     case.loss = LossSpec::Mse {
         root: false,

@@ -9,7 +9,7 @@
 //! so gradients flow back to the f32 master weights.
 
 use crate::rng::Rng;
-use crate::spec::InitSpec;
+use crate::spec::{InitOverride, InitSpec};
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use std::collections::HashMap;
@@ -19,6 +19,8 @@ use std::sync::{Arc, Mutex};
 struct Store {
     vars: Vec<(String, Var)>,
     index: HashMap<String, usize>,
+    /// Weights created as exact zeros by their hint (see [`ParamStore::zero_initialized`]).
+    zeros: Vec<String>,
 }
 
 /// Trainable variables in creation order (the order every loop over them uses,
@@ -30,6 +32,17 @@ pub struct ParamStore {
     init: InitSpec,
     master: DType,
     device: Device,
+    /// Initializations that replace the model's hints, by name or prefix.
+    overrides: Arc<Vec<(String, InitOverride)>>,
+}
+
+/// Whether `name` is `pattern` or lies under it as a module prefix
+/// (`encoder` matches `encoder.l1.weight`, not `encoder_2.weight`).
+pub fn matches_path(name: &str, pattern: &str) -> bool {
+    name == pattern
+        || (name.len() > pattern.len()
+            && name.starts_with(pattern)
+            && name[pattern.len()..].starts_with('.'))
 }
 
 /// Suffixes of non-trainable buffers (candle-nn's BatchNorm running statistics).
@@ -47,7 +60,26 @@ impl ParamStore {
             init,
             master,
             device,
+            overrides: Arc::default(),
         }
+    }
+
+    /// Replaces the hints of the named tensors (or module prefixes; the
+    /// longest match wins) with these initializations.
+    pub fn with_overrides(mut self, overrides: Vec<(String, InitOverride)>) -> Self {
+        self.overrides = Arc::new(overrides);
+        self
+    }
+
+    /// Non-bias weights the model's hint created as exact zeros: candle's
+    /// `VarBuilder::get` defaults to `Init::Const(0)`, which leaves a token
+    /// or an embedding that a layer norm then divides by ~sqrt(eps).
+    pub fn zero_initialized(&self) -> Vec<String> {
+        self.store
+            .lock()
+            .expect("param store poisoned")
+            .zeros
+            .clone()
     }
 
     /// A builder that creates missing variables (in the master dtype).
@@ -103,10 +135,50 @@ impl ParamStore {
         self.master
     }
 
+    /// The override for `name`: the longest key that is it or its prefix.
+    fn override_for(&self, name: &str) -> Option<InitOverride> {
+        self.overrides
+            .iter()
+            .filter(|(p, _)| matches_path(name, p))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(_, o)| *o)
+    }
+
     fn create(&self, name: &str, shape: &Shape, hint: Init) -> candle_core::Result<Var> {
         let n = shape.elem_count();
         let mut rng = Rng::keyed(self.seed, &format!("init.{name}"), 0);
         let gain = self.init.gain;
+        let (hint, gain) = match self.override_for(name) {
+            Some(InitOverride::Normal { std }) => (
+                Init::Randn {
+                    mean: 0.0,
+                    stdev: std,
+                },
+                1.0,
+            ),
+            Some(InitOverride::Uniform { bound }) => (
+                Init::Uniform {
+                    lo: -bound,
+                    up: bound,
+                },
+                1.0,
+            ),
+            Some(InitOverride::Const { value }) => (Init::Const(value), 1.0),
+            None => {
+                let leaf = name.rsplit('.').next().unwrap_or(name);
+                if matches!(hint, Init::Const(c) if c == 0.0)
+                    && !leaf.contains("bias")
+                    && leaf != "beta"
+                {
+                    self.store
+                        .lock()
+                        .expect("param store poisoned")
+                        .zeros
+                        .push(name.to_string());
+                }
+                (hint, gain)
+            }
+        };
         let values: Vec<f64> = match hint {
             Init::Const(c) => vec![c; n],
             Init::Randn { mean, stdev } => {

@@ -266,7 +266,8 @@ impl<'a> Session<'a> {
             case.model.init(),
             precision.master_dtype(),
             device.clone(),
-        );
+        )
+        .with_overrides(case.model.init_overrides());
         let knobs = crate::models::Knobs::of(&case.model);
         factory.build_with(params.creating_builder(), &knobs)?;
         // Tensors the case declares frozen are not trained and need no gradient.

@@ -161,6 +161,7 @@ fn vector_case(name: &str) -> Case {
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     });
     c
 }
@@ -262,6 +263,7 @@ fn a_parameter_without_gradient_is_a_finding_naming_it_unless_declared_frozen() 
         per_token: false,
         frozen: Vec::new(),
         knobs: Default::default(),
+        init_overrides: Default::default(),
     };
     c.model = ModelSpec::Custom(spec.clone());
     let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {

@@ -67,6 +67,18 @@ impl ModelSpec {
         }
     }
 
+    /// A custom model's init overrides (built-in families have none).
+    pub fn init_overrides(&self) -> Vec<(String, InitOverride)> {
+        match self {
+            ModelSpec::Custom(c) => c
+                .init_overrides
+                .iter()
+                .map(|(n, o)| (n.clone(), *o))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The tensors a custom model declares frozen (built-in families train all).
     /// A custom model's declared knobs (built-in families have none).
     pub fn knobs(&self) -> Option<&std::collections::BTreeMap<String, KnobSpec>> {
@@ -399,6 +411,21 @@ pub struct CustomSpec {
     /// values in their range; `minimize` rounds them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub knobs: std::collections::BTreeMap<String, KnobSpec>,
+    /// Initializations that replace the model's own hints, by tensor name
+    /// or module prefix (`{"vit.embeddings.cls_token": {"kind": "normal",
+    /// "std": 0.02}}`); the longest matching key wins.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub init_overrides: std::collections::BTreeMap<String, InitOverride>,
+}
+
+/// How one tensor is initialized instead of its model's hint (absolute:
+/// the init gain does not scale it).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum InitOverride {
+    Normal { std: f64 },
+    Uniform { bound: f64 },
+    Const { value: f64 },
 }
 
 /// A declared model knob: its value and the range worth trying.
@@ -500,6 +527,7 @@ mod tests {
             per_token: false,
             frozen: Vec::new(),
             knobs,
+            init_overrides: Default::default(),
         });
         let e = case.validate(&Default::default()).unwrap_err().to_string();
         assert!(

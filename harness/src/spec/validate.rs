@@ -248,6 +248,24 @@ impl Case {
                 if let InputSpec::Tokens { vocab, .. } = c.input {
                     count("model.input.vocab", vocab, 2, 1_000_000)?;
                 }
+                for (name, o) in &c.init_overrides {
+                    let field = format!("model.init_overrides.{name}");
+                    let (what, v) = match *o {
+                        InitOverride::Normal { std } => ("std", std),
+                        InitOverride::Uniform { bound } => ("bound", bound),
+                        InitOverride::Const { value } => ("value", value),
+                    };
+                    let ok = v.is_finite() && (what == "value" || v >= 0.0);
+                    if !ok {
+                        return Err(Error::invalid(
+                            &field,
+                            format!(
+                                "`{what}` must be finite{}, got {v}",
+                                if what == "value" { "" } else { " and >= 0" }
+                            ),
+                        ));
+                    }
+                }
                 for (name, k) in &c.knobs {
                     let field = format!("model.knobs.{name}");
                     if name.is_empty()
