@@ -188,6 +188,8 @@ pub enum CauseKind {
     NoBackward,
     /// A knob the model declares (`model.knobs`).
     ModelKnob,
+    /// Unscaled attention logits (q·k without 1/sqrt(d)).
+    AttentionScale,
 }
 
 impl CauseKind {
@@ -200,7 +202,10 @@ impl CauseKind {
             | CauseKind::OptimizerEps
             | CauseKind::InitScale
             | CauseKind::NoBackward => 3,
-            CauseKind::UnsafeLoss | CauseKind::NormEps | CauseKind::ModelKnob => 4,
+            CauseKind::UnsafeLoss
+            | CauseKind::NormEps
+            | CauseKind::ModelKnob
+            | CauseKind::AttentionScale => 4,
             CauseKind::Precision | CauseKind::Device | CauseKind::Threads => 5,
         }
     }
@@ -220,6 +225,7 @@ impl CauseKind {
             CauseKind::Threads => "thread-count-dependent numerics",
             CauseKind::NoBackward => "an op without a backward pass cuts the gradient",
             CauseKind::ModelKnob => "a model knob",
+            CauseKind::AttentionScale => "attention logits without the 1/sqrt(d) scale",
         }
     }
 
@@ -238,6 +244,14 @@ impl CauseKind {
             CauseKind::NoBackward => 0,
             // A knob's own relevance depends on its stage: see `knob_relevance`.
             CauseKind::ModelKnob => 15,
+            CauseKind::AttentionScale => match f.phase {
+                Phase::Forward | Phase::Backward
+                    if stage.ends_with("attn.scores") || stage.ends_with("attn.softmax") =>
+                {
+                    62
+                }
+                _ => 10,
+            },
             CauseKind::Data => match f.phase {
                 Phase::Data => 60,
                 _ => 0,
@@ -555,7 +569,27 @@ fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
                 },
             ));
         }
+        ModelSpec::Decoder(d) if d.rms_eps < 1e-5 => {
+            out.push(variant(
+                CauseKind::NormEps,
+                "RMS-norm eps 1e-5",
+                case,
+                |c| {
+                    if let ModelSpec::Decoder(d) = &mut c.model {
+                        d.rms_eps = 1e-5;
+                    }
+                },
+            ));
+        }
         _ => {}
+    }
+    if case.model.attention_scale() == Some(AttentionScale::None) {
+        out.push(variant(
+            CauseKind::AttentionScale,
+            "attention logits scaled by 1/sqrt(head width)",
+            case,
+            |c| c.model.set_attention_scale(AttentionScale::InvSqrtD),
+        ));
     }
     // Step 5: precision, device, threads.
     if !matches!(case.precision, Precision::F32 | Precision::F64) {
@@ -1015,7 +1049,8 @@ fn evidence(
         CauseKind::UnsafeLoss
         | CauseKind::NormEps
         | CauseKind::OptimizerEps
-        | CauseKind::InitScale => {
+        | CauseKind::InitScale
+        | CauseKind::AttentionScale => {
             if kind.relevance(f) >= 50 {
                 e.push(at);
             }

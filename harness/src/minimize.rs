@@ -378,6 +378,36 @@ fn model_candidates(c: &Case) -> Vec<Case> {
             });
             with(&|s| set_classes(s, 2));
         }
+        ModelSpec::Decoder(_) => {
+            with(&|s| {
+                if let ModelSpec::Decoder(d) = s {
+                    d.layers = (d.layers - 1).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Decoder(d) = s {
+                    d.d_model /= d.heads;
+                    (d.heads, d.kv_heads) = (1, 1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Decoder(d) = s {
+                    if d.d_model % (4 * d.heads) == 0 {
+                        d.d_model /= 2;
+                    }
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Decoder(d) = s {
+                    d.mlp_ratio = 1;
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Decoder(d) = s {
+                    d.seq_len = (d.seq_len / 2).max(1);
+                }
+            });
+        }
         ModelSpec::Rnn(_) => {
             with(&|s| {
                 if let ModelSpec::Rnn(r) = s {
@@ -424,7 +454,8 @@ fn set_classes(s: &mut ModelSpec, n: usize) {
         ModelSpec::Cnn(m) => m.classes = m.classes.min(n),
         ModelSpec::Transformer(t) => t.classes = t.classes.min(n),
         ModelSpec::Rnn(r) => r.classes = r.classes.min(n),
-        ModelSpec::Custom(_) => {}
+        // The classes are the vocabulary: the inputs and targets share it.
+        ModelSpec::Decoder(_) | ModelSpec::Custom(_) => {}
     }
 }
 

@@ -86,6 +86,7 @@ impl DatasetFit {
         match family {
             "cnn" => !self.per_token && matches!(self.dims.len(), 2 | 3),
             "rnn" => !self.per_token,
+            "decoder" => self.vocab.is_some() && self.dims.len() == 1,
             _ => true,
         }
     }
@@ -292,7 +293,52 @@ fn rnn() -> impl Strategy<Value = ModelSpec> {
         })
 }
 
-/// The model of a family.
+fn decoder() -> impl Strategy<Value = ModelSpec> {
+    (
+        4usize..=16,
+        2usize..=8,
+        prop_oneof![
+            Just((1usize, 1usize)),
+            Just((2, 1)),
+            Just((2, 2)),
+            Just((4, 2))
+        ],
+        prop_oneof![Just(2usize), Just(4), Just(8)],
+        1usize..=2,
+        1usize..=2,
+        norm_eps(),
+        prop_oneof![3 => Just(AttentionScale::InvSqrtD), 1 => Just(AttentionScale::None)],
+        init(),
+    )
+        .prop_map(
+            |(
+                vocab,
+                seq_len,
+                (heads, kv_heads),
+                head_dim,
+                layers,
+                mlp_ratio,
+                rms_eps,
+                attention_scale,
+                init,
+            )| {
+                ModelSpec::Decoder(DecoderSpec {
+                    vocab,
+                    seq_len,
+                    d_model: heads * head_dim,
+                    heads,
+                    kv_heads,
+                    layers,
+                    mlp_ratio,
+                    rms_eps,
+                    rope_theta: 10_000.0,
+                    attention_scale,
+                    init,
+                })
+            },
+        )
+}
+
 /// Models of a built-in family; any other name is a caller's mistake
 /// ([`StrategyOptions::validate`] catches it first) and panics.
 pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
@@ -300,6 +346,7 @@ pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
         "cnn" => cnn().boxed(),
         "transformer" => transformer().boxed(),
         "rnn" => rnn().boxed(),
+        "decoder" => decoder().boxed(),
         other => panic!("no strategy draws the family `{other}` (expected one of {FAMILIES:?})"),
     }
 }
@@ -588,6 +635,7 @@ pub fn safe_envelope(case: &mut Case) {
             t.norm_eps = t.norm_eps.max(1e-5);
             t.attention_scale = AttentionScale::InvSqrtD;
         }
+        ModelSpec::Decoder(d) => d.rms_eps = d.rms_eps.max(1e-5),
         ModelSpec::Rnn(_) | ModelSpec::Custom(_) => {}
     }
 }
@@ -714,6 +762,13 @@ fn fit_to_dataset(c: &mut Case, fit: &DatasetFit) {
                 t.head = HeadKind::PerToken;
             }
         }
+        // A language model reads token files only (it predicts their next
+        // token); on other data the case is rejected as not fitting.
+        ModelSpec::Decoder(d) => {
+            if let (Some(vocab), [seq_len]) = (fit.vocab, fit.dims.as_slice()) {
+                (d.vocab, d.seq_len) = (vocab, *seq_len);
+            }
+        }
         ModelSpec::Custom(_) => {}
     }
     let pathologies = std::mem::take(&mut c.data.pathologies);
@@ -825,7 +880,7 @@ mod tests {
         let families: std::collections::BTreeSet<String> = (0..40)
             .map(|s| generate(&opts, s).family().to_string())
             .collect();
-        assert_eq!(families.len(), 3, "{families:?}");
+        assert_eq!(families.len(), FAMILIES.len(), "{families:?}");
     }
 
     proptest! {

@@ -348,3 +348,34 @@ fn the_learning_rate_fix_searches_down_to_a_stable_rate() {
         assert!(!f.verified || other < to, "{:?}", lr.fixes);
     }
 }
+
+/// The Llama-style decoder in f16 with unscaled attention logits and large
+/// weights: q·k passes f16's 65504 in the first forward pass.
+#[test]
+fn decoder_attention_logit_overflow_in_half_precision() {
+    let mut case = Case::example("decoder").unwrap();
+    case.precision = Precision::F16;
+    case.optimizer = sgd(1e-2);
+    let ModelSpec::Decoder(d) = &mut case.model else {
+        unreachable!()
+    };
+    (d.d_model, d.heads, d.kv_heads) = (128, 1, 1);
+    d.attention_scale = AttentionScale::None;
+    d.init.gain = 48.0;
+    let outcome = nanhunt::run(&case).unwrap();
+    let f = outcome.finding().expect("an overflow");
+    assert_eq!(
+        (f.kind.as_str(), f.phase.as_str(), f.stage.as_str()),
+        ("overflow", "forward", "layer0.attn.scores"),
+        "{}",
+        f.detail
+    );
+    let d = diagnosis(case);
+    let kinds: Vec<CauseKind> = d.verified_causes().map(|c| c.kind).collect();
+    assert!(kinds.contains(&CauseKind::Precision), "{kinds:?}");
+    assert!(kinds.contains(&CauseKind::InitScale), "{kinds:?}");
+    assert!(
+        d.causes.iter().any(|c| c.kind == CauseKind::AttentionScale),
+        "{kinds:?}"
+    );
+}

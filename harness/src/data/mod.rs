@@ -68,6 +68,8 @@ pub struct Generator {
     input: InputSpec,
     classes: usize,
     per_token: bool,
+    /// Each position's target is the next token (a language model's).
+    next_token: bool,
     target_kind: TargetKind,
     data: DataSpec,
     seed: u64,
@@ -86,6 +88,7 @@ impl Generator {
             input,
             classes,
             per_token: case.model.per_token(),
+            next_token: case.model.next_token(),
             target_kind: case.loss.target_kind(),
             data: case.data.clone(),
             seed: case.seed,
@@ -115,6 +118,28 @@ impl Generator {
                     let class = rng.below(self.classes);
                     if !self.per_token {
                         labels.push(class as i64);
+                    }
+                    if self.next_token {
+                        // A language model reads positions 0..S and is taught
+                        // 1..=S: mostly (9 in 10) a walk through the vocabulary
+                        // in steps of 1 or 2 by the sample's class, which only
+                        // the previous tokens reveal.
+                        let stride = 1 + class % 2;
+                        let mut id = rng.below(vocab);
+                        for t in 0..=seq_len {
+                            if t > 0 {
+                                id = if rng.uniform() < 0.9 {
+                                    (id + stride) % vocab
+                                } else {
+                                    rng.below(vocab)
+                                };
+                                labels.push((id * self.classes / vocab) as i64);
+                            }
+                            if t < seq_len {
+                                ids.push(id as u32);
+                            }
+                        }
+                        continue;
                     }
                     for _ in 0..seq_len {
                         // Half the tokens come from the class's band of the vocabulary.

@@ -345,3 +345,20 @@ fn candle_ops_the_zoo_avoids_are_still_broken() {
         "the checker misses candle's max_pool2d bug"
     );
 }
+
+#[test]
+fn decoder_family_variants() {
+    let base = Case::example("decoder").unwrap();
+    assert_case_passes(&base);
+    for (heads, kv_heads, scale) in [
+        (2, 2, AttentionScale::InvSqrtD),
+        (4, 2, AttentionScale::None),
+    ] {
+        let mut c = base.clone();
+        let ModelSpec::Decoder(d) = &mut c.model else {
+            unreachable!()
+        };
+        (d.heads, d.kv_heads, d.attention_scale, d.layers) = (heads, kv_heads, scale, 2);
+        assert_case_passes(&c);
+    }
+}

@@ -1,5 +1,5 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
-//! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm,
+//! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm, RMS-norm,
 //! softmax, attention's two products, the LSTM/GRU cells and whole LSTM,
 //! GRU and tanh RNN layers.
 //!
@@ -29,6 +29,7 @@ mod norm;
 mod pool;
 mod recurrent;
 pub mod reference;
+mod rms_norm;
 mod softmax;
 mod tanh_rnn;
 
@@ -41,6 +42,8 @@ pub use linear::linear;
 pub use lstm::lstm_layer;
 pub use norm::layer_norm;
 pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
+pub use reference::rope;
+pub use rms_norm::rms_norm;
 pub use softmax::softmax_last_dim;
 pub use tanh_rnn::tanh_rnn_layer;
 

@@ -53,6 +53,26 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     normed.broadcast_mul(w)?.broadcast_add(b)
 }
 
+/// RMS normalization over the last dimension with its weight.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
+}
+
+/// Rotary position embedding of x (B, S, H, hd) with tables cos, sin
+/// (S, hd/2), in the "rotate half" layout: the first and second halves of
+/// each head's dimensions are the pairs rotated by each position's angle.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, s, h, hd) = x.dims4()?;
+    let half = hd / 2;
+    let (x1, x2) = (x.narrow(3, 0, half)?, x.narrow(3, half, half)?);
+    let cos = cos.reshape((1, s, 1, half))?;
+    let sin = sin.reshape((1, s, 1, half))?;
+    let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+    let r2 = (x1.broadcast_mul(&sin)? + x2.broadcast_mul(&cos)?)?;
+    Tensor::cat(&[r1, r2], 3)?.reshape((b, s, h, hd))
+}
+
 /// (B, S, D) → (B, heads, S, D/heads), contiguous.
 fn split_heads(t: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, s, d) = t.dims3()?;

@@ -231,6 +231,37 @@ fn attention_products_match_reference_and_gradcheck() {
 }
 
 #[test]
+fn rms_norm_matches_reference_and_gradchecks() {
+    let rms: &Op = &|xs| rms_norm(&xs[0], &xs[1], 1e-5);
+    matches_reference("rms_norm", rms, &[&[2, 5, 16], &[16]]);
+    gradchecks("rms_norm", rms, &[&[2, 3, 6], &[6]]);
+}
+
+#[test]
+fn rope_gradchecks_and_rotates_each_pair_by_its_angle() {
+    const S: usize = 3;
+    let s = S;
+    let f: &Op = &|xs| {
+        let angles: Vec<f64> = (0..S * 2).map(|i| 0.3 * i as f64).collect();
+        let t = Tensor::from_vec(angles, (S, 2), xs[0].device())?.to_dtype(xs[0].dtype())?;
+        rope(&xs[0], &t.cos()?, &t.sin()?)
+    };
+    gradchecks("rope", f, &[&[2, s, 2, 4]]);
+    // A rotation keeps each pair's norm.
+    let x = randn(1, &[1, s, 1, 4], DType::F64);
+    let y = f(std::slice::from_ref(&x)).unwrap();
+    let norms = |t: &Tensor| {
+        t.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    assert!((norms(&x) - norms(&y)).abs() < 1e-12);
+}
+
+#[test]
 fn layer_norm_matches_reference_and_gradchecks() {
     let ln: &Op = &|xs| layer_norm(&xs[0], &xs[1], &xs[2], 1e-5);
     matches_reference("layer_norm", ln, &[&[2, 5, 16], &[16], &[16]]);

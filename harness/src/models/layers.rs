@@ -108,6 +108,37 @@ impl LayerNorm {
 
 /// Batch normalization of (B, C, H, W) with the batch's own statistics
 /// (training mode; running statistics do not affect training).
+/// RMS normalization over the last dimension (Llama's norm), weight
+/// initialized to ones.
+pub struct RmsNorm {
+    w: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(vb: VarBuilder, dim: usize, eps: f64) -> Result<Self> {
+        Ok(RmsNorm {
+            w: vb.get_with_hints(dim, "weight", Init::Const(1.0))?,
+            eps,
+        })
+    }
+
+    /// In half precision the statistics are taken in f32, as Llama's norm
+    /// does (x² overflows f16 from |x| = 256; the output would silently be
+    /// zeros), and the normalized value is cast back before the weight.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match x.dtype() {
+            DType::F16 | DType::BF16 => {
+                let ones = Tensor::ones(self.w.shape(), DType::F32, x.device())?;
+                kernels::rms_norm(&x.to_dtype(DType::F32)?, &ones, self.eps)?
+                    .to_dtype(x.dtype())?
+                    .broadcast_mul(&self.w)
+            }
+            _ => kernels::rms_norm(x, &self.w, self.eps),
+        }
+    }
+}
+
 pub struct BatchNorm2d {
     w: Tensor,
     b: Tensor,

@@ -5,6 +5,7 @@
 //! localization asks for them; with tracing off, recording is one branch.
 
 mod cnn;
+mod decoder;
 pub mod layers;
 pub mod params;
 mod rnn;
@@ -248,6 +249,7 @@ impl ModelFactory for BuiltinFactory {
             ModelSpec::Cnn(c) => Box::new(cnn::Cnn::new(c, vb)?),
             ModelSpec::Transformer(t) => Box::new(transformer::Transformer::new(t, vb)?),
             ModelSpec::Rnn(r) => Box::new(rnn::Rnn::new(r, vb)?),
+            ModelSpec::Decoder(d) => Box::new(decoder::Decoder::new(d, vb)?),
             ModelSpec::Custom(_) => candle_core::bail!("a custom model needs its own factory"),
         })
     }

@@ -8,6 +8,9 @@ pub enum ModelSpec {
     Cnn(CnnSpec),
     Transformer(TransformerSpec),
     Rnn(RnnSpec),
+    /// A Llama-style language model: RMSNorm, rotary positions,
+    /// grouped-query causal attention, a SwiGLU MLP, next-token targets.
+    Decoder(DecoderSpec),
     /// A user's own model, built by code the caller passes to the runner; the
     /// case only says what data it eats and how many outputs it has.
     Custom(CustomSpec),
@@ -19,6 +22,7 @@ impl ModelSpec {
             ModelSpec::Cnn(_) => "cnn",
             ModelSpec::Transformer(_) => "transformer",
             ModelSpec::Rnn(_) => "rnn",
+            ModelSpec::Decoder(_) => "decoder",
             ModelSpec::Custom(c) => &c.name,
         }
     }
@@ -45,6 +49,10 @@ impl ModelSpec {
                 seq_len: r.seq_len,
                 features: r.features,
             },
+            ModelSpec::Decoder(d) => InputSpec::Tokens {
+                seq_len: d.seq_len,
+                vocab: d.vocab,
+            },
             ModelSpec::Custom(c) => c.input.clone(),
         }
     }
@@ -54,6 +62,7 @@ impl ModelSpec {
             ModelSpec::Cnn(c) => c.classes,
             ModelSpec::Transformer(t) => t.classes,
             ModelSpec::Rnn(r) => r.classes,
+            ModelSpec::Decoder(d) => d.vocab,
             ModelSpec::Custom(c) => c.outputs,
         }
     }
@@ -62,8 +71,32 @@ impl ModelSpec {
     pub fn per_token(&self) -> bool {
         match self {
             ModelSpec::Transformer(t) => t.head == HeadKind::PerToken,
+            ModelSpec::Decoder(_) => true,
             ModelSpec::Custom(c) => c.per_token,
             _ => false,
+        }
+    }
+
+    /// Whether each position's target is the next token (a language
+    /// model's objective) rather than a label of the position itself.
+    pub fn next_token(&self) -> bool {
+        matches!(self, ModelSpec::Decoder(_))
+    }
+
+    /// The attention-logit scaling of a family with attention.
+    pub fn attention_scale(&self) -> Option<AttentionScale> {
+        match self {
+            ModelSpec::Transformer(t) => Some(t.attention_scale),
+            ModelSpec::Decoder(d) => Some(d.attention_scale),
+            _ => None,
+        }
+    }
+
+    pub fn set_attention_scale(&mut self, scale: AttentionScale) {
+        match self {
+            ModelSpec::Transformer(t) => t.attention_scale = scale,
+            ModelSpec::Decoder(d) => d.attention_scale = scale,
+            _ => {}
         }
     }
 
@@ -79,7 +112,6 @@ impl ModelSpec {
         }
     }
 
-    /// The tensors a custom model declares frozen (built-in families train all).
     /// A custom model's declared knobs (built-in families have none).
     pub fn knobs(&self) -> Option<&std::collections::BTreeMap<String, KnobSpec>> {
         match self {
@@ -103,6 +135,7 @@ impl ModelSpec {
         }
     }
 
+    /// The tensors a custom model declares frozen (built-in families train all).
     pub fn frozen(&self) -> &[String] {
         match self {
             ModelSpec::Custom(c) => &c.frozen,
@@ -115,6 +148,7 @@ impl ModelSpec {
             ModelSpec::Cnn(c) => c.init,
             ModelSpec::Transformer(t) => t.init,
             ModelSpec::Rnn(r) => r.init,
+            ModelSpec::Decoder(d) => d.init,
             ModelSpec::Custom(c) => c.init,
         }
     }
@@ -125,6 +159,7 @@ impl ModelSpec {
             ModelSpec::Cnn(c) => &mut c.init,
             ModelSpec::Transformer(t) => &mut t.init,
             ModelSpec::Rnn(r) => &mut r.init,
+            ModelSpec::Decoder(d) => &mut d.init,
             ModelSpec::Custom(c) => &mut c.init,
         }
     }
@@ -385,6 +420,40 @@ pub struct RnnSpec {
 
 fn default_layers() -> usize {
     1
+}
+
+/// A Llama-style decoder: token embedding, `layers` pre-norm blocks of
+/// RMSNorm → grouped-query causal self-attention with rotary positions →
+/// RMSNorm → SwiGLU MLP, a final RMSNorm and a per-position head over the
+/// vocabulary, trained on the next token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecoderSpec {
+    pub vocab: usize,
+    pub seq_len: usize,
+    pub d_model: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention): divides `heads`.
+    pub kv_heads: usize,
+    pub layers: usize,
+    /// The SwiGLU hidden width as a multiple of `d_model`.
+    #[serde(default = "default_mlp_ratio")]
+    pub mlp_ratio: usize,
+    /// The RMSNorm epsilon.
+    #[serde(default = "default_norm_eps")]
+    pub rms_eps: f64,
+    /// The rotary embedding's base.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_attention_scale")]
+    pub attention_scale: AttentionScale,
+    #[serde(default = "default_xavier")]
+    pub init: InitSpec,
+}
+
+fn default_rope_theta() -> f64 {
+    10_000.0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -208,6 +208,40 @@ impl Case {
                     }
                 }
             }
+            ModelSpec::Decoder(d) => {
+                count("model.vocab", d.vocab, 2, 1_000_000)?;
+                count("model.seq_len", d.seq_len, 1, 4096)?;
+                count("model.d_model", d.d_model, 2, 4096)?;
+                count("model.heads", d.heads, 1, 64)?;
+                count("model.kv_heads", d.kv_heads, 1, 64)?;
+                count("model.layers", d.layers, 1, 48)?;
+                count("model.mlp_ratio", d.mlp_ratio, 1, 8)?;
+                non_negative("model.rms_eps", d.rms_eps)?;
+                if !(d.rope_theta.is_finite() && d.rope_theta > 1.0) {
+                    return Err(Error::invalid(
+                        "model.rope_theta",
+                        format!("must be finite and above 1, got {}", d.rope_theta),
+                    ));
+                }
+                if d.d_model % d.heads != 0 || (d.d_model / d.heads) % 2 != 0 {
+                    return Err(Error::invalid(
+                        "model.heads",
+                        format!(
+                            "d_model {} must split into {} heads of an even width (rotary pairs)",
+                            d.d_model, d.heads
+                        ),
+                    ));
+                }
+                if d.heads % d.kv_heads != 0 {
+                    return Err(Error::invalid(
+                        "model.kv_heads",
+                        format!(
+                            "must divide heads {} (each key/value head serves a group of query heads), got {}",
+                            d.heads, d.kv_heads
+                        ),
+                    ));
+                }
+            }
             ModelSpec::Rnn(r) => {
                 count("model.features", r.features, 1, 65_536)?;
                 count("model.seq_len", r.seq_len, 1, 4096)?;
@@ -724,6 +758,17 @@ impl ModelSpec {
                     .sum::<usize>()
                     + linear(h, r.classes)
             }
+            ModelSpec::Decoder(m) => {
+                let d = m.d_model;
+                let kv = m.kv_heads * (d / m.heads);
+                let hidden = m.mlp_ratio * d;
+                let block = 2 * d
+                    + 2 * linear(d, d)
+                    + 2 * linear(d, kv)
+                    + 2 * linear(d, hidden)
+                    + linear(hidden, d);
+                m.vocab * d + m.layers * block + d + linear(d, m.vocab)
+            }
             // Unknown until the user's code builds it; checked after building.
             ModelSpec::Custom(_) => 0,
         }
@@ -749,6 +794,11 @@ impl ModelSpec {
                 t.layers * (s * t.d_model * (10 + 2 * t.mlp_ratio) + 3 * t.heads * s * s)
             }
             ModelSpec::Rnn(r) => r.layers * r.seq_len * r.hidden * 12,
+            ModelSpec::Decoder(m) => {
+                let s = m.seq_len;
+                m.layers * (s * m.d_model * (14 + 3 * m.mlp_ratio) + 3 * m.heads * s * s)
+                    + s * m.vocab
+            }
             ModelSpec::Custom(c) => 16 * c.input.numel(),
         }
     }

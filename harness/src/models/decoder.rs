@@ -1,0 +1,175 @@
+//! Llama-style decoder family: token embedding, pre-norm blocks of RMSNorm →
+//! grouped-query causal self-attention with rotary positions → RMSNorm →
+//! SwiGLU MLP, a final RMSNorm and a head over the vocabulary at every
+//! position, trained on the next token. Written on nanhunt's kernels:
+//! candle-nn's fused `rms_norm` and `rope` have no backward pass.
+
+use super::layers::{self, Linear, RmsNorm};
+use super::{Model, Tracer};
+use crate::kernels;
+use crate::spec::{AttentionScale, DecoderSpec};
+use candle_core::{DType, Result, Tensor};
+use candle_nn::VarBuilder;
+
+struct Block {
+    name: String,
+    ln1: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    ln2: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+pub struct Decoder {
+    embed: Tensor,
+    blocks: Vec<Block>,
+    final_norm: RmsNorm,
+    head: Linear,
+    heads: usize,
+    kv_heads: usize,
+    scale: Option<f64>,
+    rope_theta: f64,
+}
+
+impl Decoder {
+    pub fn new(spec: &DecoderSpec, vb: VarBuilder) -> Result<Self> {
+        let d = spec.d_model;
+        let hd = d / spec.heads;
+        let kv = spec.kv_heads * hd;
+        let init = &spec.init;
+        let embed = vb.pp("embed").get_with_hints(
+            (spec.vocab, d),
+            "weight",
+            candle_nn::Init::Randn {
+                mean: 0.0,
+                stdev: 1.0,
+            },
+        )?;
+        let hidden = spec.mlp_ratio * d;
+        let mut blocks = Vec::with_capacity(spec.layers);
+        for i in 0..spec.layers {
+            let name = format!("layer{i}");
+            let vb = vb.pp(&name);
+            blocks.push(Block {
+                ln1: RmsNorm::new(vb.pp("ln1"), d, spec.rms_eps)?,
+                q: Linear::new(vb.pp("attn.q"), init, d, d)?,
+                k: Linear::new(vb.pp("attn.k"), init, d, kv)?,
+                v: Linear::new(vb.pp("attn.v"), init, d, kv)?,
+                o: Linear::new(vb.pp("attn.o"), init, d, d)?,
+                ln2: RmsNorm::new(vb.pp("ln2"), d, spec.rms_eps)?,
+                gate: Linear::new(vb.pp("mlp.gate"), init, d, hidden)?,
+                up: Linear::new(vb.pp("mlp.up"), init, d, hidden)?,
+                down: Linear::new(vb.pp("mlp.down"), init, hidden, d)?,
+                name,
+            });
+        }
+        Ok(Decoder {
+            embed,
+            blocks,
+            final_norm: RmsNorm::new(vb.pp("final_norm"), d, spec.rms_eps)?,
+            head: Linear::new(vb.pp("head"), init, d, spec.vocab)?,
+            heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            scale: match spec.attention_scale {
+                AttentionScale::InvSqrtD => Some(1.0 / (hd as f64).sqrt()),
+                AttentionScale::None => None,
+            },
+            rope_theta: spec.rope_theta,
+        })
+    }
+
+    /// cos and sin of each position's angle per rotated pair, (S, hd/2).
+    fn rope_tables(&self, s: usize, hd: usize, like: &Tensor) -> Result<(Tensor, Tensor)> {
+        let half = hd / 2;
+        let angles: Vec<f64> = (0..s)
+            .flat_map(|t| {
+                (0..half).map(move |i| t as f64 * self.rope_theta.powf(-2.0 * i as f64 / hd as f64))
+            })
+            .collect();
+        let a = Tensor::from_vec(angles, (s, half), like.device())?;
+        Ok((
+            a.cos()?.to_dtype(like.dtype())?,
+            a.sin()?.to_dtype(like.dtype())?,
+        ))
+    }
+
+    /// (B, S, n·hd) → the same with each head's pairs rotated.
+    fn rotate(x: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let (b, s, d) = x.dims3()?;
+        kernels::rope(&x.reshape((b, s, n, d / n))?, cos, sin)?.reshape((b, s, d))
+    }
+
+    /// Key/value heads repeated for the query heads that share them.
+    fn share_kv(&self, t: &Tensor) -> Result<Tensor> {
+        if self.kv_heads == self.heads {
+            return Ok(t.clone());
+        }
+        let (b, s, d) = t.dims3()?;
+        let (kv, hd) = (self.kv_heads, d / self.kv_heads);
+        let group = self.heads / kv;
+        t.reshape((b, s, kv, 1, hd))?
+            .broadcast_as((b, s, kv, group, hd))?
+            .contiguous()?
+            .reshape((b, s, kv * group * hd))
+    }
+
+    fn attention(
+        &self,
+        l: &Block,
+        x: &Tensor,
+        tables: &(Tensor, Tensor),
+        tr: &mut Tracer,
+    ) -> Result<Tensor> {
+        let s = x.dim(1)?;
+        let (cos, sin) = tables;
+        let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
+        let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
+        let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
+        let q = Self::rotate(&q, self.heads, cos, sin)?;
+        let k = Self::rotate(&k, self.kv_heads, cos, sin)?;
+        let (k, v) = (self.share_kv(&k)?, self.share_kv(&v)?);
+        let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
+        let scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
+        let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
+        let blocked = Tensor::new(f32::NEG_INFINITY, x.device())?
+            .to_dtype(scores.dtype())?
+            .broadcast_as(scores.shape())?;
+        let scores = mask.where_cond(&scores, &blocked)?;
+        let probs = tr.record_with(
+            || format!("{}.attn.softmax", l.name),
+            layers::softmax(&scores)?,
+        )?;
+        let ctx = kernels::attention_context(&probs, &v, self.heads)?;
+        tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)
+    }
+
+    /// SwiGLU: down(silu(gate(x)) · up(x)).
+    fn mlp(&self, l: &Block, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
+        let h = (l.gate.forward(x)?.silu()? * l.up.forward(x)?)?;
+        let h = tr.record_with(|| format!("{}.mlp.swiglu", l.name), h)?;
+        tr.record_with(|| format!("{}.mlp.down", l.name), l.down.forward(&h)?)
+    }
+}
+
+impl Model for Decoder {
+    fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
+        let (b, s) = input.dims2()?;
+        let ids = input.to_dtype(DType::U32)?.flatten_all()?;
+        let x = self.embed.embedding(&ids)?.reshape((b, s, ()))?;
+        let mut x = tr.record("embed", x)?;
+        let hd = x.dim(2)? / self.heads;
+        let tables = self.rope_tables(s, hd, &x)?;
+        for l in &self.blocks {
+            let h = tr.record_with(|| format!("{}.ln1", l.name), l.ln1.forward(&x)?)?;
+            x = (&x + self.attention(l, &h, &tables, tr)?)?;
+            let h = tr.record_with(|| format!("{}.ln2", l.name), l.ln2.forward(&x)?)?;
+            x = (&x + self.mlp(l, &h, tr)?)?;
+        }
+        let x = tr.record("final_norm", self.final_norm.forward(&x)?)?;
+        tr.record("head.linear", self.head.forward(&x)?)
+    }
+}
