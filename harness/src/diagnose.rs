@@ -190,6 +190,8 @@ pub enum CauseKind {
     ModelKnob,
     /// Unscaled attention logits (q·k without 1/sqrt(d)).
     AttentionScale,
+    /// An attention mask that makes non-finite logits (-inf rows, 0·-inf).
+    AttentionMask,
 }
 
 impl CauseKind {
@@ -205,7 +207,8 @@ impl CauseKind {
             CauseKind::UnsafeLoss
             | CauseKind::NormEps
             | CauseKind::ModelKnob
-            | CauseKind::AttentionScale => 4,
+            | CauseKind::AttentionScale
+            | CauseKind::AttentionMask => 4,
             CauseKind::Precision | CauseKind::Device | CauseKind::Threads => 5,
         }
     }
@@ -226,6 +229,7 @@ impl CauseKind {
             CauseKind::NoBackward => "an op without a backward pass cuts the gradient",
             CauseKind::ModelKnob => "a model knob",
             CauseKind::AttentionScale => "attention logits without the 1/sqrt(d) scale",
+            CauseKind::AttentionMask => "the attention mask makes non-finite logits",
         }
     }
 
@@ -244,6 +248,14 @@ impl CauseKind {
             CauseKind::NoBackward => 0,
             // A knob's own relevance depends on its stage: see `knob_relevance`.
             CauseKind::ModelKnob => 15,
+            CauseKind::AttentionMask => match f.phase {
+                Phase::Forward | Phase::Backward
+                    if stage.ends_with("attn.mask") || stage.ends_with("attn.softmax") =>
+                {
+                    63
+                }
+                _ => 10,
+            },
             CauseKind::AttentionScale => match f.phase {
                 Phase::Forward | Phase::Backward
                     if stage.ends_with("attn.scores") || stage.ends_with("attn.softmax") =>
@@ -583,6 +595,33 @@ fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
         }
         _ => {}
     }
+    if let ModelSpec::Encoder(e) = &case.model {
+        let finite = MaskKind::default();
+        if e.mask != finite {
+            out.push(variant(
+                CauseKind::AttentionMask,
+                "a finite additive mask (-1e4, which f16 holds) instead of -inf or f32::MIN",
+                case,
+                |c| {
+                    if let ModelSpec::Encoder(e) = &mut c.model {
+                        e.mask = finite;
+                    }
+                },
+            ));
+        }
+        if e.min_length == 0 {
+            out.push(variant(
+                CauseKind::AttentionMask,
+                "no sample of padding only (min_length 1): no fully masked attention row",
+                case,
+                |c| {
+                    if let ModelSpec::Encoder(e) = &mut c.model {
+                        e.min_length = 1;
+                    }
+                },
+            ));
+        }
+    }
     if case.model.attention_scale() == Some(AttentionScale::None) {
         out.push(variant(
             CauseKind::AttentionScale,
@@ -667,7 +706,10 @@ fn lr_search(
     };
     let (mut unstable, mut stable) = (lr, None);
     for decade in 1..=LR_SEARCH_DECADES {
-        let to = lr / 10f64.powi(decade);
+        // Printed and parsed back: 3e-3 / 10 is 3e-4, not 3.0000000000000003e-4.
+        let to: f64 = format!("{:.6e}", lr / 10f64.powi(decade))
+            .parse()
+            .expect("a formatted float");
         if try_lr(to, &mut tried)? {
             stable = Some(to);
             break;
@@ -826,7 +868,10 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     runs += hardware.arms.len();
 
     let mut causes: Vec<Cause> = Vec::new();
-    if finding.kind != FindingKind::NoGradient {
+    // No update has run before a failure at step 0 outside the update:
+    // the learning rate cannot have caused it.
+    let before_any_update = finding.step == 0 && finding.phase != Phase::Update;
+    if finding.kind != FindingKind::NoGradient && !before_any_update {
         let fixes = lr_search(&case, factory, &run_opts, &mut runs)?;
         if !fixes.is_empty() {
             causes.push(Cause {
@@ -1050,7 +1095,8 @@ fn evidence(
         | CauseKind::NormEps
         | CauseKind::OptimizerEps
         | CauseKind::InitScale
-        | CauseKind::AttentionScale => {
+        | CauseKind::AttentionScale
+        | CauseKind::AttentionMask => {
             if kind.relevance(f) >= 50 {
                 e.push(at);
             }

@@ -408,6 +408,30 @@ fn model_candidates(c: &Case) -> Vec<Case> {
                 }
             });
         }
+        ModelSpec::Encoder(_) => {
+            with(&|s| {
+                if let ModelSpec::Encoder(e) = s {
+                    e.layers = (e.layers - 1).max(1);
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Encoder(e) = s {
+                    e.d_model /= e.heads;
+                    e.heads = 1;
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Encoder(e) = s {
+                    e.mlp_ratio = 1;
+                }
+            });
+            with(&|s| {
+                if let ModelSpec::Encoder(e) = s {
+                    e.seq_len = (e.seq_len / 2).max(e.min_length).max(1);
+                }
+            });
+            with(&|s| set_classes(s, 2));
+        }
         ModelSpec::Rnn(_) => {
             with(&|s| {
                 if let ModelSpec::Rnn(r) = s {
@@ -454,6 +478,7 @@ fn set_classes(s: &mut ModelSpec, n: usize) {
         ModelSpec::Cnn(m) => m.classes = m.classes.min(n),
         ModelSpec::Transformer(t) => t.classes = t.classes.min(n),
         ModelSpec::Rnn(r) => r.classes = r.classes.min(n),
+        ModelSpec::Encoder(e) => e.classes = e.classes.min(n),
         // The classes are the vocabulary: the inputs and targets share it.
         ModelSpec::Decoder(_) | ModelSpec::Custom(_) => {}
     }

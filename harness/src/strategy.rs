@@ -86,7 +86,9 @@ impl DatasetFit {
         match family {
             "cnn" => !self.per_token && matches!(self.dims.len(), 2 | 3),
             "rnn" => !self.per_token,
-            "decoder" => self.vocab.is_some() && self.dims.len() == 1,
+            "decoder" | "encoder" => {
+                self.vocab.is_some() && self.dims.len() == 1 && !self.per_token
+            }
             _ => true,
         }
     }
@@ -339,6 +341,56 @@ fn decoder() -> impl Strategy<Value = ModelSpec> {
         )
 }
 
+fn encoder() -> impl Strategy<Value = ModelSpec> {
+    (
+        4usize..=16,
+        2usize..=8,
+        prop_oneof![Just(1usize), Just(2)],
+        prop_oneof![Just(2usize), Just(4), Just(8)],
+        1usize..=2,
+        1usize..=2,
+        norm_eps(),
+        prop_oneof![3 => Just(AttentionScale::InvSqrtD), 1 => Just(AttentionScale::None)],
+        prop_oneof![
+            2 => Just(MaskKind::default()),
+            1 => Just(MaskKind::Additive { value: f64::from(f32::MIN) }),
+            1 => Just(MaskKind::NegInf)
+        ],
+        0usize..=2,
+        (2usize..=4, init()),
+    )
+        .prop_map(
+            |(
+                vocab,
+                seq_len,
+                heads,
+                head_dim,
+                layers,
+                mlp_ratio,
+                norm_eps,
+                attention_scale,
+                mask,
+                min_length,
+                (classes, init),
+            )| {
+                ModelSpec::Encoder(EncoderSpec {
+                    vocab,
+                    seq_len,
+                    d_model: heads * head_dim,
+                    heads,
+                    layers,
+                    mlp_ratio,
+                    norm_eps,
+                    attention_scale,
+                    mask,
+                    min_length: min_length.min(seq_len),
+                    classes,
+                    init,
+                })
+            },
+        )
+}
+
 /// Models of a built-in family; any other name is a caller's mistake
 /// ([`StrategyOptions::validate`] catches it first) and panics.
 pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
@@ -347,6 +399,7 @@ pub fn model(family: &str) -> BoxedStrategy<ModelSpec> {
         "transformer" => transformer().boxed(),
         "rnn" => rnn().boxed(),
         "decoder" => decoder().boxed(),
+        "encoder" => encoder().boxed(),
         other => panic!("no strategy draws the family `{other}` (expected one of {FAMILIES:?})"),
     }
 }
@@ -636,6 +689,12 @@ pub fn safe_envelope(case: &mut Case) {
             t.attention_scale = AttentionScale::InvSqrtD;
         }
         ModelSpec::Decoder(d) => d.rms_eps = d.rms_eps.max(1e-5),
+        ModelSpec::Encoder(e) => {
+            e.norm_eps = e.norm_eps.max(1e-5);
+            e.attention_scale = AttentionScale::InvSqrtD;
+            e.mask = MaskKind::default();
+            e.min_length = e.min_length.max(1);
+        }
         ModelSpec::Rnn(_) | ModelSpec::Custom(_) => {}
     }
 }
@@ -767,6 +826,12 @@ fn fit_to_dataset(c: &mut Case, fit: &DatasetFit) {
         ModelSpec::Decoder(d) => {
             if let (Some(vocab), [seq_len]) = (fit.vocab, fit.dims.as_slice()) {
                 (d.vocab, d.seq_len) = (vocab, *seq_len);
+            }
+        }
+        ModelSpec::Encoder(e) => {
+            if let (Some(vocab), [seq_len]) = (fit.vocab, fit.dims.as_slice()) {
+                (e.vocab, e.seq_len, e.classes) = (vocab, *seq_len, fit.classes);
+                e.min_length = e.min_length.min(*seq_len);
             }
         }
         ModelSpec::Custom(_) => {}

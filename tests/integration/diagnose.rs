@@ -379,3 +379,66 @@ fn decoder_attention_logit_overflow_in_half_precision() {
         "{kinds:?}"
     );
 }
+
+fn encoder_case(change: impl FnOnce(&mut EncoderSpec)) -> Case {
+    let mut case = Case::example("encoder").unwrap();
+    let ModelSpec::Encoder(e) = &mut case.model else {
+        unreachable!()
+    };
+    change(e);
+    case
+}
+
+/// BERT's additive mask with f32::MIN in f16: f32::MIN is -inf there and
+/// 0 · -inf is NaN at every kept position.
+#[test]
+fn encoder_f32_min_mask_in_half_precision_is_localized_to_the_mask_and_fixed() {
+    let mut case = encoder_case(|e| {
+        e.mask = MaskKind::Additive {
+            value: f64::from(f32::MIN),
+        }
+    });
+    case.precision = Precision::F16;
+    case.optimizer = sgd(1e-2);
+    let f = nanhunt::run(&case)
+        .unwrap()
+        .finding()
+        .cloned()
+        .expect("a NaN");
+    assert_eq!(
+        (f.kind.as_str(), f.stage.as_str()),
+        ("nan", "layer0.attn.mask"),
+        "{}",
+        f.detail
+    );
+    let d = diagnosis(case);
+    assert_first(&d, CauseKind::AttentionMask);
+}
+
+/// A sample of padding only under a -inf mask: its attention rows are all
+/// -inf and the softmax is 0/0.
+#[test]
+fn encoder_fully_masked_rows_are_localized_to_the_softmax_and_fixed() {
+    let case = encoder_case(|e| {
+        e.mask = MaskKind::NegInf;
+        e.min_length = 0;
+    });
+    let f = nanhunt::run(&case)
+        .unwrap()
+        .finding()
+        .cloned()
+        .expect("a NaN");
+    assert_eq!(
+        (f.kind.as_str(), f.stage.as_str()),
+        ("nan", "layer0.attn.softmax"),
+        "{}",
+        f.detail
+    );
+    let d = diagnosis(case);
+    assert_first(&d, CauseKind::AttentionMask);
+    assert!(
+        d.causes[0].fixes.iter().filter(|f| f.verified).count() == 2,
+        "{:?}",
+        d.causes[0].fixes
+    );
+}

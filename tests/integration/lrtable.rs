@@ -17,7 +17,7 @@ fn the_default_table_of_the_builtin_families_matches_its_snapshot() {
     let o = nanhunt(&["lr-table", "--quiet", "--jobs", "2"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let md = stdout(&o);
-    assert_eq!(md.matches("| f32 |").count(), 12, "{md}");
+    assert_eq!(md.matches("| f32 |").count(), 15, "{md}");
     settings().bind(|| insta::assert_snapshot!("lr_table_default_md", md));
 }
 

@@ -70,6 +70,8 @@ pub struct Generator {
     per_token: bool,
     /// Each position's target is the next token (a language model's).
     next_token: bool,
+    /// Samples are padded with token 0 after `min_length..=seq_len` tokens.
+    padding: Option<usize>,
     target_kind: TargetKind,
     data: DataSpec,
     seed: u64,
@@ -89,6 +91,7 @@ impl Generator {
             classes,
             per_token: case.model.per_token(),
             next_token: case.model.next_token(),
+            padding: case.model.padding(),
             target_kind: case.loss.target_kind(),
             data: case.data.clone(),
             seed: case.seed,
@@ -153,6 +156,15 @@ impl Generator {
                         ids.push(id as u32);
                         if self.per_token {
                             labels.push((id * self.classes / vocab) as i64);
+                        }
+                    }
+                    if let Some(min_length) = self.padding {
+                        // Token 0 is padding: none before the sample's length,
+                        // only padding after it.
+                        let len = min_length + rng.below(seq_len - min_length + 1);
+                        let row = ids.len() - seq_len;
+                        for (t, id) in ids[row..].iter_mut().enumerate() {
+                            *id = if t < len { (*id).max(1) } else { 0 };
                         }
                     }
                 }

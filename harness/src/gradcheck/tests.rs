@@ -362,3 +362,15 @@ fn decoder_family_variants() {
         assert_case_passes(&c);
     }
 }
+
+#[test]
+fn encoder_family_variants() {
+    let base = Case::example("encoder").unwrap();
+    assert_case_passes(&base);
+    let mut c = base.clone();
+    let ModelSpec::Encoder(e) = &mut c.model else {
+        unreachable!()
+    };
+    (e.mask, e.layers, e.norm_eps) = (MaskKind::NegInf, 2, 1e-5);
+    assert_case_passes(&c);
+}

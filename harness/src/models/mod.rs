@@ -6,6 +6,7 @@
 
 mod cnn;
 mod decoder;
+mod encoder;
 pub mod layers;
 pub mod params;
 mod rnn;
@@ -130,10 +131,18 @@ pub trait Model {
 pub trait ModelFactory: Sync {
     fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>>;
 
-    /// Builds with the case's declared knobs (`model.knobs`); the runner
-    /// always calls this. A factory that reads knobs is a [`WithKnobs`].
-    fn build_with(&self, vb: VarBuilder<'static>, knobs: &Knobs) -> Result<Box<dyn Model>> {
-        let _ = knobs;
+    /// Builds the model of the case being run: `spec` is its model field and
+    /// `knobs` its declared knobs (`model.knobs`); the runner always calls
+    /// this. A factory that reads knobs is a [`WithKnobs`]; a built-in
+    /// family's builds `spec`, so a changed case (diagnose's and minimize's
+    /// variants) runs its own model.
+    fn build_with(
+        &self,
+        vb: VarBuilder<'static>,
+        spec: &ModelSpec,
+        knobs: &Knobs,
+    ) -> Result<Box<dyn Model>> {
+        let _ = (spec, knobs);
         self.build(vb)
     }
 }
@@ -181,7 +190,12 @@ where
         (self.0)(vb, &Knobs::default())
     }
 
-    fn build_with(&self, vb: VarBuilder<'static>, knobs: &Knobs) -> Result<Box<dyn Model>> {
+    fn build_with(
+        &self,
+        vb: VarBuilder<'static>,
+        _spec: &ModelSpec,
+        knobs: &Knobs,
+    ) -> Result<Box<dyn Model>> {
         (self.0)(vb, knobs)
     }
 }
@@ -245,14 +259,34 @@ pub fn factory_for<'a>(
 
 impl ModelFactory for BuiltinFactory {
     fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>> {
-        Ok(match &self.spec {
-            ModelSpec::Cnn(c) => Box::new(cnn::Cnn::new(c, vb)?),
-            ModelSpec::Transformer(t) => Box::new(transformer::Transformer::new(t, vb)?),
-            ModelSpec::Rnn(r) => Box::new(rnn::Rnn::new(r, vb)?),
-            ModelSpec::Decoder(d) => Box::new(decoder::Decoder::new(d, vb)?),
-            ModelSpec::Custom(_) => candle_core::bail!("a custom model needs its own factory"),
-        })
+        build_builtin(&self.spec, vb)
     }
+
+    /// The case's own model: a variant that changed a model field (an eps,
+    /// a mask) must not run the model this factory was made for.
+    fn build_with(
+        &self,
+        vb: VarBuilder<'static>,
+        spec: &ModelSpec,
+        _knobs: &Knobs,
+    ) -> Result<Box<dyn Model>> {
+        match spec {
+            ModelSpec::Custom(_) => self.build(vb),
+            spec => build_builtin(spec, vb),
+        }
+    }
+}
+
+/// A built-in family's model of `spec`.
+fn build_builtin(spec: &ModelSpec, vb: VarBuilder<'static>) -> Result<Box<dyn Model>> {
+    Ok(match spec {
+        ModelSpec::Cnn(c) => Box::new(cnn::Cnn::new(c, vb)?),
+        ModelSpec::Transformer(t) => Box::new(transformer::Transformer::new(t, vb)?),
+        ModelSpec::Rnn(r) => Box::new(rnn::Rnn::new(r, vb)?),
+        ModelSpec::Decoder(d) => Box::new(decoder::Decoder::new(d, vb)?),
+        ModelSpec::Encoder(e) => Box::new(encoder::Encoder::new(e, vb)?),
+        ModelSpec::Custom(_) => candle_core::bail!("a custom model needs its own factory"),
+    })
 }
 
 /// The init hint for a weight with these fans under the case's scheme.

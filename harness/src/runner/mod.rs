@@ -269,7 +269,7 @@ impl<'a> Session<'a> {
         )
         .with_overrides(case.model.init_overrides());
         let knobs = crate::models::Knobs::of(&case.model);
-        factory.build_with(params.creating_builder(), &knobs)?;
+        factory.build_with(params.creating_builder(), &case.model, &knobs)?;
         // Tensors the case declares frozen are not trained and need no gradient.
         let frozen = case.model.frozen();
         let trainable: Vec<(String, Var)> = params
@@ -532,9 +532,11 @@ impl<'a> Session<'a> {
             targets,
             mix,
         } = self.upload(batch)?;
-        let model = self
-            .factory
-            .build_with(self.params.compute_builder(self.compute), &self.knobs)?;
+        let model = self.factory.build_with(
+            self.params.compute_builder(self.compute),
+            &self.case.model,
+            &self.knobs,
+        )?;
         let output = model.forward(&input, tracer)?;
         let logits = match output.rank() {
             3 => output.flatten(0, 1)?,

@@ -3,7 +3,7 @@
 use super::*;
 
 /// The built-in families, in the order commands list them.
-pub const FAMILIES: [&str; 4] = ["cnn", "transformer", "rnn", "decoder"];
+pub const FAMILIES: [&str; 5] = ["cnn", "transformer", "rnn", "decoder", "encoder"];
 
 /// Model sizes of the built-in families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -16,7 +16,8 @@ pub enum Size {
     /// The sizes of the side-by-side benchmark: CNN 3×32×32 with two
     /// conv+relu+maxpool blocks, Transformer seq 32 / d 64 / 4 heads /
     /// 2 layers, LSTM seq 32 / input 16 / hidden 64, decoder vocab 64 /
-    /// seq 32 / d 64 / 4 heads over 2 key/value heads / 2 layers, batch 32.
+    /// seq 32 / d 64 / 4 heads over 2 key/value heads / 2 layers, encoder
+    /// vocab 64 / seq 32 / d 64 / 4 heads / 2 layers, batch 32.
     Large,
 }
 
@@ -64,6 +65,10 @@ impl Case {
                 d.d_model = 8;
                 d.seq_len = 4;
             }
+            (ModelSpec::Encoder(e), Size::Small) => {
+                e.d_model = 8;
+                e.seq_len = 4;
+            }
             (ModelSpec::Cnn(c), Size::Large) => {
                 (c.height, c.width) = (32, 32);
                 c.blocks = [16, 32]
@@ -83,6 +88,9 @@ impl Case {
             }
             (ModelSpec::Rnn(r), Size::Large) => {
                 (r.seq_len, r.features, r.hidden) = (32, 16, 64);
+            }
+            (ModelSpec::Encoder(e), Size::Large) => {
+                (e.vocab, e.seq_len, e.d_model, e.heads, e.layers) = (64, 32, 64, 4, 2);
             }
             (ModelSpec::Decoder(d), Size::Large) => {
                 (d.vocab, d.seq_len, d.d_model, d.heads, d.kv_heads, d.layers) =
@@ -193,6 +201,32 @@ impl Case {
                     rms_eps: 1e-5,
                     rope_theta: 10_000.0,
                     attention_scale: AttentionScale::InvSqrtD,
+                    init: InitSpec {
+                        scheme: InitScheme::Xavier,
+                        gain: 1.0,
+                    },
+                }),
+                OptimizerSpec::Adam {
+                    lr: 3e-3,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.0,
+                },
+            ),
+            "encoder" => (
+                ModelSpec::Encoder(EncoderSpec {
+                    vocab: 16,
+                    seq_len: 8,
+                    d_model: 16,
+                    heads: 2,
+                    layers: 1,
+                    mlp_ratio: 2,
+                    norm_eps: 1e-12,
+                    attention_scale: AttentionScale::InvSqrtD,
+                    mask: MaskKind::default(),
+                    min_length: 2,
+                    classes: 4,
                     init: InitSpec {
                         scheme: InitScheme::Xavier,
                         gain: 1.0,

@@ -11,6 +11,10 @@ pub enum ModelSpec {
     /// A Llama-style language model: RMSNorm, rotary positions,
     /// grouped-query causal attention, a SwiGLU MLP, next-token targets.
     Decoder(DecoderSpec),
+    /// A BERT-style encoder over padded token sequences: learned positions,
+    /// post-norm blocks, an attention mask over the padding, a head on the
+    /// first token.
+    Encoder(EncoderSpec),
     /// A user's own model, built by code the caller passes to the runner; the
     /// case only says what data it eats and how many outputs it has.
     Custom(CustomSpec),
@@ -23,6 +27,7 @@ impl ModelSpec {
             ModelSpec::Transformer(_) => "transformer",
             ModelSpec::Rnn(_) => "rnn",
             ModelSpec::Decoder(_) => "decoder",
+            ModelSpec::Encoder(_) => "encoder",
             ModelSpec::Custom(c) => &c.name,
         }
     }
@@ -53,6 +58,10 @@ impl ModelSpec {
                 seq_len: d.seq_len,
                 vocab: d.vocab,
             },
+            ModelSpec::Encoder(e) => InputSpec::Tokens {
+                seq_len: e.seq_len,
+                vocab: e.vocab,
+            },
             ModelSpec::Custom(c) => c.input.clone(),
         }
     }
@@ -63,6 +72,7 @@ impl ModelSpec {
             ModelSpec::Transformer(t) => t.classes,
             ModelSpec::Rnn(r) => r.classes,
             ModelSpec::Decoder(d) => d.vocab,
+            ModelSpec::Encoder(e) => e.classes,
             ModelSpec::Custom(c) => c.outputs,
         }
     }
@@ -83,11 +93,21 @@ impl ModelSpec {
         matches!(self, ModelSpec::Decoder(_))
     }
 
+    /// The shortest sequence before padding (token 0), for a model that
+    /// reads padded sequences.
+    pub fn padding(&self) -> Option<usize> {
+        match self {
+            ModelSpec::Encoder(e) => Some(e.min_length),
+            _ => None,
+        }
+    }
+
     /// The attention-logit scaling of a family with attention.
     pub fn attention_scale(&self) -> Option<AttentionScale> {
         match self {
             ModelSpec::Transformer(t) => Some(t.attention_scale),
             ModelSpec::Decoder(d) => Some(d.attention_scale),
+            ModelSpec::Encoder(e) => Some(e.attention_scale),
             _ => None,
         }
     }
@@ -96,6 +116,7 @@ impl ModelSpec {
         match self {
             ModelSpec::Transformer(t) => t.attention_scale = scale,
             ModelSpec::Decoder(d) => d.attention_scale = scale,
+            ModelSpec::Encoder(e) => e.attention_scale = scale,
             _ => {}
         }
     }
@@ -149,6 +170,7 @@ impl ModelSpec {
             ModelSpec::Transformer(t) => t.init,
             ModelSpec::Rnn(r) => r.init,
             ModelSpec::Decoder(d) => d.init,
+            ModelSpec::Encoder(e) => e.init,
             ModelSpec::Custom(c) => c.init,
         }
     }
@@ -160,6 +182,7 @@ impl ModelSpec {
             ModelSpec::Transformer(t) => &mut t.init,
             ModelSpec::Rnn(r) => &mut r.init,
             ModelSpec::Decoder(d) => &mut d.init,
+            ModelSpec::Encoder(e) => &mut e.init,
             ModelSpec::Custom(c) => &mut c.init,
         }
     }
@@ -454,6 +477,60 @@ pub struct DecoderSpec {
 
 fn default_rope_theta() -> f64 {
     10_000.0
+}
+
+/// A BERT-style encoder. Token 0 is padding: each sample is a sequence of
+/// `min_length..=seq_len` tokens padded at the end, and attention ignores
+/// the padded keys through `mask`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncoderSpec {
+    pub vocab: usize,
+    pub seq_len: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub layers: usize,
+    #[serde(default = "default_mlp_ratio")]
+    pub mlp_ratio: usize,
+    /// The layer-norm epsilon (BERT's is 1e-12).
+    #[serde(default = "default_bert_eps")]
+    pub norm_eps: f64,
+    #[serde(default = "default_attention_scale")]
+    pub attention_scale: AttentionScale,
+    #[serde(default)]
+    pub mask: MaskKind,
+    /// The shortest sequence before padding; 0 lets a sample be padding
+    /// only, so that its attention rows are fully masked.
+    #[serde(default = "default_min_length")]
+    pub min_length: usize,
+    pub classes: usize,
+    #[serde(default = "default_xavier")]
+    pub init: InitSpec,
+}
+
+/// How attention ignores the padded keys.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum MaskKind {
+    /// BERT's: `(1 - keep) · value` added to the logits, computed in the
+    /// compute dtype (f32::MIN is -inf in f16, and 0 · -inf is NaN).
+    Additive { value: f64 },
+    /// PyTorch's `masked_fill(-inf)`: a fully masked row is NaN after the softmax.
+    NegInf,
+}
+
+impl Default for MaskKind {
+    fn default() -> Self {
+        MaskKind::Additive { value: -1e4 }
+    }
+}
+
+fn default_bert_eps() -> f64 {
+    1e-12
+}
+
+fn default_min_length() -> usize {
+    1
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

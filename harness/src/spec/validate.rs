@@ -242,6 +242,42 @@ impl Case {
                     ));
                 }
             }
+            ModelSpec::Encoder(e) => {
+                count("model.vocab", e.vocab, 2, 1_000_000)?;
+                count("model.seq_len", e.seq_len, 1, 4096)?;
+                count("model.d_model", e.d_model, 1, 4096)?;
+                count("model.heads", e.heads, 1, 64)?;
+                count("model.layers", e.layers, 1, 48)?;
+                count("model.mlp_ratio", e.mlp_ratio, 1, 8)?;
+                count("model.classes", e.classes, 1, 100_000)?;
+                non_negative("model.norm_eps", e.norm_eps)?;
+                if e.d_model % e.heads != 0 {
+                    return Err(Error::invalid(
+                        "model.heads",
+                        format!(
+                            "d_model {} is not divisible by heads {}",
+                            e.d_model, e.heads
+                        ),
+                    ));
+                }
+                if e.min_length > e.seq_len {
+                    return Err(Error::invalid(
+                        "model.min_length",
+                        format!(
+                            "must be at most seq_len {}, got {}",
+                            e.seq_len, e.min_length
+                        ),
+                    ));
+                }
+                if let MaskKind::Additive { value } = e.mask {
+                    if !(value.is_finite() && value < 0.0) {
+                        return Err(Error::invalid(
+                            "model.mask.value",
+                            format!("must be finite and negative, got {value}"),
+                        ));
+                    }
+                }
+            }
             ModelSpec::Rnn(r) => {
                 count("model.features", r.features, 1, 65_536)?;
                 count("model.seq_len", r.seq_len, 1, 4096)?;
@@ -769,6 +805,14 @@ impl ModelSpec {
                     + linear(hidden, d);
                 m.vocab * d + m.layers * block + d + linear(d, m.vocab)
             }
+            ModelSpec::Encoder(e) => {
+                let d = e.d_model;
+                let block = 4 * linear(d, d)
+                    + linear(d, e.mlp_ratio * d)
+                    + linear(e.mlp_ratio * d, d)
+                    + 4 * d;
+                (e.vocab + e.seq_len) * d + 2 * d + e.layers * block + linear(d, e.classes)
+            }
             // Unknown until the user's code builds it; checked after building.
             ModelSpec::Custom(_) => 0,
         }
@@ -798,6 +842,10 @@ impl ModelSpec {
                 let s = m.seq_len;
                 m.layers * (s * m.d_model * (14 + 3 * m.mlp_ratio) + 3 * m.heads * s * s)
                     + s * m.vocab
+            }
+            ModelSpec::Encoder(e) => {
+                let s = e.seq_len;
+                e.layers * (s * e.d_model * (10 + 2 * e.mlp_ratio) + 4 * e.heads * s * s)
             }
             ModelSpec::Custom(c) => 16 * c.input.numel(),
         }
