@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The side-by-side benchmark: the same three models and the fuzz workload in
+# The side-by-side benchmark: the same five models and the fuzz workload in
 # PyTorch (bench/pytorch_bench.py) and in nanhunt (harness/examples/
 # side_by_side.rs), both at one compute thread, run in one go, with the
 # nanhunt/PyTorch speed ratio per model and for the fuzz workload, and
@@ -24,7 +24,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {(r["framework"], r["family"]): r for r in rows}
 print("| model | nanhunt ms/step | PyTorch ms/step | speed nanhunt/PyTorch | nanhunt probe overhead | PyTorch detect_anomaly overhead |")
 print("|---|---|---|---|---|---|")
-for f in ["cnn", "transformer", "rnn"]:
+for f in ["cnn", "transformer", "rnn", "decoder", "encoder"]:
     n, p = by[("nanhunt", f)], by[("pytorch", f)]
     print(f"| {f} | {n['ms_per_step']:.2f} | {p['ms_per_step']:.2f} | {p['ms_per_step'] / n['ms_per_step']:.2f}x "
           f"| {100 * n['probe_overhead']:+.1f}% | {100 * p['detect_anomaly_overhead']:+.0f}% |")

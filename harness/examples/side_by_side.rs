@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(30);
     // An optional family name runs that family's step alone (for profiling).
     let only = std::env::args().nth(2);
-    for family in ["cnn", "transformer", "rnn"] {
+    for family in ["cnn", "transformer", "rnn", "decoder", "encoder"] {
         if only.as_deref().is_some_and(|f| f != family) {
             continue;
         }

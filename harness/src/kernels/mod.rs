@@ -30,7 +30,9 @@ mod pool;
 mod recurrent;
 pub mod reference;
 mod rms_norm;
+mod rope;
 mod softmax;
+mod swiglu;
 mod tanh_rnn;
 
 pub use activation::{gelu, relu, tanh};
@@ -42,9 +44,10 @@ pub use linear::linear;
 pub use lstm::lstm_layer;
 pub use norm::layer_norm;
 pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
-pub use reference::rope;
 pub use rms_norm::rms_norm;
+pub use rope::rope;
 pub use softmax::softmax_last_dim;
+pub use swiglu::swiglu;
 pub use tanh_rnn::tanh_rnn_layer;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, WithDType};

@@ -73,6 +73,11 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Tensor::cat(&[r1, r2], 3)?.reshape((b, s, h, hd))
 }
 
+/// SwiGLU's gate: silu(a)·b.
+pub fn swiglu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.silu()? * b
+}
+
 /// (B, S, D) → (B, heads, S, D/heads), contiguous.
 fn split_heads(t: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, s, d) = t.dims3()?;

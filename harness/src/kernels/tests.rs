@@ -238,6 +238,13 @@ fn rms_norm_matches_reference_and_gradchecks() {
 }
 
 #[test]
+fn swiglu_matches_reference_and_gradchecks() {
+    let f: &Op = &|xs| swiglu(&xs[0], &xs[1]);
+    matches_reference("swiglu", f, &[&[2, 5, 16], &[2, 5, 16]]);
+    gradchecks("swiglu", f, &[&[2, 3, 6], &[2, 3, 6]]);
+}
+
+#[test]
 fn rope_gradchecks_and_rotates_each_pair_by_its_angle() {
     const S: usize = 3;
     let s = S;
@@ -246,6 +253,7 @@ fn rope_gradchecks_and_rotates_each_pair_by_its_angle() {
         let t = Tensor::from_vec(angles, (S, 2), xs[0].device())?.to_dtype(xs[0].dtype())?;
         rope(&xs[0], &t.cos()?, &t.sin()?)
     };
+    matches_reference("rope", f, &[&[2, s, 2, 4]]);
     gradchecks("rope", f, &[&[2, s, 2, 4]]);
     // A rotation keeps each pair's norm.
     let x = randn(1, &[1, s, 1, 4], DType::F64);

@@ -122,9 +122,9 @@ impl Decoder {
         l: &Block,
         x: &Tensor,
         tables: &(Tensor, Tensor),
+        causal: &Causal,
         tr: &mut Tracer,
     ) -> Result<Tensor> {
-        let s = x.dim(1)?;
         let (cos, sin) = tables;
         let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
         let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
@@ -134,11 +134,7 @@ impl Decoder {
         let (k, v) = (self.share_kv(&k)?, self.share_kv(&v)?);
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
         let scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
-        let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
-        let blocked = Tensor::new(f32::NEG_INFINITY, x.device())?
-            .to_dtype(scores.dtype())?
-            .broadcast_as(scores.shape())?;
-        let scores = mask.where_cond(&scores, &blocked)?;
+        let scores = causal.mask.where_cond(&scores, &causal.blocked)?;
         let probs = tr.record_with(
             || format!("{}.attn.softmax", l.name),
             layers::softmax(&scores)?,
@@ -149,9 +145,31 @@ impl Decoder {
 
     /// SwiGLU: down(silu(gate(x)) · up(x)).
     fn mlp(&self, l: &Block, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let h = (l.gate.forward(x)?.silu()? * l.up.forward(x)?)?;
+        let h = kernels::swiglu(&l.gate.forward(x)?, &l.up.forward(x)?)?;
         let h = tr.record_with(|| format!("{}.mlp.swiglu", l.name), h)?;
         tr.record_with(|| format!("{}.mlp.down", l.name), l.down.forward(&h)?)
+    }
+}
+
+/// The causal mask of a forward pass, made once for every layer: where
+/// the key comes after the query, the logit is -inf.
+struct Causal {
+    mask: Tensor,
+    blocked: Tensor,
+}
+
+impl Causal {
+    fn new(
+        shape: (usize, usize, usize, usize),
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        Ok(Causal {
+            mask: layers::causal_mask(shape.2, device)?.broadcast_as(shape)?,
+            blocked: Tensor::new(f32::NEG_INFINITY, device)?
+                .to_dtype(dtype)?
+                .broadcast_as(shape)?,
+        })
     }
 }
 
@@ -163,9 +181,10 @@ impl Model for Decoder {
         let mut x = tr.record("embed", x)?;
         let hd = x.dim(2)? / self.heads;
         let tables = self.rope_tables(s, hd, &x)?;
+        let causal = Causal::new((b, self.heads, s, s), x.dtype(), x.device())?;
         for l in &self.blocks {
             let h = tr.record_with(|| format!("{}.ln1", l.name), l.ln1.forward(&x)?)?;
-            x = (&x + self.attention(l, &h, &tables, tr)?)?;
+            x = (&x + self.attention(l, &h, &tables, &causal, tr)?)?;
             let h = tr.record_with(|| format!("{}.ln2", l.name), l.ln2.forward(&x)?)?;
             x = (&x + self.mlp(l, &h, tr)?)?;
         }

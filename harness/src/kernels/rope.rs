@@ -1,0 +1,84 @@
+//! Rotary position embedding (the "rotate half" layout) as one pass: for
+//! each position t and pair i of a head, (x1, x2) ↦ (x1·cos - x2·sin,
+//! x1·sin + x2·cos). Its backward is the rotation by the opposite angle,
+//! the same op with sin negated. candle-nn's `rope` has no backward pass;
+//! the composition of candle ops (`reference::rope`) takes eight nodes.
+
+use super::reference;
+use super::{fused_for, slice, wide, with_real, Real};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+
+/// x (B, S, H, hd), cos and sin (S, hd/2) → x rotated.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if !fused_for(x) || cos.dtype() != x.dtype() || sin.dtype() != x.dtype() {
+        return reference::rope(x, cos, sin);
+    }
+    x.contiguous()?
+        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope)
+}
+
+struct Rope;
+
+impl Rope {
+    #[inline(always)] // into `wide`'s AVX2 build
+    fn compute<T: Real>(x: &[T], cos: &[T], sin: &[T], dims: (usize, usize, usize)) -> Vec<T> {
+        let (s, h, hd) = dims;
+        let half = hd / 2;
+        let mut y = vec![T::zero(); x.len()];
+        for (r, (xr, yr)) in x.chunks_exact(hd).zip(y.chunks_exact_mut(hd)).enumerate() {
+            // Rows are (b, t, head) in order.
+            let t = (r / h) % s;
+            let (c, sn) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for i in 0..half {
+                let (x1, x2) = (xr[i], xr[half + i]);
+                yr[i] = x1 * c[i] - x2 * sn[i];
+                yr[half + i] = x1 * sn[i] + x2 * c[i];
+            }
+        }
+        y
+    }
+}
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "nanhunt-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, s, h, hd) = l1.shape().dims4()?;
+        if hd % 2 != 0 || l2.shape().elem_count() != s * hd / 2 {
+            candle_core::bail!("rope: needs an even head width and (S, hd/2) tables");
+        }
+        with_real!(s1, T => {
+            let (x, c, sn) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let y = wide(#[inline(always)] || Rope::compute(x, c, sn, (s, h, hd)));
+            Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
+        })
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The tables are constants: only the input gets a gradient.
+        let dx = grad
+            .contiguous()?
+            .apply_op3_no_bwd(cos, &sin.neg()?, &Rope)?;
+        Ok((Some(dx), None, None))
+    }
+}
