@@ -189,6 +189,21 @@ impl GradientCoverage {
         )
     }
 
+    /// The stage a `no_gradient` finding names: where the recorded flow
+    /// stops, else the first frozen tensor (`param.<name>`).
+    pub fn stage(&self) -> String {
+        match &self.stops_at {
+            Some(stop) => stop.stage.clone(),
+            None => format!(
+                "param.{}",
+                self.frozen_names()
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("?")
+            ),
+        }
+    }
+
     /// Every frozen tensor's full name, in creation order.
     pub fn frozen_names(&self) -> Vec<String> {
         self.modules

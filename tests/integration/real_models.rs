@@ -183,6 +183,21 @@ fn case_of(m: &Real) -> Case {
     c
 }
 
+/// Four token sequences and a label each, for a guarded step.
+fn token_batch() -> nanhunt::guard::Batch {
+    let ids = Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
+        .unwrap()
+        .reshape((4, SEQ))
+        .unwrap();
+    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
+    nanhunt::guard::Batch::new([("ids", ids), ("labels", labels)])
+}
+
+fn token_loss(model: &dyn Model, b: &nanhunt::guard::Batch) -> candle_core::Result<Tensor> {
+    let logits = model.forward(b.get("ids")?, &mut Tracer::off())?;
+    candle_nn::loss::cross_entropy(&logits, b.get("labels")?)
+}
+
 /// A plain candle loop's answer: the tensors of a VarMap that one
 /// backward pass of the cross-entropy leaves without a gradient.
 fn untrained_by_a_plain_loop(m: &Real) -> (usize, usize) {
@@ -276,18 +291,13 @@ fn a_real_model_with_its_frozen_tensors_declared_runs_and_trains_the_rest() {
 
 #[test]
 fn the_guard_reports_the_same_frozen_tensors_in_a_plain_loop() {
-    use nanhunt::guard::{Batch, Guard, GuardOptions};
+    use nanhunt::guard::{Guard, GuardOptions};
     let m = &models()[1];
     let varmap = VarMap::new();
     let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
     let mut guard = Guard::new(&varmap, GuardOptions::default().named("llama")).unwrap();
     let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
-    let ids = Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
-        .unwrap()
-        .reshape((4, SEQ))
-        .unwrap();
-    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
-    let batch = Batch::new([("ids", ids), ("labels", labels)]);
+    let batch = token_batch();
     let err = guard
         .step(0, &batch, &mut opt, |b| {
             let logits = model.forward(b.get("ids")?, &mut Tracer::off())?;
@@ -559,7 +569,7 @@ fn with_records_the_finding_names_the_stages_between_which_the_gradient_stops() 
 
 #[test]
 fn the_guard_trains_a_stock_model_whose_frozen_part_is_declared() {
-    use nanhunt::guard::{Batch, Guard, GuardOptions};
+    use nanhunt::guard::{Guard, GuardOptions};
     let m = &models()[1];
     let varmap = VarMap::new();
     let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
@@ -567,18 +577,10 @@ fn the_guard_trains_a_stock_model_whose_frozen_part_is_declared() {
     let mut guard = Guard::new(&varmap, opts).unwrap();
     assert_eq!(guard.names(), ["lm_head.weight"]);
     let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
-    let ids = Tensor::arange(0u32, (4 * SEQ) as u32, &Device::Cpu)
-        .unwrap()
-        .reshape((4, SEQ))
-        .unwrap();
-    let labels = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
-    let batch = Batch::new([("ids", ids), ("labels", labels)]);
+    let batch = token_batch();
     for step in 0..3 {
         guard
-            .step(step, &batch, &mut opt, |b| {
-                let logits = model.forward(b.get("ids")?, &mut Tracer::off())?;
-                candle_nn::loss::cross_entropy(&logits, b.get("labels")?)
-            })
+            .step(step, &batch, &mut opt, |b| token_loss(&*model, b))
             .unwrap();
     }
 }

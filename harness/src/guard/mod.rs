@@ -166,21 +166,10 @@ struct Failure {
 /// The failure of a backward pass that left variables without a gradient,
 /// staged at the flow's stop when a traced re-run saw it.
 fn no_gradient(coverage: GradientCoverage) -> Failure {
-    let stage = match &coverage.stops_at {
-        Some(stop) => stop.stage.clone(),
-        None => format!(
-            "param.{}",
-            coverage
-                .frozen_names()
-                .first()
-                .map(String::as_str)
-                .unwrap_or("?")
-        ),
-    };
     Failure {
         kind: FindingKind::NoGradient,
         phase: Phase::Backward,
-        stage,
+        stage: coverage.stage(),
         detail: coverage.summary(),
         stats: None,
         coverage: Some(Box::new(coverage)),

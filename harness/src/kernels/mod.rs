@@ -319,6 +319,14 @@ pub(crate) fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&
 }
 
 /// A backward op's packed output: one flat tensor, split by [`unpack`].
+/// The width of the rows a normalization runs over (the last dimension).
+pub(crate) fn last_dim(l: &Layout, op: &str) -> Result<usize> {
+    match l.dims().last() {
+        Some(&d) if d > 0 => Ok(d),
+        _ => candle_core::bail!("{op}: input needs a non-empty last dimension"),
+    }
+}
+
 pub(crate) fn flat<T: WithDType>(data: Vec<T>) -> Result<(CpuStorage, Shape)> {
     let len = data.len();
     Ok((T::to_cpu_storage_owned(data), Shape::from(len)))

@@ -2,7 +2,7 @@
 //! bias, forward and backward each one pass over the rows.
 
 use super::reference;
-use super::{flat, fused_for, lane_sum, real, slice, unpack, wide, with_real, Real};
+use super::{flat, fused_for, lane_sum, last_dim, real, slice, unpack, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
@@ -28,13 +28,6 @@ fn moments<T: Real>(row: &[T], eps: f64) -> (T, T) {
     (mean, T::one() / (var + eps).sqrt())
 }
 
-fn last_dim(l: &Layout) -> Result<usize> {
-    match l.dims().last() {
-        Some(&d) if d > 0 => Ok(d),
-        _ => candle_core::bail!("layer_norm: input needs a non-empty last dimension"),
-    }
-}
-
 impl CustomOp3 for LayerNorm {
     fn name(&self) -> &'static str {
         "nanhunt-layer-norm"
@@ -49,7 +42,7 @@ impl CustomOp3 for LayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l1)?;
+        let d = last_dim(l1, "layer_norm")?;
         with_real!(s1, T => {
             let (x, w, b) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
             let y = wide(#[inline(always)] || {
@@ -134,7 +127,7 @@ impl CustomOp3 for LayerNormGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l1)?;
+        let d = last_dim(l1, "layer_norm")?;
         with_real!(s1, T => {
             let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
             flat(wide(#[inline(always)] || self.compute::<T>(x, w, g, d)))

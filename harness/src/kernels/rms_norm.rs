@@ -3,7 +3,7 @@
 //! `rms_norm` has no backward pass at all.
 
 use super::reference;
-use super::{flat, fused_for, lane_sum, real, slice, unpack, wide, with_real, Real};
+use super::{flat, fused_for, lane_sum, last_dim, real, slice, unpack, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `x / sqrt(mean(x²) + eps) · w` over the last dimension.
@@ -26,13 +26,6 @@ fn rstd<T: Real>(row: &[T], eps: f64) -> T {
     T::one() / (ms + real(eps)).sqrt()
 }
 
-fn last_dim(l: &Layout) -> Result<usize> {
-    match l.dims().last() {
-        Some(&d) if d > 0 => Ok(d),
-        _ => candle_core::bail!("rms_norm: input needs a non-empty last dimension"),
-    }
-}
-
 impl CustomOp2 for RmsNorm {
     fn name(&self) -> &'static str {
         "nanhunt-rms-norm"
@@ -45,7 +38,7 @@ impl CustomOp2 for RmsNorm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l1)?;
+        let d = last_dim(l1, "rms_norm")?;
         with_real!(s1, T => {
             let (x, w) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
             let y = wide(#[inline(always)] || {
@@ -121,7 +114,7 @@ impl CustomOp3 for RmsNormGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l1)?;
+        let d = last_dim(l1, "rms_norm")?;
         with_real!(s1, T => {
             let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
             flat(wide(#[inline(always)] || self.compute::<T>(x, w, g, d)))

@@ -168,6 +168,11 @@ impl Failure {
             coverage: None,
         }
     }
+
+    fn with_coverage(mut self, coverage: crate::coverage::GradientCoverage) -> Self {
+        self.coverage = Some(Box::new(coverage));
+        self
+    }
 }
 
 /// A batch on the device: inputs in the compute dtype, dense targets (and

@@ -350,24 +350,11 @@ impl Session<'_> {
 /// gradient: staged at the flow's stop when the tracer saw it, else at the
 /// first frozen module.
 pub(crate) fn no_gradient_failure(coverage: crate::coverage::GradientCoverage) -> Failure {
-    let stage = match &coverage.stops_at {
-        Some(stop) => stop.stage.clone(),
-        None => format!(
-            "param.{}",
-            coverage
-                .frozen_names()
-                .first()
-                .map(String::as_str)
-                .unwrap_or("?")
-        ),
-    };
-    Failure {
-        coverage: Some(Box::new(coverage.clone())),
-        ..Failure::new(
-            FindingKind::NoGradient,
-            Phase::Backward,
-            stage,
-            coverage.summary(),
-        )
-    }
+    Failure::new(
+        FindingKind::NoGradient,
+        Phase::Backward,
+        coverage.stage(),
+        coverage.summary(),
+    )
+    .with_coverage(coverage)
 }
