@@ -857,10 +857,27 @@ pub fn generate(opts: &StrategyOptions, seed: u64) -> Case {
         .current()
 }
 
-/// A random nudge of one knob (the neighbourhood of a finding).
+/// A random nudge of one knob (the neighbourhood of a finding): the
+/// learning rate, data seed, precision, steps, input scale, clipping, batch
+/// size, or a value in the range of one of the model's declared knobs.
 pub fn mutate(base: &Case, rng: &mut crate::rng::Rng) -> Case {
     let mut c = base.clone();
-    match rng.below(7) {
+    // A model's declared knobs are one more thing to vary.
+    let knobs: Vec<String> = base
+        .model
+        .knobs()
+        .into_iter()
+        .flatten()
+        .map(|(n, _)| n.clone())
+        .collect();
+    let arms = 7 + usize::from(!knobs.is_empty());
+    match rng.below(arms) {
+        7 => {
+            let name = &knobs[rng.below(knobs.len())];
+            if let Some(k) = c.model.knobs_mut().and_then(|k| k.get_mut(name)) {
+                k.value = k.at(rng.uniform());
+            }
+        }
         0 => {
             let lr = c.optimizer.lr() * 10f64.powf(rng.uniform_in(-1.0, 1.0));
             c.optimizer.set_lr(lr);
@@ -890,6 +907,48 @@ pub fn mutate(base: &Case, rng: &mut crate::rng::Rng) -> Case {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mutations_vary_a_declared_knob_within_its_range() {
+        let mut c = Case::example("cnn").unwrap();
+        let mut knobs = std::collections::BTreeMap::new();
+        knobs.insert(
+            "ln_eps".to_string(),
+            KnobSpec {
+                value: 1e-12,
+                min: 1e-12,
+                max: 1e-3,
+                stage: None,
+            },
+        );
+        c.model = ModelSpec::Custom(CustomSpec {
+            name: "m".into(),
+            input: InputSpec::Vector { features: 4 },
+            outputs: 2,
+            init: InitSpec::default(),
+            per_token: false,
+            frozen: Vec::new(),
+            knobs,
+            init_overrides: Default::default(),
+        });
+        let values: Vec<f64> = (0..64)
+            .map(|i| {
+                let mut rng = crate::rng::Rng::keyed(0, "test.mutate", i);
+                mutate(&c, &mut rng).model.knobs().unwrap()["ln_eps"].value
+            })
+            .filter(|&v| v != 1e-12)
+            .collect();
+        assert!(values.len() >= 4, "{values:?}");
+        assert!(
+            values.iter().all(|v| (1e-12..=1e-3).contains(v)),
+            "{values:?}"
+        );
+        // Spread by magnitude: some below 1e-9, some above 1e-6.
+        assert!(
+            values.iter().any(|&v| v < 1e-9) && values.iter().any(|&v| v > 1e-6),
+            "{values:?}"
+        );
+    }
 
     #[test]
     fn drawn_cases_are_valid_before_the_filter() {

@@ -25,7 +25,8 @@ impl Default for UserCampaign {
 }
 
 /// Runs the user's case and `runs - 1` seeded mutations of it (learning
-/// rate, data seed, precision, steps, input scale, clipping, batch size)
+/// rate, data seed, precision, steps, input scale, clipping, batch size,
+/// and any knob the model declares, within its range)
 /// with the user's model, and reports on them. Deterministic for a given
 /// seed on a given machine.
 pub fn user_report(

@@ -588,27 +588,37 @@ pub struct KnobSpec {
 }
 
 impl KnobSpec {
+    /// The value at `u` in [0, 1] across the range: by magnitude when the
+    /// range keeps one sign and spans over 100x, else evenly.
+    pub fn at(&self, u: f64) -> f64 {
+        let (lo, hi) = (self.min, self.max);
+        let same_sign = (lo > 0.0 && hi > 0.0) || (lo < 0.0 && hi < 0.0);
+        let (a, b) = (lo.abs().min(hi.abs()), lo.abs().max(hi.abs()));
+        let v = if same_sign && b / a > 100.0 {
+            lo.signum() * (a.ln() + u * (b.ln() - a.ln())).exp()
+        } else {
+            lo + u * (hi - lo)
+        };
+        v.clamp(lo, hi)
+    }
+
     /// Values across the range, nearest the current value first: spaced by
     /// magnitude when the range keeps one sign and spans over 100x, else
     /// evenly; the current value left out.
     pub fn candidates(&self, n: usize) -> Vec<f64> {
         let (lo, hi) = (self.min, self.max);
         let same_sign = (lo > 0.0 && hi > 0.0) || (lo < 0.0 && hi < 0.0);
-        let (a, b) = (lo.abs().min(hi.abs()), lo.abs().max(hi.abs()));
-        let points: Vec<f64> = if same_sign && b / a > 100.0 {
-            let sign = lo.signum();
-            (0..n)
-                .map(|i| {
-                    let t = i as f64 / (n - 1).max(1) as f64;
-                    sign * (a.ln() + t * (b.ln() - a.ln())).exp()
-                })
-                .map(|v| crate::minimize::round1(v).clamp(lo, hi))
-                .collect()
-        } else {
-            (0..n)
-                .map(|i| lo + (hi - lo) * i as f64 / (n - 1).max(1) as f64)
-                .collect()
-        };
+        let by_magnitude = same_sign && lo.abs().max(hi.abs()) / lo.abs().min(hi.abs()) > 100.0;
+        let points: Vec<f64> = (0..n)
+            .map(|i| self.at(i as f64 / (n - 1).max(1) as f64))
+            .map(|v| {
+                if by_magnitude {
+                    crate::minimize::round1(v).clamp(lo, hi)
+                } else {
+                    v
+                }
+            })
+            .collect();
         let distance = |v: f64| {
             if same_sign {
                 (v.abs().ln() - self.value.abs().ln()).abs()
