@@ -211,6 +211,15 @@ use crate::losses;
 
 fn assert_case_passes(case: &Case) {
     let report = check_case(case).unwrap();
+    // The zoo computes in f64 throughout: no tensor may look cast inside.
+    assert!(
+        report.lower_precision.is_empty(),
+        "{} / {}: {:?} look computed below f64",
+        report.family,
+        report.loss,
+        report.lower_precision
+    );
+    assert_eq!(report.precision, CheckPrecision::F64);
     for t in &report.tensors {
         assert!(
             t.passed,
