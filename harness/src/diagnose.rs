@@ -319,6 +319,9 @@ impl CauseKind {
 pub struct Cause {
     pub kind: CauseKind,
     pub title: String,
+    /// The declared knob a `model_knob` cause turns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub knob: Option<String>,
     pub article_step: u8,
     pub evidence: Vec<String>,
     pub fixes: Vec<Fix>,
@@ -362,8 +365,8 @@ impl Diagnosis {
 /// A candidate: a cause and a changed case that would rule it in or out.
 struct Variant {
     kind: CauseKind,
-    /// The cause's title (a knob's names the knob).
-    title: String,
+    /// The declared knob it turns (a cause per knob).
+    knob: Option<String>,
     description: String,
     case: Case,
     /// Run under a one-thread pool.
@@ -380,7 +383,7 @@ fn variant(
     change(&mut case);
     Variant {
         kind,
-        title: kind.title().to_string(),
+        knob: None,
         description: description.into(),
         case,
         one_thread: false,
@@ -446,7 +449,7 @@ fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
                     }
                 },
             );
-            v.title = format!("the model knob `{name}`");
+            v.knob = Some(name.clone());
             out.push(v);
         }
     }
@@ -877,6 +880,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             causes.push(Cause {
                 kind: CauseKind::LearningRate,
                 title: CauseKind::LearningRate.title().to_string(),
+                knob: None,
                 article_step: CauseKind::LearningRate.article_step(),
                 evidence: Vec::new(),
                 fixes,
@@ -904,12 +908,16 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         };
         match causes
             .iter_mut()
-            .find(|c| c.kind == v.kind && c.title == v.title)
+            .find(|c| c.kind == v.kind && c.knob == v.knob)
         {
             Some(c) => c.fixes.push(fix),
             None => causes.push(Cause {
                 kind: v.kind,
-                title: v.title.clone(),
+                title: match &v.knob {
+                    Some(name) => format!("the model knob `{name}`"),
+                    None => v.kind.title().to_string(),
+                },
+                knob: v.knob.clone(),
                 article_step: v.kind.article_step(),
                 evidence: Vec::new(),
                 fixes: vec![fix],
@@ -920,16 +928,17 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
 
     for c in &mut causes {
         c.evidence = evidence(c.kind, &finding, &case, &scan_raw, &scan_aug, growth);
-        if c.kind == CauseKind::ModelKnob {
-            c.evidence.extend(knob_evidence(&c.title, &finding, &case));
+        let knob = c.knob.as_deref().and_then(|n| knob_of(n, &case));
+        if let Some(knob) = knob {
+            c.evidence.extend(knob_evidence(knob, &finding));
         }
         if c.kind == CauseKind::Data {
             c.evidence
                 .extend(dataset_evidence(dataset.as_ref(), &scan_raw));
         }
-        let relevance = match c.kind {
-            CauseKind::ModelKnob => knob_relevance(&c.title, &finding, &case),
-            kind => kind.relevance(&finding),
+        let relevance = match knob {
+            Some(knob) => knob_relevance(knob, &finding),
+            None => c.kind.relevance(&finding),
         };
         // Threads and device only matter when their variant changes the verdict.
         let informative = !matches!(c.kind, CauseKind::Threads | CauseKind::Device) || c.verified();
@@ -957,50 +966,46 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
     })
 }
 
-/// The knob a `ModelKnob` cause's title names.
-fn knob_of<'c>(title: &str, case: &'c Case) -> Option<(&'c String, &'c KnobSpec)> {
+/// A declared knob by name, with its spec.
+fn knob_of<'c>(name: &str, case: &'c Case) -> Option<(&'c str, &'c KnobSpec)> {
     case.model
         .knobs()?
-        .iter()
-        .find(|(n, _)| title == format!("the model knob `{n}`"))
+        .get_key_value(name)
+        .map(|(n, k)| (n.as_str(), k))
+}
+
+/// Whether the finding is at the stage (or under the stage prefix) the knob
+/// declares it acts on.
+fn at_knob_stage(knob: &KnobSpec, f: &Finding) -> bool {
+    knob.stage
+        .as_deref()
+        .is_some_and(|s| crate::models::params::matches_path(&f.stage, s))
 }
 
 /// A knob explains a finding at the stage it declares it acts on (65,
 /// as the loss fits a loss failure), an eps knob a norm's failure (50);
 /// else it is a weak suspect.
-fn knob_relevance(title: &str, f: &Finding, case: &Case) -> i32 {
-    let Some((name, knob)) = knob_of(title, case) else {
-        return 0;
-    };
-    let at_stage = knob
-        .stage
-        .as_deref()
-        .is_some_and(|s| f.stage == s || f.stage.starts_with(&format!("{s}.")));
+fn knob_relevance((name, knob): (&str, &KnobSpec), f: &Finding) -> i32 {
     let norm = StageKind::of_op(f.op.as_deref().unwrap_or("")) == StageKind::Norm;
-    match (at_stage, norm && name.contains("eps")) {
+    match (at_knob_stage(knob, f), norm && name.contains("eps")) {
         (true, _) => 65,
         (false, true) => 50,
         _ => CauseKind::ModelKnob.relevance(f),
     }
 }
 
-fn knob_evidence(title: &str, f: &Finding, case: &Case) -> Vec<String> {
-    let Some((name, knob)) = knob_of(title, case) else {
-        return Vec::new();
-    };
+fn knob_evidence((name, knob): (&str, &KnobSpec), f: &Finding) -> Vec<String> {
     let mut e = vec![format!(
         "the model declares knob `{name}` = {:e} (range [{:e}, {:e}])",
         knob.value, knob.min, knob.max
     )];
-    if let Some(stage) = &knob.stage {
-        if f.stage == *stage || f.stage.starts_with(&format!("{stage}.")) {
-            e.push(format!(
-                "the failure is {} in {} at `{}`, the stage the knob acts on",
-                f.kind.as_str(),
-                f.phase.as_str(),
-                f.stage
-            ));
-        }
+    if at_knob_stage(knob, f) {
+        e.push(format!(
+            "the failure is {} in {} at `{}`, the stage the knob acts on",
+            f.kind.as_str(),
+            f.phase.as_str(),
+            f.stage
+        ));
     }
     e
 }

@@ -547,19 +547,28 @@ pub fn check_model_with(
                 var.set(x)?;
                 point.loss_at()
             };
-            let mut tol = tolerance;
-            if point.precision == CheckPrecision::F64 {
-                if let Some(g) = grad {
-                    if computes_below_f64(&original, g, loss_value, &mut eval)? {
-                        tol = Tolerance::f32(loss_value);
-                        report.lower_precision.push(name.clone());
-                    }
-                }
-            }
-            compare(name, &original, grad, opts.samples, tol, &mut rng, eval)
+            // Casts inside the model: checked at f32's tolerance instead.
+            let lowered = point.precision == CheckPrecision::F64
+                && match grad {
+                    Some(g) => computes_below_f64(&original, g, loss_value, &mut eval)?,
+                    None => false,
+                };
+            let tol = if lowered {
+                Tolerance::f32(loss_value)
+            } else {
+                tolerance
+            };
+            let check = compare(name, &original, grad, opts.samples, tol, &mut rng, eval)?;
+            Ok::<_, Error>((check, lowered))
         })();
         var.set(&original)?;
-        let mut check = result?;
+        let (mut check, lowered) = result?;
+        if lowered {
+            report.lower_precision.push(name.clone());
+            check.note.get_or_insert_with(|| {
+                "the loss moves as if computed in f32: checked at f32's tolerance".into()
+            });
+        }
         if check.verdict == Verdict::IllConditioned && report.zero_initialized.contains(name) {
             if let Some(note) = &mut check.note {
                 note.push_str(&format!(
@@ -567,13 +576,6 @@ pub fn check_model_with(
                 ));
             }
         }
-        if tolerance != Tolerance::F64 || !report.lower_precision.contains(name) {
-            report.tensors.push(check);
-            continue;
-        }
-        check.note.get_or_insert_with(|| {
-            "the loss moves as if computed in f32: checked at f32's tolerance".into()
-        });
         report.tensors.push(check);
     }
     report.passed = report.tensors.iter().all(|t| t.passed);

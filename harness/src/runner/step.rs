@@ -349,7 +349,7 @@ impl Session<'_> {
 /// The failure of a backward pass that left trainable tensors without a
 /// gradient: staged at the flow's stop when the tracer saw it, else at the
 /// first frozen module.
-pub(crate) fn no_gradient_failure(coverage: crate::coverage::GradientCoverage) -> Failure {
+fn no_gradient_failure(coverage: crate::coverage::GradientCoverage) -> Failure {
     Failure::new(
         FindingKind::NoGradient,
         Phase::Backward,

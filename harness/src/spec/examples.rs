@@ -43,6 +43,17 @@ impl std::str::FromStr for Size {
     }
 }
 
+/// PyTorch's default Adam at this learning rate: the examples' optimizer.
+fn adam(lr: f64) -> OptimizerSpec {
+    OptimizerSpec::Adam {
+        lr,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    }
+}
+
 impl Case {
     /// A built-in family's case at a size (`None` for an unknown family).
     pub fn example_sized(family: &str, size: Size) -> Option<Case> {
@@ -133,13 +144,7 @@ impl Case {
                     ],
                     init: InitSpec::default(),
                 }),
-                OptimizerSpec::Adam {
-                    lr: 3e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                },
+                adam(3e-3),
             ),
             "transformer" => (
                 ModelSpec::Transformer(TransformerSpec {
@@ -160,13 +165,7 @@ impl Case {
                         gain: 1.0,
                     },
                 }),
-                OptimizerSpec::Adam {
-                    lr: 3e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                },
+                adam(3e-3),
             ),
             "rnn" => (
                 ModelSpec::Rnn(RnnSpec {
@@ -181,13 +180,7 @@ impl Case {
                         gain: 1.0,
                     },
                 }),
-                OptimizerSpec::Adam {
-                    lr: 1e-2,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                },
+                adam(1e-2),
             ),
             "decoder" => (
                 ModelSpec::Decoder(DecoderSpec {
@@ -206,13 +199,7 @@ impl Case {
                         gain: 1.0,
                     },
                 }),
-                OptimizerSpec::Adam {
-                    lr: 3e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                },
+                adam(3e-3),
             ),
             "encoder" => (
                 ModelSpec::Encoder(EncoderSpec {
@@ -232,13 +219,7 @@ impl Case {
                         gain: 1.0,
                     },
                 }),
-                OptimizerSpec::Adam {
-                    lr: 3e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                },
+                adam(3e-3),
             ),
             _ => return None,
         };
