@@ -4,7 +4,7 @@ use crate::support::*;
 
 /// Each invalid case file and a fragment its error must contain (the field or
 /// the reason), so that the message tells the user what to fix.
-const INVALID: [(&str, &str); 24] = [
+const INVALID: [(&str, &str); 30] = [
     ("not_json", "cannot parse case"),
     ("truncated", "EOF while parsing"),
     ("empty", "EOF while parsing"),
@@ -40,6 +40,30 @@ const INVALID: [(&str, &str); 24] = [
     (
         "bf16_convolution_on_cpu",
         "bf16 convolutions are not supported on CPU",
+    ),
+    (
+        "decoder_kv_heads_do_not_divide_heads",
+        "field `model.kv_heads`: must divide heads 4",
+    ),
+    (
+        "decoder_odd_head_width",
+        "field `model.heads`: d_model 18 must split into 2 heads of an even width",
+    ),
+    (
+        "encoder_positive_mask_value",
+        "field `model.mask.value`: must be finite and negative",
+    ),
+    (
+        "encoder_min_length_above_seq_len",
+        "field `model.min_length`: must be at most seq_len 8",
+    ),
+    (
+        "custom_knob_outside_its_range",
+        "field `model.knobs.ln_eps`: `value` must be finite and within [1e-12, 1e-3]",
+    ),
+    (
+        "custom_init_override_negative_std",
+        "field `model.init_overrides.token`: `std` must be finite and >= 0",
     ),
 ];
 

@@ -1,5 +1,6 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm, RMS-norm,
+//! rotary embeddings, SwiGLU,
 //! softmax, attention's two products, the LSTM/GRU cells and whole LSTM,
 //! GRU and tanh RNN layers.
 //!

@@ -352,7 +352,7 @@ impl Case {
                         return Err(Error::invalid(
                             &field,
                             format!(
-                                "`min` and `max` must be finite with min < max, got {} and {}",
+                                "`min` and `max` must be finite with min < max, got {:e} and {:e}",
                                 k.min, k.max
                             ),
                         ));
@@ -361,7 +361,7 @@ impl Case {
                         return Err(Error::invalid(
                             &field,
                             format!(
-                                "`value` must be finite and within [{}, {}], got {}",
+                                "`value` must be finite and within [{:e}, {:e}], got {:e}",
                                 k.min, k.max, k.value
                             ),
                         ));
