@@ -1,10 +1,12 @@
-//! The emergency brake: a crash dump of the scene at the first failure.
+//! The emergency brake: a crash dump of the scene at the first failure, or
+//! of any step asked for (`--dump-at`), failing or healthy.
 //!
 //! A dump is a directory with `case.json`, `state.safetensors` (parameters
-//! and optimizer state from before the failing step, and that step's batch
-//! after augmentation) and `stats.json` (per-tensor statistics, the last 20
-//! losses, the gradient-norm history, the failing step, device and memory
-//! information, and the counters needed to resume exactly). It is written
+//! and optimizer state from before the dumped step, and that step's batch
+//! after augmentation, with every random draw the step's augmentation made)
+//! and `stats.json` (per-tensor statistics, the last 20 losses, the
+//! gradient-norm history, the step and its finding if it failed, device and
+//! memory information, and the counters needed to resume exactly). It is written
 //! into a temporary sibling directory and renamed into place, so a dump is
 //! either complete or absent.
 
@@ -30,10 +32,15 @@ pub const RECENT_LOSSES: usize = 20;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DumpStats {
     pub nanhunt_version: String,
-    /// The 0-based step that failed; the saved state is from before it.
+    /// The 0-based step dumped; the saved state is from before it.
     pub step: usize,
-    pub finding: Finding,
-    /// The last (up to 20) losses, the failing step's included.
+    /// The step's finding; `None` for a healthy step dumped on request.
+    pub finding: Option<Finding>,
+    /// Mixup's or CutMix's λ for the step's batch (also the tensor
+    /// `batch/mix_lambda`): the loss is λ·L(targets) + (1−λ)·L(mix_targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix_lambda: Option<f64>,
+    /// The last (up to 20) losses, the dumped step's included.
     #[serde(with = "crate::floats::vec")]
     pub recent_losses: Vec<f64>,
     #[serde(with = "crate::floats::vec")]
@@ -114,27 +121,34 @@ pub fn ensure_free(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What a dump saves: the scene of a failed step.
+/// What a dump saves: the scene of one step.
 pub struct Scene<'a> {
     pub case: &'a Case,
     /// Parameter names in creation order.
     pub names: &'a [String],
-    /// The state before the failing step.
+    /// The dumped step.
+    pub step: usize,
+    /// The state before the step.
     pub before: &'a Snapshot,
-    /// The run's history before the failing step.
+    /// The run's history before the step.
     pub history: Trace,
-    /// The failing step's batch after augmentation.
+    /// The run's history with the step (its loss and gradient norm).
+    pub trace: &'a Trace,
+    /// The step's batch after augmentation.
     pub batch: HostBatch,
     /// The same batch as its source made it (before pathologies and
     /// augmentation): what a replay feeds the step again.
     pub raw: HostBatch,
-    pub finding: &'a Finding,
+    /// The step's finding, if it failed.
+    pub finding: Option<&'a Finding>,
 }
 
 /// The tensors of a dump, by name: `param/<name>`, `optimizer/<kind>.<name>`,
-/// `batch/inputs`, `batch/targets`, `batch/labels`, `batch/mix_targets`, and
-/// the source's batch: `source/inputs`, `source/targets`, `source/labels`,
-/// `source/samples` (dataset indices, for batches drawn from a dataset).
+/// `batch/inputs`, `batch/targets`, `batch/labels`, `batch/mix_targets` and
+/// `batch/mix_lambda` (a mixed batch's second targets and its λ, one f64),
+/// and the source's batch: `source/inputs`, `source/targets`,
+/// `source/labels`, `source/samples` (dataset indices, for batches drawn
+/// from a dataset).
 fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::new();
     for (name, t) in scene.names.iter().zip(&scene.before.params) {
@@ -159,10 +173,14 @@ fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
         "batch/labels".into(),
         Tensor::from_slice(&batch.labels, batch.rows(), &cpu)?,
     ));
-    if let Some((_, t2)) = &batch.mix {
+    if let Some((lambda, t2)) = &batch.mix {
         out.push((
             "batch/mix_targets".into(),
             Tensor::from_slice(t2, shape, &cpu)?,
+        ));
+        out.push((
+            "batch/mix_lambda".into(),
+            Tensor::from_slice(&[*lambda], 1, &cpu)?,
         ));
     }
     let raw = &scene.raw;
@@ -191,23 +209,24 @@ fn tensors(scene: &Scene) -> Result<Vec<(String, Tensor)>> {
 
 use crate::files::write_synced as write_file;
 
-/// Writes the dump of a failed step to `dir` (which must not exist).
+/// Writes the dump of a step to `dir` (which must not exist).
 pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
     ensure_free(dir)?;
-    let (case, before, finding) = (scene.case, scene.before, scene.finding);
+    let (case, before, trace) = (scene.case, scene.before, scene.trace);
     let named = tensors(scene)?;
     let mut stats = BTreeMap::new();
     for (name, t) in &named {
         let float = t.to_dtype(candle_core::DType::F64)?;
         stats.insert(name.clone(), TensorStats::of_tensor(&float)?);
     }
-    let losses = &finding.trace.losses;
+    let losses = &trace.losses;
     let dump_stats = DumpStats {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
-        step: finding.step,
-        finding: finding.clone(),
+        step: scene.step,
+        finding: scene.finding.cloned(),
+        mix_lambda: scene.batch.mix.as_ref().map(|(lambda, _)| *lambda),
         recent_losses: losses[losses.len().saturating_sub(RECENT_LOSSES)..].to_vec(),
-        grad_norms: finding.trace.grad_norms.clone(),
+        grad_norms: trace.grad_norms.clone(),
         tensors: stats,
         environment: Environment::collect(&case.device.to_string()),
         resume: Resume {

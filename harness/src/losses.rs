@@ -87,6 +87,8 @@ pub fn loss(spec: &LossSpec, logits: &Tensor, targets: &Tensor) -> Result<Tensor
                 .neg()
         }
         LossSpec::BceWithLogits => {
+            // candle's relu and abs both have slope 1 at 0, which together
+            // give the exact σ(0) − t there (not the built-in relu's rule).
             let softplus_neg_abs = (logits.abs()?.neg()?.exp()? + 1.0)?.log()?;
             ((logits.relu()? - (logits * targets)?)? + softplus_neg_abs)?.mean_all()
         }

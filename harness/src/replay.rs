@@ -25,7 +25,8 @@ pub enum ReplayVerdict {
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayReport {
     pub verdict: ReplayVerdict,
-    pub expected: Signature,
+    /// The recorded signature; `None` for a healthy step's dump.
+    pub expected: Option<Signature>,
     pub expected_step: usize,
     /// The failure seen now, if any.
     pub actual: Option<Finding>,
@@ -36,25 +37,29 @@ pub struct ReplayReport {
 
 impl ReplayReport {
     fn new(
-        expected: Signature,
+        expected: Option<Signature>,
         expected_step: usize,
         actual: Option<Finding>,
         bit_identical: Option<bool>,
     ) -> Self {
-        let verdict = match &actual {
-            None => ReplayVerdict::Fixed,
-            Some(f) if f.signature == expected && f.step == expected_step => {
+        let verdict = match (&expected, &actual) {
+            (None, None) => ReplayVerdict::Reproduced,
+            (Some(_), None) => ReplayVerdict::Fixed,
+            (Some(e), Some(f)) if f.signature == *e && f.step == expected_step => {
                 ReplayVerdict::Reproduced
             }
-            Some(_) => ReplayVerdict::Different,
+            (_, Some(_)) => ReplayVerdict::Different,
         };
+        let recorded = expected
+            .as_ref()
+            .map_or_else(|| "a healthy step".to_string(), |e| e.to_string());
         let message = match (&verdict, &actual) {
-            (ReplayVerdict::Reproduced, _) => format!("reproduced: {expected} at step {expected_step}"),
+            (ReplayVerdict::Reproduced, _) => format!("reproduced: {recorded} at step {expected_step}"),
             (ReplayVerdict::Fixed, _) => format!(
-                "no longer fails: expected {expected} at step {expected_step}, but training stayed stable (fixed?)"
+                "no longer fails: expected {recorded} at step {expected_step}, but training stayed stable (fixed?)"
             ),
             (_, Some(f)) => format!(
-                "fails differently: expected {expected} at step {expected_step}, got {} at step {}",
+                "fails differently: expected {recorded} at step {expected_step}, got {} at step {}",
                 f.signature, f.step
             ),
             (_, None) => unreachable!("a different failure has a finding"),
@@ -115,16 +120,13 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
         // On an accelerator the step's update is checked at the next copy.
         None => session.finish()?,
     };
-    let bit_identical = match (&actual, dump.stats.recent_losses.last()) {
-        (Some(f), Some(recorded)) => f
-            .trace
-            .losses
-            .last()
-            .map(|l| l.to_bits() == recorded.to_bits()),
+    let trace = actual.as_ref().map_or(session.trace(), |f| &f.trace);
+    let bit_identical = match (trace.losses.last(), dump.stats.recent_losses.last()) {
+        (Some(now), Some(recorded)) => Some(now.to_bits() == recorded.to_bits()),
         _ => None,
     };
     Ok(ReplayReport::new(
-        dump.stats.finding.signature.clone(),
+        dump.stats.finding.as_ref().map(|f| f.signature.clone()),
         step,
         actual,
         bit_identical,
@@ -176,7 +178,7 @@ pub fn replay_reproducer(
         Outcome::Rejected { reason } => return Err(Error::Rejected(reason)),
     };
     Ok(ReplayReport::new(
-        repro.expected.signature.clone(),
+        Some(repro.expected.signature.clone()),
         repro.expected.step,
         actual,
         None,

@@ -268,3 +268,103 @@ fn a_dump_whose_step_lies_outside_its_case_is_refused() {
         &["stats.json", "failing step 1000000", "outside the case's"],
     );
 }
+
+/// `--dump-at STEP` writes a healthy step's scene, with mixup's λ: the
+/// mixed inputs are recomputed from the source batch and λ alone, and the
+/// step replays bit for bit.
+#[test]
+fn dump_at_writes_a_healthy_steps_scene_with_mixups_lambda() {
+    let dir = scratch("dump-at");
+    let mut c = Case::example("cnn").unwrap();
+    c.steps = 6;
+    c.augment = vec![Augment::Mixup { alpha: 0.4 }];
+    let case = write_case(&dir, "case.json", &c);
+    let dump = dir.join("scene");
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
+        "--dump-at",
+        "3",
+    ]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(text.contains("scene of step 3"), "{text}");
+
+    let loaded = Dump::load(&dump, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(loaded.stats.step, 3);
+    assert!(loaded.stats.finding.is_none());
+    assert_eq!(
+        loaded.stats.recent_losses.len(),
+        4,
+        "the dumped step's loss is included"
+    );
+    let lambda = loaded
+        .stats
+        .mix_lambda
+        .expect("a mixed batch records its lambda");
+    let saved: Vec<f64> = loaded.tensors["batch/mix_lambda"].to_vec1().unwrap();
+    assert_eq!(saved, [lambda]);
+    assert!(lambda > 0.0 && lambda < 1.0, "{lambda}");
+
+    let rows = |name: &str| -> Vec<Vec<f32>> {
+        let t = &loaded.tensors[name];
+        let n = t.dims()[0];
+        t.flatten_from(1)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap()
+            .to_vec2()
+            .unwrap()[..n]
+            .to_vec()
+    };
+    let (mixed, source) = (rows("batch/inputs"), rows("source/inputs"));
+    let (t2, targets) = (rows("batch/mix_targets"), rows("source/targets"));
+    for (i, row) in mixed.iter().enumerate() {
+        // Row i mixes source row i with the source row whose targets are t2[i].
+        let j = (0..source.len()).find(|&j| {
+            targets[j] == t2[i]
+                && row
+                    .iter()
+                    .zip(&source[i])
+                    .zip(&source[j])
+                    .all(|((m, a), b)| {
+                        (f64::from(*m) - (lambda * f64::from(*a) + (1.0 - lambda) * f64::from(*b)))
+                            .abs()
+                            < 1e-5
+                    })
+        });
+        assert!(
+            j.is_some(),
+            "row {i} is not lambda·x_i + (1-lambda)·x_j for any j"
+        );
+    }
+
+    let out = nanhunt(&["replay", dump.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.contains("reproduced: a healthy step at step 3"),
+        "{text}"
+    );
+    assert!(text.contains("bit-identical"), "{text}");
+    let out = nanhunt(&["inspect", dump.to_str().unwrap()]);
+    assert!(
+        stdout(&out).contains("healthy (dumped on request)"),
+        "{}",
+        stdout(&out)
+    );
+
+    // A step outside the case is refused, naming the option.
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        dir.join("other").to_str().unwrap(),
+        "--dump-at",
+        "6",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stderr(&out).contains("dump_at"), "{}", stderr(&out));
+}

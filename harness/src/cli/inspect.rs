@@ -57,7 +57,13 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             dump.case.steps,
             dump.case.batch_size
         );
-        finding(&dump.stats.finding);
+        match &dump.stats.finding {
+            Some(f) => finding(f),
+            None => println!("step {}: healthy (dumped on request)", dump.stats.step),
+        }
+        if let Some(lambda) = dump.stats.mix_lambda {
+            println!("  mixed batch: lambda {lambda}");
+        }
         history(&dump.stats.recent_losses, &dump.stats.grad_norms);
         tensors(&dump.stats.tensors);
         environment(&dump.stats.environment);

@@ -20,9 +20,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         println!("{}", report.message);
         match report.bit_identical {
             Some(true) => {
-                println!("  the failing step's loss is bit-identical to the recorded one")
+                println!("  the step's loss is bit-identical to the recorded one")
             }
-            Some(false) => println!("  the failing step's loss differs from the recorded one"),
+            Some(false) => println!("  the step's loss differs from the recorded one"),
             None => {}
         }
     }

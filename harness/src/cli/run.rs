@@ -21,6 +21,10 @@ pub struct Args {
     /// On the first failure, write a crash dump to this directory (it must not exist).
     #[arg(long)]
     dump: Option<PathBuf>,
+    /// With --dump: write the scene of this step (0-based) whether or not
+    /// it fails; a failure before it is dumped instead.
+    #[arg(long, requires = "dump", value_name = "STEP")]
+    dump_at: Option<usize>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -33,6 +37,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         device: args.device,
         limits,
         dump: args.dump.clone(),
+        dump_at: args.dump_at,
         ..RunOptions::default()
     };
     let outcome = nanhunt::run_with_options(&case, &opts).map_err(super::in_file(&args.case))?;
@@ -58,8 +63,14 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             println!("data: {}{drawn}", f.path.display());
         }
         print_outcome(&outcome);
-        if let (Some(dir), Outcome::Unstable { .. }) = (&args.dump, &outcome) {
-            println!("  crash dump: {}", dir.display());
+        match (&args.dump, &outcome, args.dump_at) {
+            (Some(dir), Outcome::Unstable { finding }, at)
+                if at.is_none_or(|a| finding.step <= a) =>
+            {
+                println!("  crash dump: {}", dir.display())
+            }
+            (Some(dir), _, Some(at)) => println!("  scene of step {at}: {}", dir.display()),
+            _ => {}
         }
     }
     Ok(match outcome {

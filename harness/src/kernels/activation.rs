@@ -1,21 +1,36 @@
-//! ReLU, tanh and GELU as one op each way.
+//! ReLU, leaky ReLU, tanh and GELU as one op each way.
 //!
 //! candle's ReLU backward builds a comparison mask, converts it to floats
 //! and multiplies (three passes and two buffers); GELU's is nine
 //! element-wise ops with erf and exp recomputed. Here each is one pass
-//! (GELU with a rational erf, `Real::erf_fast`). The semantics are
-//! candle's, so that the fused and reference paths agree on NaNs:
-//! relu(NaN) = 0, and the gradient is the incoming gradient times the
-//! slope (a NaN gradient stays NaN where x < 0, as NaN·0 does).
+//! (GELU with a rational erf, `Real::erf_fast`).
+//!
+//! Gradients at 0 follow the common convention (PyTorch, TensorFlow, JAX):
+//! relu'(0) = 0 and leaky'(0) = the negative slope. candle's own
+//! `Tensor::relu` has slope 1 at 0; a test notices if that changes. The
+//! fused and reference paths agree on NaNs: relu(NaN) = 0 (as candle's),
+//! leaky(NaN) = NaN, and the gradient is the incoming gradient times the
+//! slope (a NaN gradient stays NaN where x ≤ 0, as NaN·0 does).
 
 use super::{fused_for, real, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 pub fn relu(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
-        return x.relu();
+        return super::reference::relu(x);
     }
     x.contiguous()?.apply_op1(Pointwise(Relu))
+}
+
+/// The negative slope of the built-in leaky ReLU (PyTorch's default).
+pub const LEAKY_SLOPE: f64 = 0.01;
+
+/// Leaky ReLU with slope [`LEAKY_SLOPE`] below 0.
+pub fn leaky_relu(x: &Tensor) -> Result<Tensor> {
+    if !fused_for(x) {
+        return super::reference::leaky_relu(x, LEAKY_SLOPE);
+    }
+    x.contiguous()?.apply_op1(Pointwise(LeakyRelu))
 }
 
 /// tanh, with the rational f32 approximation (`Real::tanh_fast`).
@@ -80,13 +95,41 @@ impl Activation for Relu {
         }
     }
 
-    /// 1 where x ≥ 0 (candle's choice at 0).
+    /// 1 where x > 0, and 0 at 0 (the common convention; candle says 1).
     #[inline(always)]
     fn slope<T: Real>(x: T) -> T {
-        if x >= T::zero() {
+        if x > T::zero() {
             T::one()
         } else {
             T::zero()
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct LeakyRelu;
+
+impl Activation for LeakyRelu {
+    const NAME: &'static str = "nanhunt-leaky-relu";
+    const GRAD_NAME: &'static str = "nanhunt-leaky-relu-grad";
+
+    /// NaN stays NaN (NaN > 0 is false, and slope · NaN is NaN).
+    #[inline(always)]
+    fn value<T: Real>(x: T) -> T {
+        if x > T::zero() {
+            x
+        } else {
+            x * real(LEAKY_SLOPE)
+        }
+    }
+
+    /// 1 where x > 0, the negative slope at and below 0.
+    #[inline(always)]
+    fn slope<T: Real>(x: T) -> T {
+        if x > T::zero() {
+            T::one()
+        } else {
+            real(LEAKY_SLOPE)
         }
     }
 }

@@ -35,7 +35,7 @@ pub fn pool2x2(x: &Tensor, kind: PoolKind) -> Result<Tensor> {
 /// max_pool2x2(relu(x)) as one op.
 pub fn relu_max_pool2x2(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
-        return reference::max_pool2x2(&x.relu()?);
+        return reference::max_pool2x2(&reference::relu(x)?);
     }
     pool_op(x, PoolKind::Max, Relu)
 }

@@ -11,6 +11,19 @@ pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
     ((x * 0.5)?.tanh()? + 1.0)? * 0.5
 }
 
+/// relu with the common convention for the gradient at 0: slope 0 there,
+/// as in PyTorch, TensorFlow and JAX. candle's `Tensor::relu` has slope 1
+/// at 0 (its backward masks with x ≥ 0). relu(NaN) = 0, as candle's.
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    x.gt(0.0)?.where_cond(x, &x.zeros_like()?)
+}
+
+/// Leaky ReLU: x where x > 0, `slope`·x elsewhere; its gradient at 0 is
+/// `slope` (the common convention) and leaky(NaN) = NaN.
+pub fn leaky_relu(x: &Tensor, slope: f64) -> Result<Tensor> {
+    x.gt(0.0)?.where_cond(x, &(x * slope)?)
+}
+
 /// x (N, in) · wᵀ + b.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     x.matmul(&w.t()?)?.broadcast_add(b)

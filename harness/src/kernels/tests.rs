@@ -487,13 +487,62 @@ fn relu_matches_reference_and_gradchecks() {
     let r: &Op = &|xs| relu(&xs[0]);
     matches_reference("relu", r, &[&[3, 4, 5]]);
     gradchecks("relu", r, &[&[4, 6]]);
-    // candle's semantics, kept: relu(NaN) = 0, and the gradient at 0 is 1
-    let x = Var::new(&[f32::NAN, 0.0, -1.0, 2.0], &Device::Cpu).unwrap();
-    let y = relu(x.as_tensor()).unwrap();
-    assert_eq!(y.to_vec1::<f32>().unwrap(), [0.0, 0.0, 0.0, 2.0]);
-    let g = y.sum_all().unwrap().backward().unwrap();
+}
+
+/// The gradient of `sum(f(x))` at x = [NaN, 0, -1, 2], on both paths.
+fn value_and_slope(f: fn(&Tensor) -> candle_core::Result<Tensor>) -> [(Vec<f32>, Vec<f32>); 2] {
+    [Kernels::Fused, Kernels::Reference].map(|k| {
+        with_kernels(k, || {
+            let x = Var::new(&[f32::NAN, 0.0, -1.0, 2.0], &Device::Cpu).unwrap();
+            let y = f(x.as_tensor()).unwrap();
+            let g = y.sum_all().unwrap().backward().unwrap();
+            let g = g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+            (y.to_vec1::<f32>().unwrap(), g)
+        })
+    })
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn relu_has_slope_zero_at_zero_on_both_paths() {
+    // The common convention (PyTorch, TensorFlow, JAX), and relu(NaN) = 0.
+    for (y, g) in value_and_slope(relu) {
+        assert_eq!(y, [0.0, 0.0, 0.0, 2.0]);
+        assert_eq!(g, [0.0, 0.0, 0.0, 1.0]);
+    }
+}
+
+#[test]
+fn leaky_relu_has_its_negative_slope_at_zero_on_both_paths() {
+    for (y, g) in value_and_slope(leaky_relu) {
+        assert!(y[0].is_nan(), "leaky(NaN) = NaN, got {}", y[0]);
+        assert!(same_bits(&y[1..], &[0.0, -0.01, 2.0]), "{y:?}");
+        assert!(same_bits(&g, &[0.01, 0.01, 0.01, 1.0]), "{g:?}");
+    }
+    let l: &Op = &|xs| leaky_relu(&xs[0]);
+    matches_reference("leaky_relu", l, &[&[3, 4, 5]]);
+    gradchecks("leaky_relu", l, &[&[4, 6]]);
+}
+
+/// candle's own rule, which the built-in activations deliberately do not
+/// follow (docs/ARCHITECTURE.md names it). When this fails, candle changed
+/// its convention: update the docs and this test.
+#[test]
+fn candle_relu_keeps_slope_one_at_zero() {
+    let x = Var::new(&[0.0f32, -1.0, 2.0], &Device::Cpu).unwrap();
+    let g = x
+        .as_tensor()
+        .relu()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     assert_eq!(
         g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap(),
-        [0.0, 1.0, 0.0, 1.0]
+        [1.0, 0.0, 1.0]
     );
 }

@@ -174,8 +174,7 @@ pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
         Activation::Gelu => kernels::gelu(x),
         Activation::Tanh => kernels::tanh(x),
         Activation::Sigmoid => sigmoid(x),
-        // relu(x) - 0.01 relu(-x): exact gradients on both sides of 0.
-        Activation::LeakyRelu => x.relu()? - (x.neg()?.relu()? * 0.01)?,
+        Activation::LeakyRelu => kernels::leaky_relu(x),
     }
 }
 

@@ -29,6 +29,9 @@ pub struct RunOptions {
     pub limits: Limits,
     /// Write a crash dump of the first failure here (the directory must not exist).
     pub dump: Option<std::path::PathBuf>,
+    /// With `dump`: dump this step's scene whether or not it fails (a
+    /// failure before it is dumped instead, as without `dump_at`).
+    pub dump_at: Option<usize>,
     /// Stop at divergence. Off, only non-finite values end a run, and the
     /// caller judges divergence from the loss history (LR tables need both
     /// answers from one run).
@@ -52,6 +55,7 @@ impl std::fmt::Debug for RunOptions {
             .field("device", &self.device)
             .field("limits", &self.limits)
             .field("dump", &self.dump)
+            .field("dump_at", &self.dump_at)
             .field("watch_divergence", &self.watch_divergence)
             .field("accelerator_probe", &self.accelerator_probe)
             .field("dataset", &self.dataset.as_ref().map(|d| d.name()))
@@ -67,6 +71,7 @@ impl Default for RunOptions {
             device: None,
             limits: Limits::default(),
             dump: None,
+            dump_at: None,
             watch_divergence: true,
             accelerator_probe: false,
             dataset: None,
@@ -103,18 +108,42 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     if let Some(dir) = &opts.dump {
         dump::ensure_free(dir)?;
     }
+    if let Some(at) = opts.dump_at {
+        if opts.dump.is_none() {
+            return Err(Error::invalid("dump_at", "needs a dump directory"));
+        }
+        if at >= case.steps {
+            return Err(Error::invalid(
+                "dump_at",
+                format!("step {at} is outside the case's {} steps", case.steps),
+            ));
+        }
+    }
     let mut failed = None;
     for step in 0..case.steps {
+        let before = match opts.dump_at {
+            Some(at) if at == step => Some(session.snapshot()?),
+            _ => None,
+        };
         if let Some(finding) = session.step(step)? {
+            // Without the probe only this snapshot holds the state before.
+            if session.failed_before.is_none() {
+                session.failed_before = before;
+            }
             failed = Some(finding);
             break;
+        }
+        if let (Some(before), Some(dir)) = (before, &opts.dump) {
+            session.write_step_dump(dir, step, &before, None)?;
         }
     }
     if failed.is_none() {
         failed = session.finish()?;
     }
     if let Some(finding) = failed {
-        if let Some(dir) = &opts.dump {
+        // A failure at or before the asked-for step is what gets dumped.
+        let dumped = opts.dump_at.is_some_and(|at| at < finding.step);
+        if let (Some(dir), false) = (&opts.dump, dumped) {
             session.write_dump(dir, &finding)?;
         }
         return Ok(Outcome::Unstable {
@@ -693,15 +722,30 @@ impl<'a> Session<'a> {
                 "the run has no failed step to dump (was the probe on?)",
             )
         })?;
+        self.write_step_dump(dir, finding.step, before, Some(finding))
+    }
+
+    /// Writes the scene of `step` (run from `before`), with its finding if
+    /// it failed.
+    pub fn write_step_dump(
+        &self,
+        dir: &std::path::Path,
+        step: usize,
+        before: &Snapshot,
+        finding: Option<&Finding>,
+    ) -> Result<()> {
+        let trace = finding.map_or(&self.trace, |f| &f.trace);
         dump::write(
             dir,
             &dump::Scene {
                 case: &self.case,
                 names: &self.names,
+                step,
                 before,
-                history: finding.trace.upto(before.history),
-                batch: self.batch_unchecked(finding.step)?,
-                raw: self.raw_batch(finding.step)?,
+                history: trace.upto(before.history),
+                trace,
+                batch: self.batch_unchecked(step)?,
+                raw: self.raw_batch(step)?,
                 finding,
             },
         )
