@@ -343,15 +343,34 @@ impl DivergenceTracker {
         }
         self.steps += 1;
         self.avg = SMOOTHING * self.avg + (1.0 - SMOOTHING) * loss;
-        let smoothed = self.avg / (1.0 - SMOOTHING.powi(self.steps));
+        let smoothed = self.smoothed();
+        let diverged = self.steps > 1 && self.above_line(smoothed);
+        self.best = self.best.min(smoothed);
+        diverged.then_some(smoothed)
+    }
+
+    /// The bias-corrected moving average of the losses so far.
+    fn smoothed(&self) -> f64 {
+        self.avg / (1.0 - SMOOTHING.powi(self.steps))
+    }
+
+    /// Whether `smoothed` lies more than (factor − 1) × the scale above the best.
+    fn above_line(&self, smoothed: f64) -> bool {
         let scale = self
             .best
             .abs()
             .max(FLOOR_FRACTION * self.first.abs())
             .max(f64::MIN_POSITIVE);
-        let diverged = self.steps > 1 && smoothed - self.best > (self.factor - 1.0) * scale;
-        self.best = self.best.min(smoothed);
-        diverged.then_some(smoothed)
+        smoothed - self.best > (self.factor - 1.0) * scale
+    }
+
+    /// Whether the smoothed loss is above the divergence line now. A run
+    /// that crossed the line and came back below it by its end recovered
+    /// (heavy-ball momentum near its threshold rings for tens of steps
+    /// before it converges); judged over a whole run, only one that is
+    /// still above has diverged.
+    pub fn still_diverged(&self) -> bool {
+        self.steps > 1 && self.above_line(self.smoothed())
     }
 
     pub fn best(&self) -> f64 {

@@ -11,7 +11,7 @@ pub mod curvature;
 mod render;
 pub mod search;
 
-pub use curvature::{predicted_lr, sharpness, Curvature, PowerIteration};
+pub use curvature::{predicted_lr, sharpness, Curvature, CurvatureSettings};
 pub use search::{Grid, Probe, Range, Threshold};
 
 use crate::error::{Error, Result};
@@ -134,7 +134,7 @@ pub struct LrTableOptions {
     pub full_batch: bool,
     /// Estimate the sharpness at initialization and predict the divergence LR.
     pub curvature: bool,
-    pub power: PowerIteration,
+    pub curvature_settings: CurvatureSettings,
     /// Worker threads (seeds run in parallel).
     pub jobs: usize,
     /// Where to report the seeds measured (none: nowhere).
@@ -153,7 +153,7 @@ impl Default for LrTableOptions {
             max_lr: 1e3,
             full_batch: false,
             curvature: true,
-            power: PowerIteration::default(),
+            curvature_settings: CurvatureSettings::default(),
             jobs: 1,
             progress: None,
             run: RunOptions::default(),
@@ -315,6 +315,9 @@ pub struct Row {
     pub recommended_lr: Option<f64>,
     /// Median over seeds of the curvature's predicted divergence LR.
     pub predicted_lr: Option<f64>,
+    /// Whether every seed's curvature estimate converged (None without
+    /// curvature); an unconverged prediction is marked in every format.
+    pub predicted_converged: Option<bool>,
     pub prediction_rule: String,
     /// Median measured divergence LR (bracket middle) / predicted LR.
     pub measured_over_predicted: Option<f64>,
@@ -335,6 +338,7 @@ impl Row {
             non_finite: None,
             recommended_lr: None,
             predicted_lr: None,
+            predicted_converged: None,
             prediction_rule: curvature::prediction_rule(&config.case.optimizer).into(),
             measured_over_predicted: None,
             runs: 0,
@@ -356,6 +360,10 @@ impl Row {
                 .filter_map(|s| s.curvature.as_ref()?.predicted_lr)
                 .collect(),
         );
+        let curvatures: Vec<&Curvature> =
+            seeds.iter().filter_map(|s| s.curvature.as_ref()).collect();
+        row.predicted_converged =
+            (!curvatures.is_empty()).then(|| curvatures.iter().all(|c| c.converged));
         let measured = lower_median(
             seeds
                 .iter()
@@ -419,8 +427,13 @@ pub fn probe_at(
     };
     match run_model(&case, factory, &opts)? {
         Outcome::Stable { trace } => {
+            // Diverged: crossed the line and had not come back by the end.
             let mut tracker = DivergenceTracker::new(case.divergence_factor);
-            let diverged = trace.losses.iter().any(|&l| tracker.push(l).is_some());
+            let crossed = trace
+                .losses
+                .iter()
+                .fold(false, |crossed, &l| tracker.push(l).is_some() || crossed);
+            let diverged = crossed && tracker.still_diverged();
             Ok(Probe {
                 non_finite: false,
                 diverged,
@@ -456,7 +469,12 @@ pub fn measure_seed(
     let case = opts.seed_case(base, seed);
     let grid = opts.grid();
     let curvature = if opts.curvature {
-        Some(sharpness(&case, factory, &opts.run, &opts.power)?)
+        Some(sharpness(
+            &case,
+            factory,
+            &opts.run,
+            &opts.curvature_settings,
+        )?)
     } else {
         None
     };

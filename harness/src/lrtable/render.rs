@@ -60,8 +60,9 @@ impl LrTable {
              *Diverges*: {}. *NaN/Inf*: the first non-finite value (or half-precision overflow) in any stage. \
              Thresholds are the first unstable LR on the grid: median [min, max] over {} seeds{}. \
              *Recommended*: {}. *Predicted*: the divergence LR a quadratic model gives for the sharpness at initialization \
-             (top Hessian eigenvalue by power iteration on finite-difference Hessian-vector products; \
-             Adam-type optimizers use the Hessian preconditioned by their second-moment estimate).\n",
+             (top Hessian eigenvalue by Lanczos on finite-difference Hessian-vector products; \
+             Adam-type optimizers use the Hessian preconditioned by their second-moment estimate); \
+             *(not converged)*: the estimate's residual stayed above its tolerance on some seed.\n",
             s.tolerance_decades,
             lr(s.min_lr),
             lr(s.max_lr),
@@ -80,7 +81,7 @@ impl LrTable {
                     spread(&r.divergence),
                     spread(&r.non_finite),
                     opt(r.recommended_lr, lr),
-                    opt(r.predicted_lr, lr),
+                    predicted(r),
                     opt(r.measured_over_predicted, ratio),
                     r.runs,
                     r.grid_runs
@@ -101,7 +102,7 @@ impl LrTable {
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
             "family,size,optimizer,precision,divergence_median,divergence_min,divergence_max,\
-             nan_median,nan_min,nan_max,recommended_lr,predicted_lr,prediction_rule,\
+             nan_median,nan_min,nan_max,recommended_lr,predicted_lr,predicted_converged,prediction_rule,\
              measured_over_predicted,runs,grid_runs,error\n",
         );
         let spread_cells = |s: &Option<Spread>| match s {
@@ -114,7 +115,7 @@ impl LrTable {
             let num = |x: Option<f64>| x.map_or_else(String::new, |v| format!("{v:e}"));
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 csv_field(&r.family),
                 csv_field(&r.size),
                 csv_field(&r.optimizer),
@@ -123,6 +124,8 @@ impl LrTable {
                 spread_cells(&r.non_finite),
                 num(r.recommended_lr),
                 num(r.predicted_lr),
+                r.predicted_converged
+                    .map_or_else(String::new, |c| c.to_string()),
                 csv_field(&r.prediction_rule),
                 num(r.measured_over_predicted),
                 r.runs,
@@ -135,6 +138,15 @@ impl LrTable {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a table always serializes") + "\n"
+    }
+}
+
+/// The predicted LR, marked when its curvature estimate did not converge.
+fn predicted(r: &Row) -> String {
+    let cell = opt(r.predicted_lr, lr);
+    match (r.predicted_lr, r.predicted_converged) {
+        (Some(_), Some(false)) => format!("{cell} (not converged)"),
+        _ => cell,
     }
 }
 

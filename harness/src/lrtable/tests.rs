@@ -122,6 +122,46 @@ fn linear_regression_diverges_at_two_over_lambda_max() {
     assert!(seed.runs * 4 < seed.grid_runs, "{seed:?}");
 }
 
+/// Heavy-ball momentum β on the same least squares: the quadratic model's
+/// threshold is exactly (2+2β)/λmax. Near it the iterates ring with a
+/// period of two steps and decay slowly, so the divergence rule must not
+/// call a converging run diverged.
+#[test]
+fn heavy_ball_momentum_on_least_squares_is_bracketed_around_two_plus_two_beta_over_lambda() {
+    for beta in [0.5, 0.9] {
+        let mut case = regression_case();
+        case.optimizer = OptimizerSpec::Sgd {
+            lr: 1e-3,
+            momentum: beta,
+            nesterov: false,
+            weight_decay: 0.0,
+        };
+        let expected = (2.0 + 2.0 * beta) / second_moment_top_eigenvalue(&case);
+        let opts = LrTableOptions {
+            seeds: 1,
+            steps: 400,
+            tolerance: 0.01,
+            curvature: false,
+            ..LrTableOptions::default()
+        };
+        let config = Config {
+            family: "linear_regression".into(),
+            size: "-".into(),
+            optimizer: "momentum".into(),
+            case,
+        };
+        let table = measure(&[config], Some(&linear_factory), &opts).unwrap();
+        let seed = &table.rows[0].seeds[0];
+        let Threshold::Found { stable, unstable } = seed.divergence else {
+            panic!("β {beta}: no divergence threshold: {:?}", seed.divergence)
+        };
+        assert!(
+            stable <= expected && expected <= unstable,
+            "β {beta}: (2+2β)/λ = {expected} outside the bracket [{stable}, {unstable}]"
+        );
+    }
+}
+
 #[test]
 fn the_table_is_the_same_for_any_number_of_workers() {
     let configs = Config::builtin(
