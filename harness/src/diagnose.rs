@@ -846,7 +846,9 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
 
     let run_opts = RunOptions {
         dump: None,
+        dump_at: None,
         device: None,
+        fidelity: false,
         ..opts.clone()
     };
     // Step 5, differential: where do devices (or thread counts) part ways?

@@ -14,6 +14,7 @@ pub mod diagnose;
 pub mod differential;
 pub mod dump;
 pub mod error;
+pub mod fidelity;
 pub mod files;
 pub mod floats;
 #[cfg(feature = "arbitrary")]

@@ -491,6 +491,11 @@ fn run_candidate(
     factory: Option<&dyn ModelFactory>,
     opts: &RunOptions,
 ) -> Result<Outcome> {
+    // Only the signature matters here: no precision re-runs.
+    let opts = &RunOptions {
+        fidelity: false,
+        ..opts.clone()
+    };
     match factory {
         Some(f) => run_model(case, f, opts),
         None => crate::runner::run_with_options(case, opts),

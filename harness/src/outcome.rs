@@ -321,6 +321,9 @@ pub struct Finding {
     /// gradient flow stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Box<crate::coverage::GradientCoverage>>,
+    /// Whether the failing step fails again in f32 / f64 (see [`crate::fidelity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Box<crate::fidelity::PrecisionCheck>>,
     pub signature: Signature,
     pub trace: Trace,
 }

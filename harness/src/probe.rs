@@ -319,6 +319,9 @@ pub struct DivergenceTracker {
     best: f64,
     #[serde(with = "crate::floats::one")]
     first: f64,
+    /// The best smoothed loss when the line was first crossed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    best_at_crossing: Option<f64>,
 }
 
 const SMOOTHING: f64 = 0.98;
@@ -333,6 +336,7 @@ impl DivergenceTracker {
             steps: 0,
             best: f64::INFINITY,
             first: f64::NAN,
+            best_at_crossing: None,
         }
     }
 
@@ -345,6 +349,9 @@ impl DivergenceTracker {
         self.avg = SMOOTHING * self.avg + (1.0 - SMOOTHING) * loss;
         let smoothed = self.smoothed();
         let diverged = self.steps > 1 && self.above_line(smoothed);
+        if diverged && self.best_at_crossing.is_none() {
+            self.best_at_crossing = Some(self.best);
+        }
         self.best = self.best.min(smoothed);
         diverged.then_some(smoothed)
     }
@@ -364,13 +371,14 @@ impl DivergenceTracker {
         smoothed - self.best > (self.factor - 1.0) * scale
     }
 
-    /// Whether the smoothed loss is above the divergence line now. A run
-    /// that crossed the line and came back below it by its end recovered
-    /// (heavy-ball momentum near its threshold rings for tens of steps
-    /// before it converges); judged over a whole run, only one that is
-    /// still above has diverged.
+    /// Whether a run that crossed the divergence line has not recovered:
+    /// its smoothed loss now is still above the best it had reached when it
+    /// crossed. Heavy-ball momentum near its threshold rings for tens of
+    /// steps and then converges (recovered); a run knocked back to chance
+    /// by a spike has not. Judged over a whole run, only the latter diverged.
     pub fn still_diverged(&self) -> bool {
-        self.steps > 1 && self.above_line(self.smoothed())
+        self.best_at_crossing
+            .is_some_and(|best| self.smoothed() > best)
     }
 
     pub fn best(&self) -> f64 {

@@ -20,6 +20,7 @@ mod crash_safety;
 mod datasets;
 mod diagnose;
 mod dump;
+mod fidelity;
 mod fuzz;
 mod guard;
 mod hostile_input;

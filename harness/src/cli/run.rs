@@ -104,6 +104,9 @@ fn print_outcome(outcome: &Outcome) {
                     s.shape, s.nan, s.inf, s.count, s.mean, s.min, s.max
                 );
             }
+            if let Some(check) = &finding.precision {
+                println!("  precision: {}", check.summary());
+            }
             println!("  signature: {}", finding.signature.slug());
             print_summary(&finding.trace);
         }

@@ -554,6 +554,7 @@ impl Guard {
             detail: failure.detail,
             stats: failure.stats,
             coverage: failure.coverage,
+            precision: None,
             trace,
         };
         let dump = self.opts.dump.clone();

@@ -76,10 +76,13 @@ pub struct Eigen {
     pub iterations: usize,
 }
 
+/// A symmetric operator on flat vectors.
+pub type Operator<'a, E> = dyn FnMut(&[f64]) -> std::result::Result<Vec<f64>, E> + 'a;
+
 pub fn lanczos_top<E>(
     start: Vec<f64>,
     settings: &CurvatureSettings,
-    apply: &mut dyn FnMut(&[f64]) -> std::result::Result<Vec<f64>, E>,
+    apply: &mut Operator<'_, E>,
 ) -> std::result::Result<Eigen, E> {
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let norm = |a: &[f64]| dot(a, a).sqrt();

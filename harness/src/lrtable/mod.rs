@@ -12,7 +12,7 @@ mod render;
 pub mod search;
 
 pub use curvature::{predicted_lr, sharpness, Curvature, CurvatureSettings};
-pub use search::{Grid, Probe, Range, Threshold};
+pub use search::{Grid, Islands, Probe, Range, Threshold, VERIFY_DECADES};
 
 use crate::error::{Error, Result};
 use crate::models::{BuiltinFactory, ModelFactory};
@@ -212,13 +212,13 @@ impl LrTableOptions {
         Ok(())
     }
 
-    fn grid(&self) -> Grid {
+    pub fn grid(&self) -> Grid {
         Grid {
             tolerance: self.tolerance,
         }
     }
 
-    fn range(&self) -> Range {
+    pub fn range(&self) -> Range {
         let g = self.grid();
         Range {
             start_lo: g.index(self.start.0),
@@ -229,7 +229,7 @@ impl LrTableOptions {
     }
 
     /// The case a seed runs (LR still to be set).
-    fn seed_case(&self, base: &Case, seed: usize) -> Case {
+    pub fn seed_case(&self, base: &Case, seed: usize) -> Case {
         let mut case = base.clone();
         case.seed = base.seed + seed as u64;
         case.steps = self.steps;
@@ -244,6 +244,11 @@ pub struct SeedResult {
     pub seed: u64,
     pub divergence: Threshold,
     pub non_finite: Threshold,
+    /// Unstable LRs below the top transition (the threshold is the lowest).
+    #[serde(default, skip_serializing_if = "Islands::is_empty")]
+    pub divergence_islands: Islands,
+    #[serde(default, skip_serializing_if = "Islands::is_empty")]
+    pub non_finite_islands: Islands,
     pub runs: usize,
     pub grid_runs: usize,
     pub curvature: Option<Curvature>,
@@ -422,6 +427,7 @@ pub fn probe_at(
     case.optimizer.set_lr(lr);
     let opts = RunOptions {
         watch_divergence: false,
+        fidelity: false,
         dump: None,
         ..opts.clone()
     };
@@ -429,10 +435,11 @@ pub fn probe_at(
         Outcome::Stable { trace } => {
             // Diverged: crossed the line and had not come back by the end.
             let mut tracker = DivergenceTracker::new(case.divergence_factor);
-            let crossed = trace
-                .losses
-                .iter()
-                .fold(false, |crossed, &l| tracker.push(l).is_some() || crossed);
+            // Every loss is pushed: the end of the run decides.
+            let mut crossed = false;
+            for &l in &trace.losses {
+                crossed |= tracker.push(l).is_some();
+            }
             let diverged = crossed && tracker.still_diverged();
             Ok(Probe {
                 non_finite: false,
@@ -485,6 +492,8 @@ pub fn measure_seed(
         seed: case.seed,
         divergence: searched.divergence,
         non_finite: searched.non_finite,
+        divergence_islands: searched.divergence_islands,
+        non_finite_islands: searched.non_finite_islands,
         runs: searched.runs,
         grid_runs: searched.grid_runs,
         curvature,
@@ -584,7 +593,7 @@ pub fn measure(
             max_lr: opts.max_lr,
             full_batch: opts.full_batch,
             divergence: format!(
-                "smoothed loss > {} × its best within {} steps",
+                "smoothed loss > {} × its best within {} steps, and at the end still above the best it had when it crossed",
                 configs.first().map_or(4.0, |c| c.case.divergence_factor),
                 opts.steps
             ),

@@ -37,12 +37,50 @@ fn ratio(x: f64) -> String {
     format!("{x:.2}")
 }
 
+/// The seeds whose instability is not monotone in the LR, one line each.
+fn islands(table: &LrTable) -> String {
+    let mut out = String::new();
+    for r in &table.rows {
+        for s in &r.seeds {
+            for (what, isl) in [
+                ("diverges", &s.divergence_islands),
+                ("NaN/Inf", &s.non_finite_islands),
+            ] {
+                let Some(onset) = isl.onset else { continue };
+                let stretches: Vec<String> = isl
+                    .unstable
+                    .iter()
+                    .map(|[a, b]| {
+                        if a == b {
+                            lr(*a)
+                        } else {
+                            format!("{}–{}", lr(*a), lr(*b))
+                        }
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "- {} seed {}: {what} at {}, stable again above it, unstable from {} on",
+                    r.label(),
+                    s.seed,
+                    stretches.join(", "),
+                    lr(onset)
+                );
+            }
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("Unstable islands below the top transition (the threshold is the first unstable LR):\n\n{out}\n")
+}
+
 fn savings(table: &LrTable) -> String {
     if table.runs == 0 {
         return String::new();
     }
     format!(
-        "Training runs: {} by bisection; a grid sweep of the same resolution over the same ranges would take {} ({:.1}× as many).",
+        "Training runs: {} by bisection and verification; a grid sweep of the same resolution over the same ranges would take {} ({:.1}× as many).",
         table.runs,
         table.grid_runs,
         table.grid_runs as f64 / table.runs as f64
@@ -56,7 +94,8 @@ impl LrTable {
         out.push_str("# Learning-rate thresholds\n\n");
         let _ = writeln!(
             out,
-            "For each configuration and seed, bisection in log10(LR) to {} decades between {} and {}. \
+            "For each configuration and seed, bisection in log10(LR) to {} decades between {} and {}, \
+             then every grid LR within {} decade(s) below the bracket is run and the threshold moves to any unstable one. \
              *Diverges*: {}. *NaN/Inf*: the first non-finite value (or half-precision overflow) in any stage. \
              Thresholds are the first unstable LR on the grid: median [min, max] over {} seeds{}. \
              *Recommended*: {}. *Predicted*: the divergence LR a quadratic model gives for the sharpness at initialization \
@@ -66,6 +105,7 @@ impl LrTable {
             s.tolerance_decades,
             lr(s.min_lr),
             lr(s.max_lr),
+            super::VERIFY_DECADES,
             s.divergence,
             s.seeds,
             if s.full_batch { ", full-batch" } else { "" },
@@ -94,6 +134,7 @@ impl LrTable {
             );
         }
         out.push('\n');
+        out.push_str(&islands(self));
         out.push_str(&savings(self));
         out.push('\n');
         out

@@ -1,5 +1,12 @@
 //! Threshold search on a log10 grid of learning rates: gallop outwards until
-//! one end is stable and the other is not, then bisect to one grid step.
+//! one end is stable and the other is not, bisect to one grid step, then
+//! verify: sweep every grid LR within [`VERIFY_DECADES`] below the
+//! bracket, and wherever one is unstable, move the threshold there and
+//! sweep below it again. Instability is not monotone in the LR (a run can diverge at
+//! 0.5 and train at 0.6), so bisection alone finds *a* transition; the
+//! sweep makes the threshold the first unstable LR of the grid, down to a
+//! stable stretch of [`VERIFY_DECADES`]. Unstable LRs below the top
+//! transition are reported as islands.
 //!
 //! LR `i` of the grid is 10^(i·tolerance), so a bracket one index wide is
 //! the stated tolerance in decades and a grid sweep of the same resolution
@@ -93,6 +100,27 @@ impl Threshold {
     }
 }
 
+/// How far below a found threshold the verification sweep looks: a
+/// stable stretch this long (every grid LR in it run) ends the search.
+pub const VERIFY_DECADES: f64 = 0.8;
+
+/// Unstable LRs below the top transition: the threshold is the lowest of
+/// them, and above them the runs were stable again before the transition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Islands {
+    /// The lowest LR from which every LR run up to the top was unstable
+    /// (the transition bisection alone would report).
+    pub onset: Option<f64>,
+    /// Unstable stretches below `onset`, each [lowest, highest] LR run.
+    pub unstable: Vec<[f64; 2]>,
+}
+
+impl Islands {
+    pub fn is_empty(&self) -> bool {
+        self.unstable.is_empty()
+    }
+}
+
 /// Where the search starts and how far it may go, as grid indices.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Range {
@@ -107,6 +135,8 @@ pub struct Range {
 pub struct Searched {
     pub divergence: Threshold,
     pub non_finite: Threshold,
+    pub divergence_islands: Islands,
+    pub non_finite_islands: Islands,
     /// Training runs made (distinct LRs).
     pub runs: usize,
     /// Runs a grid sweep of the same resolution over the same range
@@ -137,6 +167,7 @@ impl<E> Memo<'_, E> {
         unstable: fn(&Probe) -> bool,
         grid: Grid,
         (mut lo, mut hi): (i64, i64),
+        bottom: i64,
         range: Range,
     ) -> Result<Threshold, E> {
         let mut stride = grid.decade();
@@ -169,10 +200,77 @@ impl<E> Memo<'_, E> {
                 lo = mid;
             }
         }
+        let first = self.verify_below(unstable, grid, hi, bottom, range)?;
+        if first <= range.floor {
+            return Ok(Threshold::BelowRange {
+                min: grid.lr(range.floor),
+            });
+        }
         Ok(Threshold::Found {
-            stable: grid.lr(lo),
-            unstable: grid.lr(hi),
+            stable: grid.lr(first - 1),
+            unstable: grid.lr(first),
         })
+    }
+
+    /// Sweeps every grid index below the unstable `first`, down to a stable
+    /// stretch of [`VERIFY_DECADES`] (or `bottom`, below which nothing can
+    /// be unstable), moving `first` to every unstable index it meets.
+    fn verify_below(
+        &mut self,
+        unstable: fn(&Probe) -> bool,
+        grid: Grid,
+        mut first: i64,
+        bottom: i64,
+        range: Range,
+    ) -> Result<i64, E> {
+        let depth = ((VERIFY_DECADES / grid.tolerance).round() as i64).max(1);
+        let mut i = first - 1;
+        while i >= range.floor.max(bottom) && i >= first - depth {
+            if unstable(&self.probe(i)?) {
+                first = i;
+            }
+            i -= 1;
+        }
+        Ok(first)
+    }
+
+    /// The islands of `unstable` among the runs made, below its top transition.
+    fn islands(&self, unstable: fn(&Probe) -> bool, grid: Grid) -> Islands {
+        let runs: Vec<(i64, bool)> = self.seen.iter().map(|(&i, p)| (i, unstable(p))).collect();
+        if runs.is_empty() {
+            return Islands::default();
+        }
+        // The onset: the start of the unstable run that reaches the top.
+        let Some(top) = runs
+            .iter()
+            .rposition(|&(_, u)| !u)
+            .map_or(Some(0), |s| (s + 1 < runs.len()).then_some(s + 1))
+        else {
+            return Islands::default();
+        };
+        let mut unstable_runs = Vec::new();
+        let mut start: Option<i64> = None;
+        for w in 0..top {
+            let (i, u) = runs[w];
+            match (u, start) {
+                (true, None) => start = Some(i),
+                (false, Some(a)) => {
+                    unstable_runs.push([grid.lr(a), grid.lr(runs[w - 1].0)]);
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(a) = start {
+            unstable_runs.push([grid.lr(a), grid.lr(runs[top - 1].0)]);
+        }
+        if unstable_runs.is_empty() {
+            return Islands::default();
+        }
+        Islands {
+            onset: Some(grid.lr(runs[top].0)),
+            unstable: unstable_runs,
+        }
     }
 }
 
@@ -188,7 +286,9 @@ pub fn search<E>(
         seen: BTreeMap::new(),
     };
     let start = (range.start_lo, range.start_hi.max(range.start_lo + 1));
-    let divergence = memo.threshold(|p| p.diverged, grid, start, range)?;
+    let divergence = memo.threshold(|p| p.diverged, grid, start, range.floor, range)?;
+    // A non-finite run has diverged, so no LR below the (verified) first
+    // divergence can be non-finite: the NaN sweep stops there.
     let non_finite = match divergence {
         // Stable at the ceiling means finite at the ceiling too.
         Threshold::AboveRange { max } => Threshold::AboveRange { max },
@@ -196,15 +296,19 @@ pub fn search<E>(
             |p| p.non_finite,
             grid,
             (range.floor, range.floor + 1),
+            range.floor,
             range,
         )?,
         Threshold::Found { stable, unstable } => memo.threshold(
             |p| p.non_finite,
             grid,
             (grid.index(stable), grid.index(unstable)),
+            grid.index(unstable),
             range,
         )?,
     };
+    let divergence_islands = memo.islands(|p| p.diverged, grid);
+    let non_finite_islands = memo.islands(|p| p.non_finite, grid);
     let (lowest, highest) = match (memo.seen.keys().next(), memo.seen.keys().next_back()) {
         (Some(&a), Some(&b)) => (a, b),
         _ => (0, -1),
@@ -212,6 +316,8 @@ pub fn search<E>(
     Ok(Searched {
         divergence,
         non_finite,
+        divergence_islands,
+        non_finite_islands,
         runs: memo.seen.len(),
         grid_runs: (highest - lowest + 1) as usize,
     })
@@ -289,7 +395,91 @@ mod tests {
         assert!((GRID.lr(-60) - 1e-3).abs() < 1e-15);
     }
 
+    /// Diverged from `t` on and at the offsets `islands` below it;
+    /// non-finite from `t + gap` on and at the offsets `nan` below `t`
+    /// (which must be among `islands`: a non-finite run has diverged).
+    fn with_islands<'a>(
+        t: i64,
+        islands: &'a [i64],
+        gap: i64,
+        nan: &'a [i64],
+    ) -> impl Fn(i64) -> Probe + 'a {
+        move |i| Probe {
+            diverged: i >= t || islands.contains(&(t - i)),
+            non_finite: i >= t + gap || nan.contains(&(t - i)),
+        }
+    }
+
+    #[test]
+    fn islands_below_the_transition_move_the_threshold_and_are_reported() {
+        // Unstable from -30 on, and at -38..=-37 and -48..=-47 (0.4 and
+        // 0.9 decades below the transition: the second is found from the first).
+        let probe = with_islands(-30, &[7, 8, 17, 18], 1000, &[]);
+        let s = search::<()>(GRID, RANGE, &mut |i| Ok(probe(i))).unwrap();
+        assert_eq!(
+            s.divergence,
+            Threshold::Found {
+                stable: GRID.lr(-49),
+                unstable: GRID.lr(-48)
+            }
+        );
+        assert_eq!(s.divergence_islands.onset, Some(GRID.lr(-30)));
+        assert_eq!(
+            s.divergence_islands.unstable,
+            vec![[GRID.lr(-48), GRID.lr(-47)], [GRID.lr(-38), GRID.lr(-37)]]
+        );
+        assert!(s.non_finite_islands.is_empty());
+        // Two sweeps of 16 runs on top of the bisection, still well under a
+        // grid sweep (bench/lr_table_vs_grid.sh measures it on real models).
+        assert!(
+            s.runs * 3 <= s.grid_runs,
+            "{} runs of {}",
+            s.runs,
+            s.grid_runs
+        );
+    }
+
     proptest! {
+        // Islands anywhere within the verified depth (16 grid steps) below
+        // a transition inside the range: the threshold is the first
+        // unstable grid LR, for both predicates.
+        #[test]
+        fn the_threshold_is_the_first_unstable_grid_lr(
+            t in -140i64..40,
+            starts in proptest::collection::vec(1i64..=16, 0..4),
+            lone in proptest::collection::vec(any::<bool>(), 4),
+            gap in 0i64..20,
+            nan_islands: bool,
+        ) {
+            // Islands one or two grid steps wide.
+            let island = |(k, &o): (usize, &i64)| if lone[k] { vec![o] } else { vec![o, o + 1] };
+            let offsets: Vec<i64> = starts.iter().enumerate().flat_map(island).collect();
+            // NaN islands: divergence islands within the NaN sweep's reach.
+            let nan: Vec<i64> = offsets
+                .iter()
+                .copied()
+                .filter(|&o| nan_islands && o + gap <= 16)
+                .collect();
+            let probe = with_islands(t, &offsets, gap, &nan);
+            let s = search::<()>(GRID, RANGE, &mut |i| Ok(probe(i))).unwrap();
+            for (found, islands, unstable) in [
+                (s.divergence, &s.divergence_islands, (|p: Probe| p.diverged) as fn(Probe) -> bool),
+                (s.non_finite, &s.non_finite_islands, |p: Probe| p.non_finite),
+            ] {
+                let first = (RANGE.floor..=RANGE.ceil).find(|&i| unstable(probe(i)));
+                match (found, first) {
+                    (Threshold::Found { unstable: u, .. }, Some(f)) => prop_assert_eq!(GRID.index(u), f),
+                    (Threshold::BelowRange { .. }, Some(f)) => prop_assert_eq!(f, RANGE.floor),
+                    (Threshold::AboveRange { .. }, None) => {}
+                    (found, first) => prop_assert!(false, "{:?} vs first unstable {:?}", found, first),
+                }
+                for [a, b] in &islands.unstable {
+                    prop_assert!(a <= b && *b < islands.onset.unwrap());
+                    prop_assert!(*a >= found.sort_key());
+                }
+            }
+        }
+
         // Monotone predicates: the bracket holds the true thresholds.
         #[test]
         fn monotone_predicates_are_bracketed(d in -200i64..100, gap in 0i64..100) {

@@ -73,6 +73,28 @@ impl Optimizer {
         }
     }
 
+    /// The same state with every tensor in `dtype` (a re-run of a step at
+    /// another precision).
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<Optimizer> {
+        let convert = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_dtype(dtype)).transpose();
+        let slots = self
+            .slots
+            .iter()
+            .map(|s| {
+                Ok(Slot {
+                    momentum: convert(&s.momentum)?,
+                    m: convert(&s.m)?,
+                    v: convert(&s.v)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Optimizer {
+            spec: self.spec.clone(),
+            slots,
+            steps: self.steps,
+        })
+    }
+
     /// Named state tensors (`m.<param>`, `v.<param>`, `momentum.<param>`).
     pub fn state(&self, names: &[String]) -> Vec<(String, Tensor)> {
         self.state_tensors()

@@ -32,6 +32,10 @@ pub struct RunOptions {
     /// With `dump`: dump this step's scene whether or not it fails (a
     /// failure before it is dumped instead, as without `dump_at`).
     pub dump_at: Option<usize>,
+    /// Re-run a failing step in f32 (for half precision) and f64 and mark
+    /// the finding with the result ([`crate::fidelity`]). Off where only
+    /// stable-or-not matters (LR searches, minimization).
+    pub fidelity: bool,
     /// Stop at divergence. Off, only non-finite values end a run, and the
     /// caller judges divergence from the loss history (LR tables need both
     /// answers from one run).
@@ -56,6 +60,7 @@ impl std::fmt::Debug for RunOptions {
             .field("limits", &self.limits)
             .field("dump", &self.dump)
             .field("dump_at", &self.dump_at)
+            .field("fidelity", &self.fidelity)
             .field("watch_divergence", &self.watch_divergence)
             .field("accelerator_probe", &self.accelerator_probe)
             .field("dataset", &self.dataset.as_ref().map(|d| d.name()))
@@ -72,6 +77,7 @@ impl Default for RunOptions {
             limits: Limits::default(),
             dump: None,
             dump_at: None,
+            fidelity: true,
             watch_divergence: true,
             accelerator_probe: false,
             dataset: None,
@@ -140,7 +146,11 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     if failed.is_none() {
         failed = session.finish()?;
     }
-    if let Some(finding) = failed {
+    if let Some(mut finding) = failed {
+        if let (true, Some(before)) = (opts.fidelity, session.failed_before()) {
+            let check = crate::fidelity::check(&session.case, factory, opts, &finding, before)?;
+            finding.precision = Some(Box::new(check));
+        }
         // A failure at or before the asked-for step is what gets dumped.
         let dumped = opts.dump_at.is_some_and(|at| at < finding.step);
         if let (Some(dir), false) = (&opts.dump, dumped) {
@@ -840,6 +850,7 @@ impl<'a> Session<'a> {
             detail: f.detail,
             stats: f.stats,
             coverage: f.coverage,
+            precision: None,
             signature,
             trace,
         }

@@ -1,0 +1,250 @@
+//! Findings say whether they survive higher precision and reference
+//! rounding: the failing step is re-run from the same state in f32 (for half
+//! precision) and in f64 (`nanhunt::fidelity`). Each test rebuilds one of
+//! the known places where candle's numerics decide a finding
+//! (docs/NUMERICS.md).
+
+use crate::support::*;
+use candle_core::{Tensor, D};
+use candle_nn::{linear, Linear, Module, VarBuilder};
+use nanhunt::fidelity::Robustness;
+use nanhunt::models::{Model, Tracer};
+use nanhunt::spec::*;
+use nanhunt::{run_model, Finding, Outcome, RunOptions};
+
+fn vector_case(name: &str, features: usize, precision: Precision) -> Case {
+    let mut case = Case::example("cnn").unwrap();
+    case.model = ModelSpec::Custom(CustomSpec {
+        name: name.into(),
+        input: InputSpec::Vector { features },
+        outputs: 4,
+        init: InitSpec::default(),
+        per_token: false,
+        frozen: Vec::new(),
+        knobs: Default::default(),
+        init_overrides: Default::default(),
+    });
+    case.precision = precision;
+    case.optimizer = sgd(1e-2);
+    case.steps = 5;
+    case
+}
+
+fn finding_of(case: &Case, factory: &dyn nanhunt::models::ModelFactory) -> Finding {
+    match run_model(case, factory, &RunOptions::default()).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("expected a finding, got {other:?}"),
+    }
+}
+
+fn verdict(f: &Finding) -> Robustness {
+    f.precision
+        .as_ref()
+        .expect("every run finding is checked")
+        .verdict
+}
+
+/// A layer norm written with candle's ops: in f16 the variance of
+/// projections in the hundreds squares past 65504 to Inf (and the output
+/// silently becomes zeros); PyTorch takes half-precision norm statistics
+/// in f32.
+struct PlainLayerNorm {
+    proj: Linear,
+    head: Linear,
+}
+
+impl Model for PlainLayerNorm {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("proj", self.proj.forward(x)?)?;
+        let centered = h.broadcast_sub(&h.mean_keepdim(D::Minus1)?)?;
+        let var = tr.record("ln.var", centered.sqr()?.mean_keepdim(D::Minus1)?)?;
+        let normed = tr.record("ln", centered.broadcast_div(&(var + 1e-5)?.sqrt()?)?)?;
+        tr.record("head", self.head.forward(&normed)?)
+    }
+}
+
+#[test]
+fn an_f16_layer_norm_variance_overflow_is_precision_dependent() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(PlainLayerNorm {
+            proj: linear(8, 16, vb.pp("proj"))?,
+            head: linear(16, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut case = vector_case("plain_layer_norm", 8, Precision::F16);
+    case.data.scale = 1e4;
+    let f = finding_of(&case, &factory);
+    assert_eq!(f.stage, "ln.var", "{f:?}");
+    assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+    let check = f.precision.as_ref().unwrap();
+    assert_eq!(check.reruns.len(), 2, "f32 and f64: {check:?}");
+    assert!(
+        check.reruns.iter().all(|r| r.ran && !r.reproduced),
+        "{check:?}"
+    );
+    assert!(
+        check.summary().starts_with("precision-dependent"),
+        "{}",
+        check.summary()
+    );
+    // The same model in f32 trains: the finding is f16's range alone.
+    case.precision = Precision::F32;
+    let stable = run_model(&case, &factory, &RunOptions::default()).unwrap();
+    assert!(matches!(stable, Outcome::Stable { .. }), "{stable:?}");
+}
+
+/// A mean over 128 features of values near 600: the sum (≈ 77000) passes
+/// f16's 65504 in candle's f16 accumulator, where PyTorch accumulates
+/// half-precision reductions in f32 and gets ≈ 600.
+struct WideMean {
+    head: Linear,
+}
+
+impl Model for WideMean {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let m = tr.record("mean", x.mean_keepdim(D::Minus1)?)?;
+        let features = x.broadcast_sub(&m)?;
+        tr.record("head", self.head.forward(&features)?)
+    }
+}
+
+#[test]
+fn an_f16_accumulation_overflow_is_precision_dependent() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(WideMean {
+            head: linear(128, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut case = vector_case("wide_mean", 128, Precision::F16);
+    case.data.offset = 600.0;
+    case.data.scale = 1.0;
+    let f = finding_of(&case, &factory);
+    assert_eq!(f.stage, "mean", "{f:?}");
+    assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+}
+
+/// Adam with eps 0 behind ReLU units that are dead for the whole batch:
+/// their gradient is exactly 0.0, so m̂/√v̂ is 0/0. It reproduces in f64
+/// and is marked as hanging on exact zeros.
+struct DeadUnits {
+    hidden: Linear,
+    head: Linear,
+}
+
+impl Model for DeadUnits {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        // Inputs are positive and the hidden weights start negative: dead.
+        let h = tr.record("hidden", nanhunt::kernels::relu(&self.hidden.forward(x)?)?)?;
+        tr.record("head", self.head.forward(&h)?)
+    }
+}
+
+#[test]
+fn adam_eps_zero_on_exactly_zero_gradients_hangs_on_exact_zeros() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(DeadUnits {
+            hidden: linear(8, 16, vb.pp("hidden"))?,
+            head: linear(16, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut case = vector_case("dead_units", 8, Precision::F32);
+    case.data.offset = 5.0;
+    case.optimizer = OptimizerSpec::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 0.0,
+        weight_decay: 0.0,
+    };
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.init_overrides
+            .insert("hidden.weight".into(), InitOverride::Const { value: -0.5 });
+    }
+    let f = finding_of(&case, &factory);
+    assert_eq!(f.kind, nanhunt::FindingKind::Nan, "{f:?}");
+    assert_eq!(f.phase, nanhunt::Phase::Update, "{f:?}");
+    assert_eq!(verdict(&f), Robustness::HangsOnExactZeros, "{f:?}");
+    let check = f.precision.as_ref().unwrap();
+    assert!(check.exact_zero_gradients.unwrap() > 0, "{check:?}");
+    assert!(check.reruns[0].reproduced, "{check:?}");
+}
+
+/// exp of logits near 100 overflows f32 (e^89 is past f32's range) and
+/// not f64: an f32 finding that is gone in f64 is precision-dependent.
+struct ExpHead {
+    head: Linear,
+}
+
+impl Model for ExpHead {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let z = tr.record("head", self.head.forward(x)?)?;
+        tr.record("exp", z.exp()?)
+    }
+}
+
+#[test]
+fn an_f32_overflow_gone_in_f64_is_precision_dependent_and_an_lr_divergence_reproduces() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(ExpHead {
+            head: linear(8, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut case = vector_case("exp_head", 8, Precision::F32);
+    case.data.scale = 100.0;
+    let f = finding_of(&case, &factory);
+    assert_eq!(f.stage, "exp", "{f:?}");
+    assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+    assert_eq!(f.precision.as_ref().unwrap().reruns.len(), 1, "f64 only");
+
+    // A learning rate far too high diverges at any precision.
+    let mut case = Case::example("cnn").unwrap();
+    case.optimizer = sgd(1e3);
+    let f = match nanhunt::run(&case).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(verdict(&f), Robustness::ReproducesInF64, "{f:?}");
+}
+
+/// candle's square-root backward divides before it halves, (g/√x)·0.5,
+/// so in f16 it overflows for g/√x in (65504, 131008), where PyTorch's
+/// g/(2√x) is finite; under dynamic loss scaling that costs the scaler a
+/// halving. When this fails, candle changed its rule: update
+/// docs/NUMERICS.md.
+#[test]
+fn candle_sqrt_backward_divides_before_halving_in_f16() {
+    let x = candle_core::Var::from_tensor(
+        &Tensor::new(&[1e-4f32], &candle_core::Device::Cpu)
+            .unwrap()
+            .to_dtype(candle_core::DType::F16)
+            .unwrap(),
+    )
+    .unwrap();
+    let y = (x.as_tensor().sqrt().unwrap() * 1000.0).unwrap();
+    let g = y.sum_all().unwrap().backward().unwrap();
+    let g = g
+        .get(x.as_tensor())
+        .unwrap()
+        .to_dtype(candle_core::DType::F32)
+        .unwrap();
+    // 1000 / 0.01 = 1e5 overflows f16 before the halving; 1000 / 0.02 = 5e4 would not.
+    assert_eq!(g.to_vec1::<f32>().unwrap(), [f32::INFINITY]);
+}
+
+/// candle's f16 reductions accumulate in f16: the sum of 128 values of 600
+/// is Inf (PyTorch: 76800, accumulated in f32 and then out of f16's range
+/// only at the very end, and its mean 600 is exact). When this fails,
+/// candle accumulates wider now: update docs/NUMERICS.md.
+#[test]
+fn candle_f16_mean_accumulates_in_f16() {
+    let x = Tensor::full(600f32, 128, &candle_core::Device::Cpu)
+        .unwrap()
+        .to_dtype(candle_core::DType::F16)
+        .unwrap();
+    let m = x
+        .mean_all()
+        .unwrap()
+        .to_dtype(candle_core::DType::F32)
+        .unwrap();
+    assert_eq!(m.to_scalar::<f32>().unwrap(), f32::INFINITY);
+}
