@@ -56,6 +56,9 @@ pub enum Entry {
         signature: Option<Signature>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<usize>,
+        /// An unstable run's precision check verdict.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fidelity: Option<crate::fidelity::Robustness>,
         lr: f64,
         millis: u64,
         /// The loss of each executed step, rounded to f32 (for the report's curves).
@@ -124,6 +127,7 @@ impl Entry {
             step,
             losses,
             message,
+            fidelity,
         } = record;
         Entry::Run {
             index,
@@ -135,6 +139,7 @@ impl Entry {
             verdict,
             signature,
             step,
+            fidelity,
             lr: case.optimizer.lr(),
             millis,
             losses,
@@ -345,6 +350,7 @@ mod tests {
             verdict: Verdict::Stable,
             signature: None,
             step: None,
+            fidelity: None,
             lr: 1e-3,
             millis: 5,
             message: None,

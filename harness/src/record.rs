@@ -15,6 +15,9 @@ pub struct RunResult {
     #[serde(with = "crate::floats::vec")]
     pub losses: Vec<f64>,
     pub message: Option<String>,
+    /// An unstable run's precision check verdict ([`crate::fidelity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<crate::fidelity::Robustness>,
 }
 
 impl RunResult {
@@ -37,6 +40,10 @@ impl RunResult {
                 .map(|t| t.losses.iter().map(|&l| l as f32 as f64).collect())
                 .unwrap_or_default(),
             message,
+            fidelity: match outcome {
+                Outcome::Unstable { finding } => finding.precision.as_ref().map(|p| p.verdict),
+                _ => None,
+            },
         }
     }
 }

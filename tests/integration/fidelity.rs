@@ -248,3 +248,21 @@ fn candle_f16_mean_accumulates_in_f16() {
         .unwrap();
     assert_eq!(m.to_scalar::<f32>().unwrap(), f32::INFINITY);
 }
+
+/// The checked-in f16 batch-norm reproducer: the backward of `block0.bn`
+/// sums 121 gradient values of hundreds in an f16 accumulator past 65504
+/// (PyTorch accumulates in f32). The finding is marked precision-dependent:
+/// the f32 and f64 re-runs of its step are healthy.
+#[test]
+fn the_f16_batch_norm_backward_overflow_is_precision_dependent() {
+    let repro = nanhunt::repro::Reproducer::load(
+        &root().join("corpora/repro/overflow-backward-block.bn-cnn-sgd-f16-cpu-ffccc132.json"),
+    )
+    .unwrap();
+    let f = match nanhunt::run(&repro.case).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(f.stage, "block0.bn", "{f:?}");
+    assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+}

@@ -511,5 +511,6 @@ fn failed(verdict: Verdict, message: String) -> RunResult {
         step: None,
         losses: Vec::new(),
         message: Some(message),
+        fidelity: None,
     }
 }

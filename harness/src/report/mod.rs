@@ -58,6 +58,9 @@ pub struct SignatureRow {
     /// The earliest step at which it appeared.
     pub first_step: usize,
     pub reproducer: Option<String>,
+    /// The precision check of its runs (the first one checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<crate::fidelity::Robustness>,
 }
 
 /// The loss curve of a representative run.
@@ -162,6 +165,7 @@ impl StabilityReport {
                 step,
                 lr,
                 losses,
+                fidelity,
                 ..
             } = e
             else {
@@ -210,7 +214,9 @@ impl StabilityReport {
                     count: 0,
                     first_step: *step,
                     reproducer: None,
+                    fidelity: None,
                 });
+                row.fidelity = row.fidelity.or(*fidelity);
                 row.count += 1;
                 row.first_step = row.first_step.min(*step);
             }
