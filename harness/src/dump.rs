@@ -130,8 +130,6 @@ pub struct Scene<'a> {
     pub step: usize,
     /// The state before the step.
     pub before: &'a Snapshot,
-    /// The run's history before the step.
-    pub history: Trace,
     /// The run's history with the step (its loss and gradient norm).
     pub trace: &'a Trace,
     /// The step's batch after augmentation.
@@ -233,7 +231,7 @@ pub fn write(dir: &Path, scene: &Scene) -> Result<()> {
             optimizer_steps: before.optimizer.steps(),
             scaler: before.scaler.clone(),
             tracker: before.tracker.clone(),
-            trace: scene.history.clone(),
+            trace: trace.upto(before.history),
         },
     };
 

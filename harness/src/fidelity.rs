@@ -106,22 +106,24 @@ pub fn check(
             exact_zero_gradients: None,
         });
     }
-    let mut reruns = Vec::new();
-    if matches!(compute, DType::F16 | DType::BF16) {
-        reruns.push(rerun(case, factory, opts, finding, before, Precision::F32)?.0);
-    }
+    let f32_run = match compute {
+        DType::F16 | DType::BF16 => {
+            Some(rerun(case, factory, opts, finding, before, Precision::F32)?.0)
+        }
+        _ => None,
+    };
     let (f64_run, zeros) = rerun(case, factory, opts, finding, before, Precision::F64)?;
-    reruns.push(f64_run);
-    let ran = |p: &str| reruns.iter().find(|r| r.precision == p && r.ran);
-    let verdict = match (ran("f32"), ran("f64")) {
-        (_, Some(r)) if r.reproduced => match zeros {
+    let ran = |r: Option<&Rerun>| r.filter(|r| r.ran).map(|r| r.reproduced);
+    let verdict = match (ran(f32_run.as_ref()), ran(Some(&f64_run))) {
+        (_, Some(true)) => match zeros {
             Some(n) if n > 0 => Robustness::HangsOnExactZeros,
             _ => Robustness::ReproducesInF64,
         },
-        (Some(r), _) if r.reproduced => Robustness::ReproducesInF32,
+        (Some(true), _) => Robustness::ReproducesInF32,
         (None, None) => Robustness::NotChecked,
         _ => Robustness::PrecisionDependent,
     };
+    let reruns = f32_run.into_iter().chain([f64_run]).collect();
     Ok(PrecisionCheck {
         verdict,
         reruns,
@@ -172,8 +174,8 @@ fn rerun(
                 .map(|t| t.to_dtype(dtype))
                 .collect::<candle_core::Result<_>>()?,
             optimizer: before.optimizer.to_dtype(dtype)?,
-            // Full precision has no loss scaler: keep the session's own.
-            scaler: session.snapshot()?.scaler,
+            // Full precision has no loss scaling.
+            scaler: crate::scaler::LossScaler::new(case.precision.loss_scaling()),
             tracker: before.tracker.clone(),
             history: before.history,
         })

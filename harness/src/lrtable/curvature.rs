@@ -169,20 +169,18 @@ fn top_of_tridiagonal(a: &[f64], b: &[f64]) -> (f64, Vec<f64>) {
                 let t = if tau == 0.0 { 1.0 } else { t };
                 let c = 1.0 / (1.0 + t * t).sqrt();
                 let s = t * c;
+                // The rotation on a pair of entries.
+                let rotate = |a: &mut [f64], i: usize, j: usize| {
+                    let (x, y) = (a[i], a[j]);
+                    a[i] = c * x - s * y;
+                    a[j] = s * x + c * y;
+                };
                 for k in 0..n {
-                    let (mkp, mkq) = (m[k * n + p], m[k * n + q]);
-                    m[k * n + p] = c * mkp - s * mkq;
-                    m[k * n + q] = s * mkp + c * mkq;
+                    rotate(&mut m, k * n + p, k * n + q);
                 }
                 for k in 0..n {
-                    let (mpk, mqk) = (m[p * n + k], m[q * n + k]);
-                    m[p * n + k] = c * mpk - s * mqk;
-                    m[q * n + k] = s * mpk + c * mqk;
-                }
-                for k in 0..n {
-                    let (vkp, vkq) = (v[k * n + p], v[k * n + q]);
-                    v[k * n + p] = c * vkp - s * vkq;
-                    v[k * n + q] = s * vkp + c * vkq;
+                    rotate(&mut m, p * n + k, q * n + k);
+                    rotate(&mut v, k * n + p, k * n + q);
                 }
             }
         }

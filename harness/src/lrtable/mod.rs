@@ -433,14 +433,13 @@ pub fn probe_at(
     };
     match run_model(&case, factory, &opts)? {
         Outcome::Stable { trace } => {
-            // Diverged: crossed the line and had not come back by the end.
+            // Diverged: crossed the line and had not recovered by the end,
+            // so every loss is pushed before the tracker is asked.
             let mut tracker = DivergenceTracker::new(case.divergence_factor);
-            // Every loss is pushed: the end of the run decides.
-            let mut crossed = false;
             for &l in &trace.losses {
-                crossed |= tracker.push(l).is_some();
+                tracker.push(l);
             }
-            let diverged = crossed && tracker.still_diverged();
+            let diverged = tracker.still_diverged();
             Ok(Probe {
                 non_finite: false,
                 diverged,

@@ -237,39 +237,24 @@ impl<E> Memo<'_, E> {
     /// The islands of `unstable` among the runs made, below its top transition.
     fn islands(&self, unstable: fn(&Probe) -> bool, grid: Grid) -> Islands {
         let runs: Vec<(i64, bool)> = self.seen.iter().map(|(&i, p)| (i, unstable(p))).collect();
-        if runs.is_empty() {
-            return Islands::default();
-        }
-        // The onset: the start of the unstable run that reaches the top.
-        let Some(top) = runs
-            .iter()
-            .rposition(|&(_, u)| !u)
-            .map_or(Some(0), |s| (s + 1 < runs.len()).then_some(s + 1))
-        else {
-            return Islands::default();
+        // The onset: the start of the unstable stretch that reaches the top
+        // (there is none when the highest run was stable).
+        let top = match runs.iter().rposition(|&(_, u)| !u) {
+            None => 0,
+            Some(s) if s + 1 < runs.len() => s + 1,
+            Some(_) => return Islands::default(),
         };
-        let mut unstable_runs = Vec::new();
-        let mut start: Option<i64> = None;
-        for w in 0..top {
-            let (i, u) = runs[w];
-            match (u, start) {
-                (true, None) => start = Some(i),
-                (false, Some(a)) => {
-                    unstable_runs.push([grid.lr(a), grid.lr(runs[w - 1].0)]);
-                    start = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(a) = start {
-            unstable_runs.push([grid.lr(a), grid.lr(runs[top - 1].0)]);
-        }
-        if unstable_runs.is_empty() {
+        let stretches: Vec<[f64; 2]> = runs[..top]
+            .chunk_by(|a, b| a.1 == b.1)
+            .filter(|stretch| stretch[0].1)
+            .map(|stretch| [grid.lr(stretch[0].0), grid.lr(stretch[stretch.len() - 1].0)])
+            .collect();
+        if stretches.is_empty() {
             return Islands::default();
         }
         Islands {
             onset: Some(grid.lr(runs[top].0)),
-            unstable: unstable_runs,
+            unstable: stretches,
         }
     }
 }

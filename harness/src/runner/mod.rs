@@ -752,7 +752,6 @@ impl<'a> Session<'a> {
                 names: &self.names,
                 step,
                 before,
-                history: trace.upto(before.history),
                 trace,
                 batch: self.batch_unchecked(step)?,
                 raw: self.raw_batch(step)?,
