@@ -198,20 +198,26 @@ fn rerun(
         Ok(seen) => seen,
         Err(e) => return not_run(e),
     };
-    let note = match &seen {
-        Some(f) => format!(
+    // An explosion is a jump at its step (its never-recovered half is judged
+    // over the whole run, not one step).
+    let jump = session
+        .jump()
+        .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
+    let note = match (&seen, jump) {
+        (Some(f), _) => format!(
             "{} in {} at `{}`",
             f.kind.as_str(),
             f.phase.as_str(),
             f.stage
         ),
-        None => "the step is healthy".into(),
+        (None, Some(j)) => j.describe(),
+        (None, None) => "the step is healthy".into(),
     };
     Ok((
         Rerun {
             precision: name,
             ran: true,
-            reproduced: seen.is_some(),
+            reproduced: seen.is_some() || jump.is_some(),
             note,
         },
         zeros,

@@ -51,10 +51,23 @@ pub fn first_forward(records: &[Record]) -> Result<Option<(usize, TensorScan)>> 
     Ok(scans.into_iter().enumerate().find(|(_, s)| !s.is_finite()))
 }
 
+/// Without records: the scan of the first non-finite tensor in the graph
+/// that made `output`, in execution order (candle's topological order,
+/// reversed), so an overflow that a later op turned into NaN (∞ − ∞, 0·∞)
+/// is still seen as the overflow it was. `None` when every node is finite.
+pub fn first_in_graph(output: &Tensor) -> Result<Option<TensorScan>> {
+    let nodes = output.sorted_nodes();
+    let scans = scan_all(&nodes.iter().rev().copied().collect::<Vec<_>>())?;
+    Ok(scans.into_iter().find(|s| !s.is_finite()))
+}
+
 /// A stage whose backward pass produced a non-finite gradient.
 pub struct BackwardProducer {
     /// The stage whose backward op produced it (`None`: the loss's backward).
     pub stage: Option<String>,
+    /// The indices in the records of the stage and of the receiver.
+    pub stage_index: Option<usize>,
+    pub receiver_index: usize,
     /// The record whose output gradient is the first non-finite one.
     pub receiver: String,
     pub grad: Tensor,
@@ -87,6 +100,8 @@ pub fn first_backward(records: &[Record], grads: &GradStore) -> Result<Option<Ba
         if !scan.is_finite() {
             return Ok(Some(BackwardProducer {
                 stage: downstream.map(|d| records[d].name.clone()),
+                stage_index: downstream,
+                receiver_index: *i,
                 receiver: records[*i].name.clone(),
                 grad: (*g).clone(),
                 scan,

@@ -75,6 +75,28 @@ impl CaseSize {
         }
     }
 
+    /// Like [`CaseSize::of`], with a custom model's parameters counted by
+    /// building it with its factory (a spec alone cannot say).
+    pub fn measured(case: &Case, factory: Option<&dyn ModelFactory>) -> Self {
+        let mut size = CaseSize::of(case);
+        if let (ModelSpec::Custom(_), Some(f)) = (&case.model, factory) {
+            let store = crate::models::ParamStore::new(
+                case.seed,
+                case.model.init(),
+                case.precision.master_dtype(),
+                candle_core::Device::Cpu,
+            )
+            .with_overrides(case.model.init_overrides());
+            let knobs = crate::models::Knobs::of(&case.model);
+            if f.build_with(store.creating_builder(), &case.model, &knobs)
+                .is_ok()
+            {
+                size.params = store.count();
+            }
+        }
+        size
+    }
+
     /// No axis is larger than in `other`.
     pub fn within(&self, other: &CaseSize) -> bool {
         self.steps <= other.steps
@@ -696,8 +718,8 @@ pub fn minimize(
         ..
     } = search;
     Ok(Some(Minimized {
-        before: CaseSize::of(case),
-        after: CaseSize::of(&current),
+        before: CaseSize::measured(case, factory),
+        after: CaseSize::measured(&current, factory),
         samples: samples_text(&current),
         case: current,
         signature,

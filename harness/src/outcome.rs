@@ -106,6 +106,10 @@ pub enum FindingKind {
     /// A trainable variable received no gradient: an op without a backward
     /// pass (candle's fused norms and softmax) or a detach cut it off.
     NoGradient,
+    /// A finite explosion: the gradient or parameter norm jumped by orders
+    /// of magnitude in one step and the loss never recovered
+    /// ([`crate::explosion`]).
+    Explosion,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -129,6 +133,7 @@ impl FindingKind {
             FindingKind::InvalidLabel => "invalid_label",
             FindingKind::ScaleCollapse => "scale_collapse",
             FindingKind::NoGradient => "no_gradient",
+            FindingKind::Explosion => "explosion",
         }
     }
 }
@@ -162,6 +167,34 @@ pub fn stage_key(stage: &str) -> String {
         }
         out.push_str(part);
     }
+    out
+}
+
+/// The stage as a dedup key in a user's model: only the harness's own
+/// indices are dropped (`data.pathologies[1].nan` → `data.pathologies.nan`),
+/// the digits of the user's names are kept: `fc1` and `fc2` are different
+/// layers, not two copies of one block as `layer0`/`layer1` of a built-in
+/// family are.
+pub fn user_stage_key(stage: &str) -> String {
+    let mut out = String::with_capacity(stage.len());
+    let mut rest = stage;
+    while let Some(open) = rest.find('[') {
+        match rest[open..].find(']') {
+            Some(close)
+                if rest[open + 1..open + close]
+                    .chars()
+                    .all(|c| c.is_ascii_digit()) =>
+            {
+                out.push_str(&rest[..open]);
+                rest = &rest[open + close + 1..];
+            }
+            _ => {
+                out.push_str(&rest[..=open]);
+                rest = &rest[open + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
     out
 }
 
@@ -211,6 +244,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn user_stage_keys_keep_the_users_digits() {
+        assert_eq!(user_stage_key("grad.fc1.weight"), "grad.fc1.weight");
+        assert_ne!(
+            user_stage_key("grad.fc1.weight"),
+            user_stage_key("grad.fc2.weight")
+        );
+        assert_eq!(
+            user_stage_key("data.pathologies[1].nan"),
+            "data.pathologies.nan"
+        );
+        assert_eq!(user_stage_key("augment[2].normalize"), "augment.normalize");
+        assert_eq!(user_stage_key("blocks[x].norm2"), "blocks[x].norm2");
+    }
+
+    #[test]
     fn stage_keys_drop_indices() {
         assert_eq!(stage_key("layer0.t3.gates"), "layer.t.gates");
         assert_eq!(stage_key("data.pathologies[1].nan"), "data.pathologies.nan");
@@ -246,6 +294,14 @@ pub struct Trace {
     /// it was computed.
     #[serde(with = "crate::floats::vec")]
     pub grad_norms: Vec<f64>,
+    /// Global parameter norm after each update where the probe read it
+    /// (the finite-explosion rule compares consecutive ones).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::floats::vec"
+    )]
+    pub param_norms: Vec<f64>,
     /// Learning rate of each executed step.
     pub lrs: Vec<f64>,
     /// Steps skipped by dynamic loss scaling.
@@ -261,6 +317,7 @@ pub struct Trace {
 pub struct TraceMark {
     losses: usize,
     grad_norms: usize,
+    param_norms: usize,
     lrs: usize,
     skipped_steps: usize,
 }
@@ -270,6 +327,7 @@ impl Trace {
         TraceMark {
             losses: self.losses.len(),
             grad_norms: self.grad_norms.len(),
+            param_norms: self.param_norms.len(),
             lrs: self.lrs.len(),
             skipped_steps: self.skipped_steps,
         }
@@ -279,6 +337,7 @@ impl Trace {
     pub fn truncate(&mut self, mark: TraceMark) {
         self.losses.truncate(mark.losses);
         self.grad_norms.truncate(mark.grad_norms);
+        self.param_norms.truncate(mark.param_norms);
         self.lrs.truncate(mark.lrs);
         self.skipped_steps = mark.skipped_steps;
     }
@@ -324,6 +383,9 @@ pub struct Finding {
     /// Whether the failing step fails again in f32 / f64 (see [`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<Box<crate::fidelity::PrecisionCheck>>,
+    /// What the producing stage did, read from its records ([`crate::explain`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Box<crate::explain::Explanation>>,
     pub signature: Signature,
     pub trace: Trace,
 }

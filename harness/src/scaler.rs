@@ -49,6 +49,11 @@ impl LossScaler {
         self.dynamic
     }
 
+    /// The smallest scale dynamic scaling may reach before it gives up.
+    pub fn floor(&self) -> f64 {
+        self.floor
+    }
+
     /// Updates the scale after a backward pass whose gradients were (not) finite.
     pub fn update(&mut self, grads_finite: bool) -> ScaleVerdict {
         if !self.dynamic {

@@ -16,10 +16,12 @@
 
 mod campaign;
 mod cli;
+mod code_bugs;
 mod crash_safety;
 mod datasets;
 mod diagnose;
 mod dump;
+mod explosion;
 mod fidelity;
 mod fuzz;
 mod guard;

@@ -161,6 +161,7 @@ struct Failure {
     detail: String,
     stats: Option<TensorStats>,
     coverage: Option<Box<GradientCoverage>>,
+    explanation: Option<Box<crate::explain::Explanation>>,
 }
 
 /// The failure of a backward pass that left variables without a gradient,
@@ -173,6 +174,7 @@ fn no_gradient(coverage: GradientCoverage) -> Failure {
         detail: coverage.summary(),
         stats: None,
         coverage: Some(Box::new(coverage)),
+        explanation: None,
     }
 }
 
@@ -332,6 +334,7 @@ impl Guard {
                 detail: format!("the loss is {value}"),
                 stats: None,
                 coverage: None,
+                explanation: None,
             };
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
         }
@@ -389,6 +392,7 @@ impl Guard {
                 ),
                 stats: None,
                 coverage: None,
+                explanation: None,
             };
             return Err(self.stop(step, f, &before, opt, batch, &mut loss_of));
         }
@@ -543,7 +547,7 @@ impl Guard {
             signature: Signature {
                 kind: failure.kind,
                 phase: failure.phase,
-                stage: crate::outcome::stage_key(&failure.stage),
+                stage: crate::outcome::user_stage_key(&failure.stage),
                 family: self.opts.name.clone(),
                 optimizer: opt.name(),
                 precision: precision.into(),
@@ -555,6 +559,7 @@ impl Guard {
             stats: failure.stats,
             coverage: failure.coverage,
             precision: None,
+            explanation: failure.explanation,
             trace,
         };
         let dump = self.opts.dump.clone();
@@ -632,7 +637,7 @@ impl Guard {
         let records = tracer.records();
         if let Some((i, scan)) = localize::first_forward(&records)? {
             let r = &records[i];
-            return Ok(Some(failure_of(
+            let mut f = failure_of(
                 &scan,
                 Phase::Forward,
                 r.name.clone(),
@@ -641,7 +646,9 @@ impl Guard {
                     r.name, scan.nan, scan.inf
                 ),
                 &r.output,
-            )?));
+            )?;
+            f.explanation = Some(Box::new(crate::explain::forward(&records, i)?));
+            return Ok(Some(f));
         }
         if !scalar(&loss)?.is_finite() {
             return Ok(None);
@@ -650,13 +657,18 @@ impl Guard {
         Ok(match localize::first_backward(&records, &grads)? {
             Some(p) => {
                 let stage = p.stage.clone().unwrap_or_else(|| "loss".into());
-                Some(failure_of(
+                let mut f = failure_of(
                     &p.scan,
                     Phase::Backward,
                     stage.clone(),
                     p.detail(&stage),
                     &p.grad,
-                )?)
+                )?;
+                if let Some(s) = p.stage_index {
+                    let e = crate::explain::backward(&records, s, p.receiver_index, &p.grad)?;
+                    f.explanation = Some(Box::new(e));
+                }
+                Some(f)
             }
             None => None,
         })
@@ -714,5 +726,6 @@ fn failure_of(
         detail,
         stats: Some(TensorStats::of_tensor(t)?),
         coverage: None,
+        explanation: None,
     })
 }

@@ -34,6 +34,9 @@ use candle_nn::VarBuilder;
 pub struct Tracer {
     enabled: bool,
     records: std::rc::Rc<std::cell::RefCell<Vec<Record>>>,
+    /// A guarded stage (diagnose's interventions): applied to the tensor a
+    /// model continues with, whether or not tracing is on.
+    intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
 
 /// One recorded stage.
@@ -54,8 +57,23 @@ impl Tracer {
     pub fn on() -> Self {
         Tracer {
             enabled: true,
-            records: Default::default(),
+            ..Tracer::default()
         }
+    }
+
+    /// This tracer, guarding the intervention's stages.
+    pub fn with_intervention(
+        mut self,
+        intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
+    ) -> Self {
+        self.intervention = intervention;
+        self
+    }
+
+    /// Whether `record` does anything (tracing or an intervention).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.enabled || self.intervention.is_some()
     }
 
     #[inline]
@@ -66,7 +84,7 @@ impl Tracer {
     /// Records `t` under `name` when tracing is on; use the returned tensor.
     #[inline]
     pub fn record(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
-        if self.enabled {
+        if self.active() {
             self.push(name.to_string(), t)
         } else {
             Ok(t)
@@ -76,7 +94,7 @@ impl Tracer {
     /// Like [`Tracer::record`], but the name is only built when tracing is on.
     #[inline]
     pub fn record_with(&mut self, name: impl FnOnce() -> String, t: Tensor) -> Result<Tensor> {
-        if self.enabled {
+        if self.active() {
             self.push(name(), t)
         } else {
             Ok(t)
@@ -84,8 +102,19 @@ impl Tracer {
     }
 
     fn push(&mut self, name: String, t: Tensor) -> Result<Tensor> {
+        if !self.enabled {
+            return match &self.intervention {
+                Some(iv) => iv.apply(&name, t),
+                None => Ok(t),
+            };
+        }
         let z = candle_core::Var::zeros(t.shape(), t.dtype(), t.device())?;
-        let out = (&t + z.as_tensor())?;
+        let mut out = (&t + z.as_tensor())?;
+        // Guarded after the probe: the record holds what the model goes on
+        // with, and the probe's gradient is the one the guard passed back.
+        if let Some(iv) = &self.intervention {
+            out = iv.apply(&name, out)?;
+        }
         self.records.borrow_mut().push(Record {
             name,
             output: out.clone(),

@@ -195,7 +195,19 @@ impl ParamStore {
                 fan,
                 non_linearity,
             } => {
-                let std = non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt();
+                // candle-nn's default weight hint. The case's scheme decides:
+                // Kaiming keeps the hint's own fan and non-linearity, Xavier
+                // takes both fans (as built-in layers do, `init_std`).
+                let std = match self.init.scheme {
+                    crate::spec::InitScheme::Kaiming => {
+                        non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt()
+                    }
+                    crate::spec::InitScheme::Xavier => init_std(
+                        &self.init,
+                        candle_nn::init::FanInOut::FanIn.for_shape(shape),
+                        candle_nn::init::FanInOut::FanOut.for_shape(shape),
+                    ),
+                };
                 match dist {
                     candle_nn::init::NormalOrUniform::Normal => {
                         (0..n).map(|_| gain * std * rng.normal()).collect()
@@ -286,5 +298,38 @@ impl candle_nn::var_builder::SimpleBackend for Backend {
             .expect("param store poisoned")
             .index
             .contains_key(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::InitScheme;
+
+    /// The sample standard deviation of a candle-nn `linear(16, 32)` weight
+    /// created under `scheme`.
+    fn linear_std(scheme: InitScheme) -> f64 {
+        let init = InitSpec { scheme, gain: 1.0 };
+        let store = ParamStore::new(0, init, DType::F64, Device::Cpu);
+        candle_nn::linear(16, 32, store.creating_builder().pp("fc")).unwrap();
+        let (_, w) = store
+            .vars()
+            .into_iter()
+            .find(|(n, _)| n == "fc.weight")
+            .unwrap();
+        let v: Vec<f64> = w.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+    }
+
+    #[test]
+    fn a_users_candle_nn_layer_follows_the_cases_init_scheme() {
+        // Kaiming: sqrt(2/16) = 0.354; Xavier: sqrt(2/(16+32)) = 0.204.
+        let (kaiming, xavier) = (
+            linear_std(InitScheme::Kaiming),
+            linear_std(InitScheme::Xavier),
+        );
+        assert!((kaiming - 0.354).abs() < 0.03, "{kaiming}");
+        assert!((xavier - 0.204).abs() < 0.02, "{xavier}");
     }
 }

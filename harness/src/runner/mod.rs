@@ -50,6 +50,8 @@ pub struct RunOptions {
     pub dataset: Option<std::sync::Arc<dyn Dataset>>,
     /// The loss of a case whose `loss` is `custom` (the caller's closure).
     pub loss: Option<std::sync::Arc<dyn UserLoss>>,
+    /// Guard one recorded stage of the model every step ([`crate::intervention`]).
+    pub intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -65,6 +67,7 @@ impl std::fmt::Debug for RunOptions {
             .field("accelerator_probe", &self.accelerator_probe)
             .field("dataset", &self.dataset.as_ref().map(|d| d.name()))
             .field("loss", &self.loss.as_ref().map(|_| "custom"))
+            .field("intervention", &self.intervention)
             .finish()
     }
 }
@@ -82,6 +85,7 @@ impl Default for RunOptions {
             accelerator_probe: false,
             dataset: None,
             loss: None,
+            intervention: None,
         }
     }
 }
@@ -146,6 +150,9 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     if failed.is_none() {
         failed = session.finish()?;
     }
+    if failed.is_none() {
+        failed = session.unrecovered_explosion();
+    }
     if let Some(mut finding) = failed {
         if let (true, Some(before)) = (opts.fidelity, session.failed_before()) {
             let check = crate::fidelity::check(&session.case, factory, opts, &finding, before)?;
@@ -163,6 +170,12 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     Ok(Outcome::Stable {
         trace: session.into_trace(),
     })
+}
+
+/// The global L2 norm of `tensors` (Σx² accumulated in f64).
+fn global_norm(tensors: &[&Tensor]) -> Result<f64> {
+    let sum_sq: Vec<f64> = scan_all(tensors)?.iter().map(|s| s.sum_sq).collect();
+    Ok(optim::global_norm(&sum_sq))
 }
 
 /// The batch rows (samples) with a value that `bad` flags.
@@ -188,6 +201,8 @@ pub struct Failure {
     pub stats: Option<TensorStats>,
     /// A `no_gradient` failure's tensors and where the flow stopped.
     pub coverage: Option<Box<crate::coverage::GradientCoverage>>,
+    /// What the producing stage did (a traced re-run's records).
+    pub explanation: Option<Box<crate::explain::Explanation>>,
 }
 
 impl Failure {
@@ -205,6 +220,7 @@ impl Failure {
             detail: detail.into(),
             stats: None,
             coverage: None,
+            explanation: None,
         }
     }
 
@@ -263,6 +279,16 @@ pub struct Session<'a> {
     user_loss: Option<std::sync::Arc<dyn UserLoss>>,
     /// The case's model knobs, for the factory.
     knobs: crate::models::Knobs,
+    /// The global parameter norm at initialization (the baseline of the
+    /// first update's jump check).
+    init_norm: f64,
+    /// Σg² of each gradient at the last scanned step.
+    grad_sq: Vec<f64>,
+    /// The run's first jump (see [`crate::explosion`]), with the state
+    /// before its step; judged when the run ends.
+    jump: Option<(crate::explosion::Jump, Option<Snapshot>)>,
+    /// The stage guarded every step, if any.
+    intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
 
 impl<'a> Session<'a> {
@@ -339,7 +365,12 @@ impl<'a> Session<'a> {
         }
         let (names, vars): (Vec<String>, Vec<Var>) = trainable.into_iter().unzip();
         let compute = precision.compute_dtype();
+        let init_norm = global_norm(&vars.iter().map(|v| v.as_tensor()).collect::<Vec<_>>())?;
         Ok(Session {
+            init_norm,
+            grad_sq: Vec::new(),
+            jump: None,
+            intervention: opts.intervention.clone(),
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
             scaler: LossScaler::new(precision.loss_scaling()),
             source,
@@ -641,10 +672,20 @@ impl<'a> Session<'a> {
         } else {
             None
         };
-        let failure = match self.step_inner(step, lr, &mut Tracer::off(), false)? {
+        let seen = (self.trace.grad_norms.len(), self.trace.param_norms.len());
+        let mut tracer = Tracer::off().with_intervention(self.intervention.clone());
+        // A guarded stage is reached from any depth of the user's code too.
+        let shared = tracer.active().then(|| crate::trace::share(&tracer));
+        let inner = self.step_inner(step, lr, &mut tracer, false);
+        drop(shared);
+        let failure = match inner? {
             None => {
                 if self.readback == Readback::Deferred {
+                    let previous = self.unchecked.take();
+                    self.watch_jumps(step, seen, before.as_ref(), previous.map(|p| p.2))?;
                     self.unchecked = before.map(|b| (step, lr, b));
+                } else {
+                    self.watch_jumps(step, seen, before.as_ref(), None)?;
                 }
                 return Ok(None);
             }
@@ -684,6 +725,120 @@ impl<'a> Session<'a> {
         let localized = self.localize(step, lr, &before, &failure)?;
         self.failed_before = Some(before);
         Ok(Some(self.finding(step, localized)))
+    }
+
+    /// After a healthy step: the run's first jump of the gradient norm
+    /// (this step's against the last one) or of the parameter norm (the
+    /// newest against the one before, or the initialization's). `seen`
+    /// are the norms' counts before the step; `previous` is the state
+    /// before the previous step, whose update a deferred readback checks
+    /// at this one.
+    fn watch_jumps(
+        &mut self,
+        step: usize,
+        seen: (usize, usize),
+        before: Option<&Snapshot>,
+        previous: Option<Snapshot>,
+    ) -> Result<()> {
+        use crate::explosion::{is_jump, Grew, Jump};
+        if !self.probe || !self.watch_divergence || self.jump.is_some() {
+            return Ok(());
+        }
+        let (g, p) = seen;
+        let grads = &self.trace.grad_norms;
+        // Against the run's largest so far: a gradient that was tiny one
+        // step (a fitted batch) and typical the next is no jump.
+        let baseline = grads[..g].iter().copied().fold(0.0, f64::max);
+        if grads.len() > g && is_jump(baseline, grads[g]) {
+            let largest = (0..self.grad_sq.len())
+                .max_by(|&a, &b| self.grad_sq[a].total_cmp(&self.grad_sq[b]))
+                .unwrap_or(0);
+            let jump = Jump {
+                step,
+                grew: Grew::GradientNorm,
+                before: baseline,
+                after: grads[g],
+                tensor: self.names[largest].clone(),
+            };
+            self.jump = Some((jump, before.cloned()));
+            return Ok(());
+        }
+        let params = &self.trace.param_norms;
+        if params.len() <= p {
+            return Ok(());
+        }
+        let last = if p == 0 {
+            self.init_norm
+        } else {
+            params[p - 1]
+        };
+        if !is_jump(last, params[p]) {
+            return Ok(());
+        }
+        // Read in place, this step's update; deferred, the previous step's.
+        let (at, snapshot) = match self.readback {
+            Readback::InPlace => (step, before.cloned()),
+            Readback::Deferred => (step.saturating_sub(1), previous),
+        };
+        let tensor = match &snapshot {
+            Some(s) => self.fastest_growing(&s.params)?,
+            None => String::new(),
+        };
+        let jump = Jump {
+            step: at,
+            grew: Grew::ParameterNorm,
+            before: last,
+            after: params[p],
+            tensor,
+        };
+        self.jump = Some((jump, snapshot));
+        Ok(())
+    }
+
+    /// The parameter whose norm grew by the most against `earlier` (in
+    /// absolute terms: the one that carries the explosion, not a bias
+    /// that grew from nearly nothing).
+    fn fastest_growing(&self, earlier: &[Tensor]) -> Result<String> {
+        let now: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
+        let then: Vec<&Tensor> = earlier.iter().collect();
+        let (now, then) = (scan_all(&now)?, scan_all(&then)?);
+        let growth = |i: usize| now[i].sum_sq.sqrt() - then[i].sum_sq.sqrt();
+        let i = (0..now.len())
+            .max_by(|&a, &b| growth(a).total_cmp(&growth(b)))
+            .unwrap_or(0);
+        Ok(self.names[i].clone())
+    }
+
+    /// The run's first jump, if it had one.
+    pub fn jump(&self) -> Option<&crate::explosion::Jump> {
+        self.jump.as_ref().map(|(j, _)| j)
+    }
+
+    /// At the end of a run without a finding: its jump, if the loss never
+    /// recovered from it, as an `explosion` finding (the state before its
+    /// step kept for dumps and the precision check).
+    pub fn unrecovered_explosion(&mut self) -> Option<Finding> {
+        let (jump, before) = self.jump.take()?;
+        let r = crate::explosion::Recovery::of(&self.trace.losses, jump.step)?;
+        if r.recovered() {
+            return None;
+        }
+        self.failed_before = before;
+        let phase = match jump.grew {
+            crate::explosion::Grew::GradientNorm => Phase::Backward,
+            crate::explosion::Grew::ParameterNorm => Phase::Update,
+        };
+        let detail = format!(
+            "{}, and the loss never recovered: its best mean over {} steps after it is {:.4e}, against {:.4e} before",
+            jump.describe(),
+            crate::explosion::RECOVERY_WINDOW,
+            r.best_after,
+            r.best_before
+        );
+        Some(self.finding(
+            jump.step,
+            Failure::new(FindingKind::Explosion, phase, jump.stage(), detail),
+        ))
     }
 
     /// Device→host synchronizations the probe made in accelerator mode
@@ -780,7 +935,7 @@ impl<'a> Session<'a> {
         let after = self.snapshot()?;
         let history = self.trace.clone();
         self.restore(before)?;
-        let mut tracer = Tracer::on();
+        let mut tracer = Tracer::on().with_intervention(self.intervention.clone());
         // `nanhunt::trace` calls in a user's model record into it too.
         let shared = crate::trace::share(&tracer);
         // A traced re-run reads values in place: its failure is this step's.
@@ -806,14 +961,31 @@ impl<'a> Session<'a> {
         tensors
     }
 
-    fn check_update(&self) -> Result<Option<Failure>> {
-        let tensors = self.update_tensors();
-        // Finiteness from the bits first; statistics only for a failure.
-        let Some(i) = crate::probe::first_non_finite(&tensors)? else {
-            return Ok(None);
+    /// Scans parameters (whose norm goes into the trace) and optimizer
+    /// state after an update.
+    fn check_update(&mut self) -> Result<Option<Failure>> {
+        let failure = {
+            let tensors = self.update_tensors();
+            let n = self.vars.len();
+            let params = scan_all(&tensors[..n])?;
+            // The optimizer state's finiteness from the bits; its statistics only for a failure.
+            let bad = match params.iter().position(|s| !s.is_finite()) {
+                Some(i) => Some(i),
+                None => crate::probe::first_non_finite(&tensors[n..])?.map(|i| n + i),
+            };
+            match bad {
+                None => {
+                    let sum_sq: Vec<f64> = params.iter().map(|s| s.sum_sq).collect();
+                    self.trace.param_norms.push(optim::global_norm(&sum_sq));
+                    None
+                }
+                Some(i) => {
+                    let scan = scan_all(&[tensors[i]])?[0];
+                    Some(self.namer().update_failure(i, &scan, tensors[i])?)
+                }
+            }
         };
-        let scan = scan_all(&[tensors[i]])?[0];
-        Ok(Some(self.namer().update_failure(i, &scan, tensors[i])?))
+        Ok(failure)
     }
 
     /// The view of this session that names failures.
@@ -830,7 +1002,10 @@ impl<'a> Session<'a> {
         let signature = Signature {
             kind: f.kind,
             phase: f.phase,
-            stage: crate::outcome::stage_key(&f.stage),
+            stage: match self.case.model {
+                crate::spec::ModelSpec::Custom(_) => crate::outcome::user_stage_key(&f.stage),
+                _ => crate::outcome::stage_key(&f.stage),
+            },
             family: self.case.family().to_string(),
             optimizer: self.case.optimizer.name().to_string(),
             precision: self.case.precision.name().to_string(),
@@ -850,6 +1025,7 @@ impl<'a> Session<'a> {
             stats: f.stats,
             coverage: f.coverage,
             precision: None,
+            explanation: f.explanation,
             signature,
             trace,
         }

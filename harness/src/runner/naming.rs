@@ -47,17 +47,30 @@ impl Namer<'_> {
                 &r.output,
             )?;
             f.op = localize::op_of(&r.name);
+            f.explanation = Some(Box::new(crate::explain::forward(&records, i)?));
             return Ok(f);
         }
         let out_scan = scan_all(&[output])?[0];
         if !out_scan.is_finite() {
-            return self.tensor_failure(
+            let mut f = self.tensor_failure(
                 &out_scan,
                 Phase::Forward,
                 "output".into(),
                 "the model output is not finite".into(),
                 output,
-            );
+            )?;
+            // Without records, the kind is the first producer's: an
+            // overflow stays an overflow after a later op made it NaN.
+            if let Some(first) = localize::first_in_graph(output)? {
+                if first.nan == 0 {
+                    f.kind = self.kind_of_value(f64::INFINITY);
+                    f.detail = format!(
+                        "{}; the first non-finite tensor in its graph holds {} infinities and no NaN: an overflow",
+                        f.detail, first.inf
+                    );
+                }
+            }
+            return Ok(f);
         }
         Ok(Failure {
             op: Some(self.case.loss.name().to_string()),
@@ -82,7 +95,8 @@ impl Namer<'_> {
         grad_store: &candle_core::backprop::GradStore,
     ) -> Result<Failure> {
         if tracer.enabled() {
-            if let Some(p) = localize::first_backward(&tracer.records(), grad_store)? {
+            let records = tracer.records();
+            if let Some(p) = localize::first_backward(&records, grad_store)? {
                 let (stage, op) = match &p.stage {
                     Some(s) => (s.clone(), localize::op_of(s)),
                     None => (
@@ -98,6 +112,10 @@ impl Namer<'_> {
                     &p.grad,
                 )?;
                 f.op = op;
+                if let Some(s) = p.stage_index {
+                    let e = crate::explain::backward(&records, s, p.receiver_index, &p.grad)?;
+                    f.explanation = Some(Box::new(e));
+                }
                 return Ok(f);
             }
         }

@@ -93,7 +93,7 @@ impl Session<'_> {
                 (value, Some(scans))
             }
         };
-        let norm = go!(self.scan_phase(&grads, scans, scale, tracer, &grad_store));
+        let norm = go!(self.scan_phase(&forward.loss, &grads, scans, scale, tracer, &grad_store));
         go!(self.clip_phase(&mut grads, norm, scale, fine));
         go!(self.update_phase(&grads, lr, readback));
         self.watch_phase(loss_value, readback)
@@ -201,6 +201,12 @@ impl Session<'_> {
             self.trace.lrs.pop();
             return Ok(Flow::End(Some(Failed::PreviousUpdate(Box::new(f)))));
         }
+        if self.probe && self.unchecked.is_some() {
+            // The previous update's parameters, finite: their norm.
+            let params = &scans[n..n + self.vars.len()];
+            let sum_sq: Vec<f64> = params.iter().map(|s| s.sum_sq).collect();
+            self.trace.param_norms.push(optim::global_norm(&sum_sq));
+        }
         self.trace.losses.push(value);
         if !value.is_finite() {
             let namer = self.namer();
@@ -214,6 +220,7 @@ impl Session<'_> {
     /// skip it); hands on the global gradient norm.
     fn scan_phase(
         &mut self,
+        loss: &Tensor,
         grads: &[Tensor],
         scans: Option<Vec<TensorScan>>,
         scale: f64,
@@ -233,6 +240,15 @@ impl Session<'_> {
             None => scan_all(&grads.iter().collect::<Vec<_>>())?,
         };
         let bad = scans.iter().position(|s| !s.is_finite());
+        if let (true, Some(_)) = (self.scaler.is_dynamic(), bad) {
+            // A NaN that is still there at the smallest scale (from 0·∞ or
+            // sqrt'(0), say) is no overflow that scaling absorbs: a NaN at
+            // every scale is a NaN, not a scale collapse. (Infinities that
+            // stay at the floor are the collapse the scaler reports.)
+            if let Some(f) = self.nan_at_any_scale(loss, tracer)? {
+                return fail(f);
+            }
+        }
         let verdict = if scaling {
             self.scaler.update(bad.is_none())
         } else if bad.is_none() {
@@ -260,8 +276,33 @@ impl Session<'_> {
             }
             _ => {}
         }
-        let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
-        Ok(Flow::Go(Some(optim::global_norm(&sum_sq) / scale)))
+        self.grad_sq.clear();
+        self.grad_sq.extend(scans.iter().map(|s| s.sum_sq));
+        Ok(Flow::Go(Some(optim::global_norm(&self.grad_sq) / scale)))
+    }
+
+    /// The backward pass again at the smallest scale (the floor, or 1 if
+    /// lower); its failure when a gradient still holds a NaN there.
+    fn nan_at_any_scale(&self, loss: &Tensor, tracer: &Tracer) -> Result<Option<Failure>> {
+        let floor = self.scaler.floor().min(1.0);
+        let store = (loss * floor)?.backward()?;
+        let grads: Vec<Tensor> = self
+            .vars
+            .iter()
+            .filter_map(|v| store.get(v.as_tensor()).cloned())
+            .collect();
+        let scans = scan_all(&grads.iter().collect::<Vec<_>>())?;
+        let Some(i) = scans.iter().position(|s| s.nan > 0) else {
+            return Ok(None);
+        };
+        let mut f = self
+            .namer()
+            .backward_failure(i, &scans[i], &grads[i], tracer, &store)?;
+        f.detail = format!(
+            "{}; still NaN at a loss scale of {floor:e}: no scale absorbs it",
+            f.detail
+        );
+        Ok(Some(f))
     }
 
     /// Unscaled, recorded and clipped gradients; a traced re-run checks

@@ -108,6 +108,28 @@ impl LossSpec {
         }
     }
 
+    /// The loss's guard value (`eps`), where it has one.
+    pub fn eps(&self) -> Option<f64> {
+        match *self {
+            LossSpec::NaiveCrossEntropy { eps }
+            | LossSpec::Mse { eps, .. }
+            | LossSpec::Bce { eps }
+            | LossSpec::KlDiv { eps }
+            | LossSpec::PoissonNll { eps, .. }
+            | LossSpec::LogOneMinus { eps } => Some(eps),
+            _ => None,
+        }
+    }
+
+    /// The name with its eps (`kl_div (eps 0e0)`), so that a change of eps
+    /// alone reads as one.
+    pub fn describe(&self) -> String {
+        match self.eps() {
+            Some(eps) => format!("{} (eps {eps:e})", self.name()),
+            None => self.name().to_string(),
+        }
+    }
+
     pub fn target_kind(&self) -> TargetKind {
         match self {
             LossSpec::CrossEntropy { .. } | LossSpec::NaiveCrossEntropy { .. } | LossSpec::Nll => {

@@ -24,8 +24,18 @@ use serde::Serialize;
 
 pub use crate::spec::{case_diff, FieldChange};
 
+mod code;
+
 /// Values beyond this magnitude count as extreme (the article's threshold).
 pub const EXTREME: f64 = 1e6;
+
+/// The relevance from which a cause's evidence points at the failure's
+/// site (the loss for a loss failure, the norm for a norm's).
+const SUPPORTED: i32 = 50;
+
+/// A `data.scale` or `data.offset` of this magnitude or more gets the
+/// standardized-inputs candidate.
+pub const INPUT_SCALE: f64 = 100.0;
 
 /// What the data check saw in the failing step's batch.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -168,6 +178,9 @@ pub struct Fix {
     pub verified: bool,
     /// `stable`, or the signature it failed with.
     pub result: String,
+    /// The stage an intervention guarded, for a fix that changes no field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intervention: Option<crate::intervention::Intervention>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -192,6 +205,9 @@ pub enum CauseKind {
     AttentionScale,
     /// An attention mask that makes non-finite logits (-inf rows, 0·-inf).
     AttentionMask,
+    /// A numerical bug in a user's own model code, at the stage the finding
+    /// names (see [`crate::explain`]), tested by an intervention.
+    CodeBug,
 }
 
 impl CauseKind {
@@ -208,7 +224,8 @@ impl CauseKind {
             | CauseKind::NormEps
             | CauseKind::ModelKnob
             | CauseKind::AttentionScale
-            | CauseKind::AttentionMask => 4,
+            | CauseKind::AttentionMask
+            | CauseKind::CodeBug => 4,
             CauseKind::Precision | CauseKind::Device | CauseKind::Threads => 5,
         }
     }
@@ -230,6 +247,7 @@ impl CauseKind {
             CauseKind::ModelKnob => "a model knob",
             CauseKind::AttentionScale => "attention logits without the 1/sqrt(d) scale",
             CauseKind::AttentionMask => "the attention mask makes non-finite logits",
+            CauseKind::CodeBug => "a numerical bug in the model's code",
         }
     }
 
@@ -246,6 +264,13 @@ impl CauseKind {
         }
         match self {
             CauseKind::NoBackward => 0,
+            // An explained pattern at the stage that produced the failure
+            // outranks what only removes its trigger (a lower LR, a smaller init).
+            CauseKind::CodeBug => match f.explanation.as_deref().map(|e| e.pattern) {
+                Some(crate::explain::Pattern::Unexplained) => 30,
+                Some(_) => 75,
+                None => 0,
+            },
             // A knob's own relevance depends on its stage: see `knob_relevance`.
             CauseKind::ModelKnob => 15,
             CauseKind::AttentionMask => match f.phase {
@@ -291,10 +316,13 @@ impl CauseKind {
             },
             CauseKind::LearningRate => match (f.kind, f.phase) {
                 (FindingKind::Divergence, _) => 60,
+                (FindingKind::Explosion, _) => 58,
                 (_, Phase::Update) => 25,
                 _ => 10,
             },
             CauseKind::NoClipping => match (f.kind, f.phase) {
+                // Clipping is the textbook answer to an exploding gradient.
+                (FindingKind::Explosion, _) => 62,
                 (FindingKind::Divergence, _) => 45,
                 (_, Phase::Backward | Phase::Update) => 20,
                 _ => 5,
@@ -480,7 +508,7 @@ fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
             |c| c.data.pathologies.clear(),
         ));
     }
-    if case.data.scale.abs() > 100.0 || case.data.offset.abs() > 100.0 {
+    if case.data.scale.abs() >= INPUT_SCALE || case.data.offset.abs() >= INPUT_SCALE {
         out.push(variant(
             CauseKind::Data,
             "inputs standardized to unit scale",
@@ -546,7 +574,7 @@ fn variants(case: &Case, finding: &Finding, bad: &[usize]) -> Vec<Variant> {
     if let Some(stable) = stable_loss(&case.loss) {
         out.push(variant(
             CauseKind::UnsafeLoss,
-            format!("loss {} -> {}", case.loss.name(), stable.name()),
+            format!("loss {} -> {}", case.loss.describe(), stable.describe()),
             case,
             |c| c.loss = stable,
         ));
@@ -703,6 +731,7 @@ fn lr_search(
                 changes: case_diff(case, &c),
                 verified,
                 result: result_text(&outcome),
+                intervention: None,
             },
         ));
         Ok(verified)
@@ -890,6 +919,9 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             });
         }
     }
+    if let Some(c) = code::cause(&case, &finding, factory, &run_opts, &mut runs)? {
+        causes.push(c);
+    }
     for v in variants(&case, &finding, &bad) {
         let (verified, result) = match arm_for(&v, &hardware) {
             Some(arm) => (arm.verdict == Verdict::Stable, arm_text(arm)),
@@ -907,6 +939,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             changes: case_diff(&case, &v.case),
             verified,
             result,
+            intervention: None,
         };
         match causes
             .iter_mut()
@@ -938,6 +971,11 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             c.evidence
                 .extend(dataset_evidence(dataset.as_ref(), &scan_raw));
         }
+        // The code's explanation: its own cause, or the knob's at that stage.
+        let knob_at_stage = knob.is_some_and(|(_, k)| at_knob_stage(k, &finding));
+        if c.kind == CauseKind::CodeBug || knob_at_stage {
+            c.evidence.extend(code::evidence(&finding));
+        }
         let relevance = match knob {
             Some(knob) => knob_relevance(knob, &finding),
             None => c.kind.relevance(&finding),
@@ -950,9 +988,13 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             0
         };
     }
+    // A cause with neither a verified fix nor evidence at the failure's
+    // site never ranks first.
+    let supported = |c: &Cause| c.verified() || c.score >= SUPPORTED;
     causes.sort_by(|a, b| {
-        b.score
-            .cmp(&a.score)
+        supported(b)
+            .cmp(&supported(a))
+            .then(b.score.cmp(&a.score))
             .then(a.article_step.cmp(&b.article_step))
     });
 
@@ -1012,6 +1054,18 @@ fn knob_evidence((name, knob): (&str, &KnobSpec), f: &Finding) -> Vec<String> {
     e
 }
 
+/// The gradient norm's change over the run (last / first), in words that
+/// say which way it went.
+fn growth_phrase(g: f64) -> String {
+    if g >= 1.0 {
+        format!("the gradient norm grew {g:.3e}x before the failure")
+    } else {
+        format!(
+            "the gradient norm fell to {g:.3e} of its first value before the failure (it did not grow)"
+        )
+    }
+}
+
 /// What the whole-dataset scan and the failing batch's samples say.
 fn dataset_evidence(scan: Option<&crate::data::scan::DataScan>, batch: &BatchScan) -> Vec<String> {
     let mut e = Vec::new();
@@ -1058,7 +1112,7 @@ fn evidence(
                     .into_iter()
                     .map(|s| format!("batch before augmentation: {s}")),
             );
-            if case.data.scale.abs() > 100.0 || case.data.offset.abs() > 100.0 {
+            if case.data.scale.abs() >= INPUT_SCALE || case.data.offset.abs() >= INPUT_SCALE {
                 e.push(format!(
                     "the inputs are scaled by {:e} with offset {:e}: activations and logits grow with them",
                     case.data.scale, case.data.offset
@@ -1089,11 +1143,9 @@ fn evidence(
         }
         CauseKind::LearningRate | CauseKind::NoClipping => {
             if let Some(g) = growth {
-                e.push(format!(
-                    "the gradient norm grew {g:.3e}x before the failure"
-                ));
+                e.push(growth_phrase(g));
             }
-            if f.kind == FindingKind::Divergence {
+            if matches!(f.kind, FindingKind::Divergence | FindingKind::Explosion) {
                 e.push(f.detail.clone());
             }
             e.push(format!("learning rate {:e}", case.optimizer.lr()));
@@ -1119,7 +1171,7 @@ fn evidence(
                 e.push(cov.summary());
             }
         }
-        CauseKind::Device | CauseKind::Threads | CauseKind::ModelKnob => {}
+        CauseKind::Device | CauseKind::Threads | CauseKind::ModelKnob | CauseKind::CodeBug => {}
     }
     e
 }

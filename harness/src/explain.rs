@@ -1,0 +1,327 @@
+//! The producer explanation: what the named stage did to make its first
+//! non-finite values, read from the stage's output and from the record
+//! before it (what the stage read, when the model records in order), in
+//! the user's terms, with the repair that pattern calls for.
+//!
+//! Forward: the stage's non-finite outputs are compared, element by element
+//! or row by row, with its input: a log of exact zeros, a log or root of
+//! negative values, 0/0, a norm of an all-zero row, a softmax over a row
+//! that is entirely -inf, an exp past the dtype's range, a sum or product
+//! (a matmul) that leaves the dtype's range although its inputs are in it.
+//! Backward: the stage's output is exactly 0 where the gradient it passes
+//! back went non-finite (the derivative of sqrt or x^p, p < 1, at 0), or
+//! its backward pass overflowed.
+
+use crate::error::Result;
+use crate::models::Record;
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// The numerical pattern behind a stage's non-finite values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// log(0) = -inf: outputs -inf where the input is exactly 0.
+    LogOfZero,
+    /// log or sqrt of x < 0 = NaN: outputs NaN where the input is negative.
+    NegativeDomain,
+    /// x / ‖x‖ for a row of zeros: whole rows of NaN whose input is all 0.
+    ZeroNormRow,
+    /// 0/0 element-wise: NaN where the input is exactly 0.
+    ZeroOverZero,
+    /// softmax over a row that is entirely -inf (every position masked).
+    MaskedRow,
+    /// exp(x) past the dtype's range: ∞ where the input exceeds ln(max).
+    ExpOverflow,
+    /// A sum or a product (a matmul) past the dtype's range from inputs
+    /// inside it: an overflow of the accumulation.
+    AccumulationOverflow,
+    /// The backward pass of sqrt or x^p (p < 1) at exactly 0: an infinite slope.
+    InfiniteSlopeAtZero,
+    /// The backward pass overflowed from finite values.
+    BackwardOverflow,
+    /// Non-finite values from finite inputs, with none of the patterns above.
+    Unexplained,
+}
+
+impl Pattern {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::LogOfZero => "log of exact zeros",
+            Pattern::NegativeDomain => "log or square root of negative values",
+            Pattern::ZeroNormRow => "norm of an all-zero row",
+            Pattern::ZeroOverZero => "0/0",
+            Pattern::MaskedRow => "softmax over a fully masked row",
+            Pattern::ExpOverflow => "exp past the dtype's range",
+            Pattern::AccumulationOverflow => "an accumulation past the dtype's range",
+            Pattern::InfiniteSlopeAtZero => "sqrt or pow at 0 in the backward pass",
+            Pattern::BackwardOverflow => "an overflow in the backward pass",
+            Pattern::Unexplained => "non-finite values from finite inputs",
+        }
+    }
+}
+
+/// What the stage did, and what would repair it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub pattern: Pattern,
+    /// The producing stage.
+    pub stage: String,
+    /// The record before it, read as the stage's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// How many values (or rows, for the row patterns) show the pattern.
+    pub count: usize,
+    /// One sentence in the user's terms.
+    pub sentence: String,
+    /// The repair the pattern calls for.
+    pub repair: String,
+}
+
+/// The largest finite value of a float dtype.
+fn dtype_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => half::f16::MAX.to_f64(),
+        DType::BF16 => half::bf16::MAX.to_f64(),
+        DType::F32 => f32::MAX as f64,
+        _ => f64::MAX,
+    }
+}
+
+fn values(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?)
+}
+
+/// The forward pattern of record `i`, the first non-finite one.
+///
+/// A stage whose only non-finite values are -inf is a mask by design
+/// (`masked_fill(-inf)`); when the record after it turns rows of it that are
+/// entirely -inf into NaN, that next stage (the softmax) is what the
+/// explanation is about.
+pub fn forward(records: &[Record], i: usize) -> Result<Explanation> {
+    let out = values(&records[i].output)?;
+    let mask_only =
+        out.contains(&f64::NEG_INFINITY) && !out.iter().any(|v| v.is_nan() || *v == f64::INFINITY);
+    if let (true, Some(next)) = (mask_only, records.get(i + 1)) {
+        if next.output.dims() == records[i].output.dims() {
+            let e = stage(records, i + 1)?;
+            if e.pattern == Pattern::MaskedRow {
+                return Ok(e);
+            }
+        }
+    }
+    stage(records, i)
+}
+
+/// The pattern of record `i`'s non-finite outputs against its input.
+fn stage(records: &[Record], i: usize) -> Result<Explanation> {
+    let r = &records[i];
+    let out = values(&r.output)?;
+    let input = i.checked_sub(1).map(|j| &records[j]);
+    let dtype = r.output.dtype();
+    let limit = dtype_max(dtype);
+    let stage = r.name.clone();
+    let mut e = Explanation {
+        pattern: Pattern::Unexplained,
+        stage: stage.clone(),
+        input: input.map(|p| p.name.clone()),
+        count: out.iter().filter(|v| !v.is_finite()).count(),
+        sentence: String::new(),
+        repair: "keep the stage's inputs in its op's safe domain".into(),
+    };
+    let Some(prev) = input else {
+        describe(&mut e, dtype, limit, None);
+        return Ok(e);
+    };
+    let x = values(&prev.output)?;
+    let x_max = x
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0f64, |m, v| m.max(v.abs()));
+    if prev.output.dims() == r.output.dims() && !x.is_empty() {
+        let width = (*r.output.dims().last().unwrap_or(&1)).max(1);
+        let rows = |pred: &dyn Fn(&[f64], &[f64]) -> bool| {
+            x.chunks(width)
+                .zip(out.chunks(width))
+                .filter(|(xr, yr)| pred(xr, yr))
+                .count()
+        };
+        let elems = |pred: &dyn Fn(f64, f64) -> bool| {
+            x.iter().zip(&out).filter(|&(&a, &b)| pred(a, b)).count()
+        };
+        let masked = rows(&|xr, yr| {
+            xr.iter().all(|&v| v == f64::NEG_INFINITY) && yr.iter().any(|v| v.is_nan())
+        });
+        let zero_rows =
+            rows(&|xr, yr| xr.iter().all(|&v| v == 0.0) && yr.iter().all(|v| v.is_nan()));
+        // An element-wise pattern must account for every output of its
+        // kind (-inf, NaN, +inf): a matmul's overflow is not an exp's
+        // because a few of its inputs happen to exceed ln(max).
+        let all = |n: usize, of: fn(f64) -> bool| {
+            let total = out.iter().filter(|&&v| of(v)).count();
+            if n > 0 && n == total {
+                n
+            } else {
+                0
+            }
+        };
+        let log_zero = all(elems(&|a, b| a == 0.0 && b == f64::NEG_INFINITY), |v| {
+            v == f64::NEG_INFINITY
+        });
+        let negative = all(elems(&|a, b| a < 0.0 && b.is_nan()), f64::is_nan);
+        let zero_over_zero = all(elems(&|a, b| a == 0.0 && b.is_nan()), f64::is_nan);
+        let exp_past = all(
+            elems(&|a, b| a.is_finite() && a > limit.ln() && b == f64::INFINITY),
+            |v| v == f64::INFINITY,
+        );
+        let found = [
+            (Pattern::MaskedRow, masked),
+            (Pattern::ZeroNormRow, zero_rows),
+            (Pattern::LogOfZero, log_zero),
+            (Pattern::NegativeDomain, negative),
+            (Pattern::ZeroOverZero, zero_over_zero),
+            (Pattern::ExpOverflow, exp_past),
+        ]
+        .into_iter()
+        .find(|&(_, n)| n > 0);
+        if let Some((pattern, n)) = found {
+            e.pattern = pattern;
+            e.count = n;
+        }
+    }
+    if e.pattern == Pattern::Unexplained {
+        e.pattern = by_name(&stage, &out);
+    }
+    let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
+    if e.pattern == Pattern::Unexplained && overflowed && x.iter().all(|v| v.is_finite()) {
+        e.pattern = Pattern::AccumulationOverflow;
+        e.count = out.iter().filter(|v| v.is_infinite()).count();
+    }
+    describe(&mut e, dtype, limit, Some(x_max));
+    Ok(e)
+}
+
+/// When the record before a stage is not what its op read (a log applied
+/// to a softmax inside the stage), the op in the stage's name tells.
+fn by_name(stage: &str, out: &[f64]) -> Pattern {
+    let op = crate::localize::op_of(stage)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let neg_inf = out.contains(&f64::NEG_INFINITY);
+    let nan = out.iter().any(|v| v.is_nan());
+    let pos_inf = out.contains(&f64::INFINITY);
+    if op.contains("log") && neg_inf && !nan {
+        Pattern::LogOfZero
+    } else if (op.contains("log") || op.contains("sqrt")) && nan {
+        Pattern::NegativeDomain
+    } else if op.contains("exp") && pos_inf && !nan {
+        Pattern::ExpOverflow
+    } else {
+        Pattern::Unexplained
+    }
+}
+
+/// The backward pattern of stage `p`, whose backward pass made the
+/// gradient `grad` of record `receiver` non-finite.
+pub fn backward(
+    records: &[Record],
+    p: usize,
+    receiver: usize,
+    grad: &Tensor,
+) -> Result<Explanation> {
+    let r = &records[p];
+    let g = values(grad)?;
+    let out = values(&r.output)?;
+    let dtype = r.output.dtype();
+    let limit = dtype_max(dtype);
+    let bad = g.iter().filter(|v| !v.is_finite()).count();
+    let mut e = Explanation {
+        pattern: Pattern::Unexplained,
+        stage: r.name.clone(),
+        input: Some(records[receiver].name.clone()),
+        count: bad,
+        sentence: String::new(),
+        repair: String::new(),
+    };
+    if out.len() == g.len() {
+        let at_zero = out
+            .iter()
+            .zip(&g)
+            .filter(|&(&y, gv)| y == 0.0 && !gv.is_finite())
+            .count();
+        if at_zero > 0 {
+            e.pattern = Pattern::InfiniteSlopeAtZero;
+            e.count = at_zero;
+        }
+    }
+    if e.pattern == Pattern::Unexplained && !g.iter().any(|v| v.is_nan()) {
+        e.pattern = Pattern::BackwardOverflow;
+    }
+    describe(&mut e, dtype, limit, None);
+    Ok(e)
+}
+
+/// Fills in the sentence and the repair of `e`'s pattern.
+fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
+    let s = &e.stage;
+    let n = e.count;
+    let input = e
+        .input
+        .as_deref()
+        .map_or(String::from("its input"), |i| format!("its input `{i}`"));
+    let dt = format!("{dtype:?}").to_lowercase();
+    let (sentence, repair) = match e.pattern {
+        Pattern::LogOfZero => (
+            format!("`{s}` takes the log of {n} values of {input} that are exactly 0: log(0) = -inf"),
+            "compute it in log space (log_softmax instead of log(softmax)), or clamp the input to at least an eps before the log".to_string(),
+        ),
+        Pattern::NegativeDomain => (
+            format!("`{s}` takes the log or square root of {n} negative values of {input}: NaN"),
+            "make the input positive by construction (softplus, exp, or relu plus an eps), or clamp it to at least an eps".to_string(),
+        ),
+        Pattern::ZeroNormRow => (
+            format!("`{s}` divides by a norm that is exactly 0 for {n} rows of the batch: those rows of {input} are all zeros, and 0/0 is NaN"),
+            "add an eps to the denominator: x / (norm(x) + eps)".to_string(),
+        ),
+        Pattern::ZeroOverZero => (
+            format!("`{s}` computes 0/0 at {n} values where {input} is exactly 0"),
+            "add an eps to the denominator".to_string(),
+        ),
+        Pattern::MaskedRow => (
+            format!("`{s}` takes a softmax over {n} rows of {input} that are entirely -inf (every position masked): 0/0 = NaN"),
+            "mask with a finite value the dtype holds (-1e4 in half precision), or give fully masked rows a defined output".to_string(),
+        ),
+        Pattern::ExpOverflow => (
+            format!(
+                "`{s}` takes exp of {n} values of {input} above {:.1} = ln of {dt}'s largest value {limit:.4e}{}: +inf",
+                limit.ln(),
+                x_max.map_or(String::new(), |m| format!(" (they reach {m:.3e})"))
+            ),
+            format!("clamp the input below {:.0} before the exp, or use a bounded activation or work in log space", limit.ln().floor()),
+        ),
+        Pattern::AccumulationOverflow => (
+            format!(
+                "`{s}` overflows {dt}: {}its result, a sum or product of them (a matmul, say), passes {dt}'s largest value {limit:.4e} in {n} values",
+                x_max.map_or(String::new(), |m| format!("{input} peaks at {m:.3e}, inside the range, but "))
+            ),
+            "scale before accumulating (q·k / sqrt(d) for attention scores, a mean instead of a sum), or accumulate in f32".to_string(),
+        ),
+        Pattern::InfiniteSlopeAtZero => (
+            format!(
+                "the backward pass of `{s}` takes the derivative of a square root (or a power below 1) at exactly 0: {n} values of its output are 0 where the gradient it passes back to `{}` is not finite",
+                e.input.as_deref().unwrap_or("its input")
+            ),
+            "sqrt(x + eps) instead of sqrt(x), or clamp x to at least an eps before the root".to_string(),
+        ),
+        Pattern::BackwardOverflow => (
+            format!("the backward pass of `{s}` overflows {dt} in {n} gradient values from finite ones"),
+            "scale the values the stage works on down, or run the stage in f32".to_string(),
+        ),
+        Pattern::Unexplained => (
+            format!("`{s}` makes {n} non-finite values from finite inputs, by none of the known patterns"),
+            "keep the stage's inputs in its op's safe domain".to_string(),
+        ),
+    };
+    e.sentence = sentence;
+    e.repair = repair;
+}

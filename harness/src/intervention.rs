@@ -1,0 +1,136 @@
+//! Interventions through the tracer: a whole run with one stage of the
+//! user's model guarded, to test an explanation without editing the code.
+//!
+//! The stage a finding names is the first producer of its non-finite
+//! values. Guarding it — its non-finite outputs set to 0, and the
+//! non-finite gradients its backward pass hands to the stage before it set
+//! to 0 — is what any local repair (an eps, a clamp, a finite mask) does to
+//! the rest of the model: it keeps the stage's values finite. If training
+//! then stays stable, that stage was the whole problem; if it fails
+//! elsewhere, the run says where next. The guard acts where the model calls
+//! `tr.record` / `nanhunt::trace`, so it reaches only named stages.
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// Which stages a run guards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intervention {
+    /// The producing stage: its non-finite outputs become 0.
+    pub stage: String,
+    /// The record before it (what the stage reads): non-finite gradients
+    /// that reach it through the stage's backward pass become 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// ±∞ outputs become the dtype's largest finite value instead of 0:
+    /// what clamping an exp's input does (a hand-written sigmoid's
+    /// 1/(1 + exp(-x)) is then ~0, as it should be, not 1).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub saturate: bool,
+}
+
+impl Intervention {
+    /// The tensor a model continues with after recording `t` as `name`.
+    pub fn apply(&self, name: &str, t: Tensor) -> Result<Tensor> {
+        let t = if self.input.as_deref() == Some(name) {
+            t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?
+        } else {
+            t
+        };
+        match (name == self.stage, self.saturate) {
+            (true, false) => finite_or_zero(&t),
+            (true, true) => saturated(&t),
+            (false, _) => Ok(t),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let outputs = if self.saturate {
+            "its infinite outputs set to the dtype's largest finite value and NaN to 0"
+        } else {
+            "its non-finite outputs set to 0"
+        };
+        match &self.input {
+            Some(input) => format!(
+                "`{}` guarded: {outputs}, and the non-finite gradients it passes back to `{input}` set to 0",
+                self.stage
+            ),
+            None => format!("`{}` guarded: {outputs}", self.stage),
+        }
+    }
+}
+
+/// `t` with NaN and ±∞ replaced by 0 (the gradient flows through the
+/// finite elements only).
+pub fn finite_or_zero(t: &Tensor) -> Result<Tensor> {
+    // |NaN| < ∞ is false, as is ∞ < ∞: one comparison finds both.
+    let finite = t.abs()?.lt(f64::INFINITY)?;
+    finite.where_cond(t, &t.zeros_like()?)
+}
+
+/// `t` with ±∞ clamped to the dtype's largest finite magnitude and NaN
+/// replaced by 0.
+fn saturated(t: &Tensor) -> Result<Tensor> {
+    let max = match t.dtype() {
+        candle_core::DType::F16 => half::f16::MAX.to_f64(),
+        candle_core::DType::BF16 => half::bf16::MAX.to_f64(),
+        candle_core::DType::F32 => f32::MAX as f64,
+        _ => f64::MAX,
+    };
+    // clamp keeps NaN; the second step replaces it.
+    finite_or_zero(&t.clamp(-max, max)?)
+}
+
+/// The identity forward; backward, the gradient with its non-finite
+/// elements set to 0.
+struct ZeroNonFiniteGrad;
+
+impl CustomOp1 for ZeroNonFiniteGrad {
+    fn name(&self) -> &'static str {
+        "zero-non-finite-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = l.contiguous_offsets() else {
+            candle_core::bail!("zero-non-finite-grad: a strided input");
+        };
+        let copied = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(v[start..end].to_vec()),
+            CpuStorage::F64(v) => CpuStorage::F64(v[start..end].to_vec()),
+            CpuStorage::F16(v) => CpuStorage::F16(v[start..end].to_vec()),
+            CpuStorage::BF16(v) => CpuStorage::BF16(v[start..end].to_vec()),
+            _ => candle_core::bail!("zero-non-finite-grad: not a float tensor"),
+        };
+        Ok((copied, l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(finite_or_zero(grad)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn the_guard_zeroes_non_finite_outputs_and_gradients_only_where_named() {
+        let x = Var::new(&[0f32, 1.0, 4.0], &Device::Cpu).unwrap();
+        let iv = Intervention {
+            stage: "log".into(),
+            input: Some("x".into()),
+            saturate: false,
+        };
+        let xs = iv.apply("x", x.as_tensor().clone()).unwrap();
+        let y = iv.apply("log", xs.log().unwrap()).unwrap();
+        assert_eq!(y.to_vec1::<f32>().unwrap(), [0.0, 0.0, 4f32.ln()]);
+        let g = y.sum_all().unwrap().backward().unwrap();
+        // d log(x)/dx = 1/x: ∞ at 0 (masked forward: 0·∞ = NaN) is set to 0.
+        let gx = g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(gx, [0.0, 1.0, 0.25]);
+        // Unnamed stages pass through untouched.
+        let other = iv.apply("other", x.as_tensor().log().unwrap()).unwrap();
+        assert_eq!(other.to_vec1::<f32>().unwrap()[0], f32::NEG_INFINITY);
+    }
+}
