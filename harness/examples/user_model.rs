@@ -1,5 +1,7 @@
 //! A user's own candle model with a numerically unsafe op, run through
-//! nanhunt's `run` and `diagnose` by the library API.
+//! nanhunt's `run` and `diagnose` by the library API: the finding's
+//! explanation names the pattern at the stage, and diagnose verifies it by
+//! intervention before it ranks the code's cause first.
 //!
 //! The model normalizes each sample by its RMS without an epsilon:
 //! `x / sqrt(mean(x²))`, which is 0/0 for an all-zero sample. Some data
@@ -60,26 +62,40 @@ fn main() -> anyhow::Result<()> {
         Ok(Box::new(RmsNormMlp::new(vb)?))
     };
 
-    // 1. Run it: the probe catches the first NaN and names its producer.
+    // 1. Run it: the probe catches the first NaN, names its producer and
+    //    explains what the stage did.
     match nanhunt::run_model(&case, &factory, &RunOptions::default())? {
         Outcome::Unstable { finding } => {
             println!(
                 "run: {} at step {}\n     {}",
                 finding.signature, finding.step, finding.detail
             );
+            if let Some(e) = &finding.explanation {
+                println!(
+                    "     explanation: {}\n     repair: {}",
+                    e.sentence, e.repair
+                );
+            }
         }
         other => println!("run: {}", other.verdict()),
     }
 
-    // 2. Diagnose it: evidence, ranked causes and verified fixes.
+    // 2. Diagnose it: evidence, ranked causes and verified fixes. The code's
+    //    own cause is verified by an intervention: the same run with the
+    //    stage guarded through the tracer, no edit to the model.
     let d = diagnose(&case, &factory, &RunOptions::default())?;
     if let Some(scan) = &d.batch_raw {
         println!("data at the failing step: {}", scan.findings().join("; "));
     }
     for (i, c) in d.causes.iter().enumerate().take(3) {
         println!("{}. {} (verified fix: {})", i + 1, c.title, c.verified());
-        for f in c.fixes.iter().filter(|f| f.verified) {
-            println!("   fix: {}", f.description);
+        for f in &c.fixes {
+            let how = if f.intervention.is_some() {
+                "intervention"
+            } else {
+                "fix"
+            };
+            println!("   {how}: {} -> {}", f.description, f.result);
         }
     }
     Ok(())

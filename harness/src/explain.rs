@@ -98,47 +98,54 @@ fn values(t: &Tensor) -> Result<Vec<f64>> {
 /// (`masked_fill(-inf)`); when the record after it turns rows of it that are
 /// entirely -inf into NaN, that next stage (the softmax) is what the
 /// explanation is about.
-pub fn forward(records: &[Record], i: usize) -> Result<Explanation> {
+pub fn forward(records: &[Record], i: usize, input: Option<&Tensor>) -> Result<Explanation> {
     let out = values(&records[i].output)?;
     let mask_only =
         out.contains(&f64::NEG_INFINITY) && !out.iter().any(|v| v.is_nan() || *v == f64::INFINITY);
     if let (true, Some(next)) = (mask_only, records.get(i + 1)) {
         if next.output.dims() == records[i].output.dims() {
-            let e = stage(records, i + 1)?;
+            let e = stage(records, i + 1, input)?;
             if e.pattern == Pattern::MaskedRow {
                 return Ok(e);
             }
         }
     }
-    stage(records, i)
+    stage(records, i, input)
 }
 
-/// The pattern of record `i`'s non-finite outputs against its input.
-fn stage(records: &[Record], i: usize) -> Result<Explanation> {
+/// The pattern of record `i`'s non-finite outputs against what it read:
+/// the record before it, or for the first record the model's `input`.
+fn stage(records: &[Record], i: usize, input: Option<&Tensor>) -> Result<Explanation> {
     let r = &records[i];
     let out = values(&r.output)?;
-    let input = i.checked_sub(1).map(|j| &records[j]);
+    let before = i.checked_sub(1).map(|j| &records[j]);
     let dtype = r.output.dtype();
     let limit = dtype_max(dtype);
     let stage = r.name.clone();
     let mut e = Explanation {
         pattern: Pattern::Unexplained,
         stage: stage.clone(),
-        input: input.map(|p| p.name.clone()),
+        input: before.map(|p| p.name.clone()),
         count: out.iter().filter(|v| !v.is_finite()).count(),
         sentence: String::new(),
         repair: "keep the stage's inputs in its op's safe domain".into(),
     };
-    let Some(prev) = input else {
+    let read = match (before, input) {
+        (Some(p), _) => Some(&p.output),
+        (None, Some(t)) if t.dtype().is_float() => Some(t),
+        _ => None,
+    };
+    let Some(read) = read else {
+        e.pattern = by_name(&stage, &out);
         describe(&mut e, dtype, limit, None);
         return Ok(e);
     };
-    let x = values(&prev.output)?;
+    let x = values(read)?;
     let x_max = x
         .iter()
         .filter(|v| v.is_finite())
         .fold(0f64, |m, v| m.max(v.abs()));
-    if prev.output.dims() == r.output.dims() && !x.is_empty() {
+    if read.dims() == r.output.dims() && !x.is_empty() {
         let width = (*r.output.dims().last().unwrap_or(&1)).max(1);
         let rows = |pred: &dyn Fn(&[f64], &[f64]) -> bool| {
             x.chunks(width)
@@ -261,39 +268,51 @@ pub fn backward(
     Ok(e)
 }
 
+/// "1 row", "3 rows".
+fn counted(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// Fills in the sentence and the repair of `e`'s pattern.
 fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
     let s = &e.stage;
     let n = e.count;
+    let (vals, rows) = (counted(n, "value"), counted(n, "row"));
     let input = e
         .input
         .as_deref()
-        .map_or(String::from("its input"), |i| format!("its input `{i}`"));
+        .map_or(String::from("the model's input"), |i| {
+            format!("its input `{i}`")
+        });
     let dt = format!("{dtype:?}").to_lowercase();
     let (sentence, repair) = match e.pattern {
         Pattern::LogOfZero => (
-            format!("`{s}` takes the log of {n} values of {input} that are exactly 0: log(0) = -inf"),
+            format!("`{s}` takes the log of {vals} of {input} that are exactly 0: log(0) = -inf"),
             "compute it in log space (log_softmax instead of log(softmax)), or clamp the input to at least an eps before the log".to_string(),
         ),
         Pattern::NegativeDomain => (
-            format!("`{s}` takes the log or square root of {n} negative values of {input}: NaN"),
+            format!("`{s}` takes the log or square root of {vals} of {input} that are negative: NaN"),
             "make the input positive by construction (softplus, exp, or relu plus an eps), or clamp it to at least an eps".to_string(),
         ),
         Pattern::ZeroNormRow => (
-            format!("`{s}` divides by a norm that is exactly 0 for {n} rows of the batch: those rows of {input} are all zeros, and 0/0 is NaN"),
+            format!("`{s}` divides by a norm that is exactly 0 for {rows} of the batch: those rows of {input} are all zeros, and 0/0 is NaN"),
             "add an eps to the denominator: x / (norm(x) + eps)".to_string(),
         ),
         Pattern::ZeroOverZero => (
-            format!("`{s}` computes 0/0 at {n} values where {input} is exactly 0"),
+            format!("`{s}` computes 0/0 at {vals} where {input} is exactly 0"),
             "add an eps to the denominator".to_string(),
         ),
         Pattern::MaskedRow => (
-            format!("`{s}` takes a softmax over {n} rows of {input} that are entirely -inf (every position masked): 0/0 = NaN"),
+            format!("`{s}` takes a softmax over {rows} of {input} that are entirely -inf (every position masked): 0/0 = NaN"),
             "mask with a finite value the dtype holds (-1e4 in half precision), or give fully masked rows a defined output".to_string(),
         ),
         Pattern::ExpOverflow => (
             format!(
-                "`{s}` takes exp of {n} values of {input} above {:.1} = ln of {dt}'s largest value {limit:.4e}{}: +inf",
+                "`{s}` takes exp of {vals} of {input} above {:.1} = ln of {dt}'s largest value {limit:.4e}{}: +inf",
                 limit.ln(),
                 x_max.map_or(String::new(), |m| format!(" (they reach {m:.3e})"))
             ),
@@ -301,24 +320,24 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
         ),
         Pattern::AccumulationOverflow => (
             format!(
-                "`{s}` overflows {dt}: {}its result, a sum or product of them (a matmul, say), passes {dt}'s largest value {limit:.4e} in {n} values",
+                "`{s}` overflows {dt}: {}its result, a sum or product of them (a matmul, say), passes {dt}'s largest value {limit:.4e} in {vals}",
                 x_max.map_or(String::new(), |m| format!("{input} peaks at {m:.3e}, inside the range, but "))
             ),
             "scale before accumulating (q·k / sqrt(d) for attention scores, a mean instead of a sum), or accumulate in f32".to_string(),
         ),
         Pattern::InfiniteSlopeAtZero => (
             format!(
-                "the backward pass of `{s}` takes the derivative of a square root (or a power below 1) at exactly 0: {n} values of its output are 0 where the gradient it passes back to `{}` is not finite",
+                "the backward pass of `{s}` takes the derivative of a square root (or a power below 1) at exactly 0: {vals} of its output are 0 where the gradient it passes back to `{}` is not finite",
                 e.input.as_deref().unwrap_or("its input")
             ),
             "sqrt(x + eps) instead of sqrt(x), or clamp x to at least an eps before the root".to_string(),
         ),
         Pattern::BackwardOverflow => (
-            format!("the backward pass of `{s}` overflows {dt} in {n} gradient values from finite ones"),
+            format!("the backward pass of `{s}` overflows {dt} in {} from finite ones", counted(n, "gradient value")),
             "scale the values the stage works on down, or run the stage in f32".to_string(),
         ),
         Pattern::Unexplained => (
-            format!("`{s}` makes {n} non-finite values from finite inputs, by none of the known patterns"),
+            format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),
             "keep the stage's inputs in its op's safe domain".to_string(),
         ),
     };

@@ -60,6 +60,9 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
     };
     println!("step 1, reproduce: {} at step {}", f.signature, f.step);
     println!("  {}", f.detail);
+    if let Some(e) = &f.explanation {
+        println!("  explanation: {}", e.sentence);
+    }
     if let Some(dir) = dump {
         println!("  crash dump: {}", dir.display());
     }
@@ -97,7 +100,8 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
     }
     match d.grad_norm_growth {
         Some(g) => println!(
-            "step 3, gradients: the norm grew {g:.3e}x over {} steps",
+            "step 3, gradients: {} ({} steps)",
+            nanhunt::diagnose::growth_phrase(g),
             f.trace.grad_norms.len()
         ),
         None => println!("step 3, gradients: no norm history before the failure"),

@@ -104,6 +104,9 @@ fn print_outcome(outcome: &Outcome) {
                     s.shape, s.nan, s.inf, s.count, s.mean, s.min, s.max
                 );
             }
+            if let Some(e) = &finding.explanation {
+                println!("  explanation: {}; the repair: {}", e.sentence, e.repair);
+            }
             if let Some(check) = &finding.precision {
                 println!("  precision: {}", check.summary());
             }

@@ -1056,13 +1056,11 @@ fn knob_evidence((name, knob): (&str, &KnobSpec), f: &Finding) -> Vec<String> {
 
 /// The gradient norm's change over the run (last / first), in words that
 /// say which way it went.
-fn growth_phrase(g: f64) -> String {
+pub fn growth_phrase(g: f64) -> String {
     if g >= 1.0 {
         format!("the gradient norm grew {g:.3e}x before the failure")
     } else {
-        format!(
-            "the gradient norm fell to {g:.3e} of its first value before the failure (it did not grow)"
-        )
+        format!("the gradient norm fell to {g:.3e} of its first value before the failure (it did not grow)")
     }
 }
 

@@ -647,7 +647,7 @@ impl Guard {
                 ),
                 &r.output,
             )?;
-            f.explanation = Some(Box::new(crate::explain::forward(&records, i)?));
+            f.explanation = Some(Box::new(crate::explain::forward(&records, i, None)?));
             return Ok(Some(f));
         }
         if !scalar(&loss)?.is_finite() {

@@ -240,6 +240,8 @@ struct DeviceBatch {
 
 /// The forward pass of one batch.
 pub struct Forward {
+    /// The batch's inputs as the model received them.
+    pub input: Tensor,
     /// The model output as returned by the model.
     pub output: Tensor,
     /// The output as (rows × classes) in the loss dtype.
@@ -645,6 +647,7 @@ impl<'a> Session<'a> {
             mix,
         )?;
         Ok(Forward {
+            input,
             output,
             logits,
             loss,

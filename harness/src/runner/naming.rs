@@ -2,7 +2,7 @@
 //! statistics. It reads a borrowed view of the session ([`Namer`]): the
 //! case, the parameter names, the optimizer's state and the compute dtype.
 
-use super::Failure;
+use super::{Failure, Forward};
 use crate::error::Result;
 use crate::localize;
 use crate::models::Tracer;
@@ -28,11 +28,11 @@ impl Namer<'_> {
     /// (traced), else the model output, else the loss itself.
     pub fn forward_failure(
         &self,
-        output: &Tensor,
-        logits: &Tensor,
+        forward: &Forward,
         loss_value: f64,
         tracer: &Tracer,
     ) -> Result<Failure> {
+        let (output, logits) = (&forward.output, &forward.logits);
         let records = tracer.records();
         if let Some((i, scan)) = localize::first_forward(&records)? {
             let r = &records[i];
@@ -47,7 +47,8 @@ impl Namer<'_> {
                 &r.output,
             )?;
             f.op = localize::op_of(&r.name);
-            f.explanation = Some(Box::new(crate::explain::forward(&records, i)?));
+            let e = crate::explain::forward(&records, i, Some(&forward.input))?;
+            f.explanation = Some(Box::new(e));
             return Ok(f);
         }
         let out_scan = scan_all(&[output])?[0];

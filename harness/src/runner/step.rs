@@ -129,12 +129,7 @@ impl Session<'_> {
             || !loss_value.is_finite()
         {
             let namer = self.namer();
-            return fail(namer.forward_failure(
-                &forward.output,
-                &forward.logits,
-                loss_value,
-                tracer,
-            )?);
+            return fail(namer.forward_failure(&forward, loss_value, tracer)?);
         }
         Ok(Flow::Go((forward, loss_value)))
     }
@@ -210,7 +205,7 @@ impl Session<'_> {
         self.trace.losses.push(value);
         if !value.is_finite() {
             let namer = self.namer();
-            return fail(namer.forward_failure(&forward.output, &forward.logits, value, tracer)?);
+            return fail(namer.forward_failure(forward, value, tracer)?);
         }
         Ok(Flow::Go((value, scans[..n].to_vec())))
     }
