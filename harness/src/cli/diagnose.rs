@@ -131,6 +131,9 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         println!("step 5, differential ({}): {verdict}", arms.join(" vs "));
     }
     println!("ranked causes ({} training runs):", d.runs);
+    if d.supported == 0 && !d.causes.is_empty() {
+        println!("    none is supported: no tried fix helped and none has evidence at the failure's site");
+    }
     for (i, c) in d.causes.iter().enumerate() {
         let tag = if c.verified() {
             " [verified fix]"

@@ -377,6 +377,10 @@ pub struct Diagnosis {
     pub grad_norm_growth: Option<f64>,
     /// Ranked, best explanation first.
     pub causes: Vec<Cause>,
+    /// How many of the first causes are supported: a verified fix, or
+    /// evidence at the failure's site. The rest were tried and ruled out;
+    /// with 0, nothing explains the failure yet.
+    pub supported: usize,
     /// Step 5: the case compared step by step across devices (CPU and
     /// CUDA, when CUDA is compiled in) or else across thread counts.
     pub hardware: Option<crate::differential::Differential>,
@@ -825,6 +829,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
                 batch_augmented: None,
                 grad_norm_growth: None,
                 causes: Vec::new(),
+                supported: 0,
                 hardware: None,
                 runs,
             })
@@ -988,15 +993,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             0
         };
     }
-    // A cause with neither a verified fix nor evidence at the failure's
-    // site never ranks first.
-    let supported = |c: &Cause| c.verified() || c.score >= SUPPORTED;
-    causes.sort_by(|a, b| {
-        supported(b)
-            .cmp(&supported(a))
-            .then(b.score.cmp(&a.score))
-            .then(a.article_step.cmp(&b.article_step))
-    });
+    let supported = rank(&mut causes);
 
     Ok(Diagnosis {
         hardware: Some(hardware),
@@ -1006,8 +1003,25 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         batch_augmented: Some(scan_aug),
         grad_norm_growth: growth,
         causes,
+        supported,
         runs,
     })
+}
+
+/// Best explanation first: causes with a verified fix or evidence at the
+/// failure's site (a score of at least [`SUPPORTED`]) before the rest, then
+/// by score, then by the article's order. A cause with neither never ranks
+/// first, however little else there is.
+/// Returns how many lead the list supported.
+fn rank(causes: &mut [Cause]) -> usize {
+    let supported = |c: &Cause| c.verified() || c.score >= SUPPORTED;
+    causes.sort_by(|a, b| {
+        supported(b)
+            .cmp(&supported(a))
+            .then(b.score.cmp(&a.score))
+            .then(a.article_step.cmp(&b.article_step))
+    });
+    causes.iter().take_while(|c| supported(c)).count()
 }
 
 /// A declared knob by name, with its spec.
@@ -1187,6 +1201,84 @@ mod tests {
         let d = case_diff(&a, &b);
         let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, vec!["clip", "optimizer.lr"]);
+    }
+
+    fn cause(kind: CauseKind, score: i32, verified: bool) -> Cause {
+        Cause {
+            kind,
+            title: kind.title().into(),
+            knob: None,
+            article_step: kind.article_step(),
+            evidence: Vec::new(),
+            fixes: vec![Fix {
+                description: String::new(),
+                changes: Vec::new(),
+                verified,
+                result: String::new(),
+                intervention: None,
+            }],
+            score,
+        }
+    }
+
+    #[test]
+    fn a_cause_without_evidence_or_a_verified_fix_never_ranks_first() {
+        // Scores as diagnose gives them: unverified guesses away from the
+        // failure's site (an LR for a forward NaN: 10, clipping: 20), the
+        // unverified loss cause at its site (60).
+        let mut causes = vec![
+            cause(CauseKind::LearningRate, 10, false),
+            cause(CauseKind::NoClipping, 20, false),
+            cause(CauseKind::UnsafeLoss, 60, false),
+        ];
+        assert_eq!(rank(&mut causes), 1);
+        assert_eq!(causes[0].kind, CauseKind::UnsafeLoss);
+        // Nothing supported: the list says so (no cause leads it).
+        let mut guesses = vec![
+            cause(CauseKind::LearningRate, 25, false),
+            cause(CauseKind::InitScale, 30, false),
+        ];
+        assert_eq!(rank(&mut guesses), 0);
+        // Verified fixes and an explained code bug, by score.
+        let mut causes = vec![
+            cause(CauseKind::InitScale, 30, false),
+            cause(CauseKind::LearningRate, 110, true),
+            cause(CauseKind::CodeBug, 175, true),
+        ];
+        assert_eq!(rank(&mut causes), 2);
+        let kinds: Vec<CauseKind> = causes.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                CauseKind::CodeBug,
+                CauseKind::LearningRate,
+                CauseKind::InitScale
+            ]
+        );
+    }
+
+    #[test]
+    fn the_input_scale_candidate_starts_at_100() {
+        let mut c = Case::example("cnn").unwrap();
+        c.data.scale = INPUT_SCALE;
+        let f = match crate::run(&{
+            let mut broken = c.clone();
+            broken.optimizer.set_lr(1e6);
+            broken
+        })
+        .unwrap()
+        {
+            Outcome::Unstable { finding } => *finding,
+            other => panic!("{other:?}"),
+        };
+        let has = |c: &Case| {
+            variants(c, &f, &[])
+                .iter()
+                .any(|v| v.description == "inputs standardized to unit scale")
+        };
+        assert!(has(&c));
+        c.data.scale = 99.0;
+        assert!(!has(&c));
     }
 
     #[test]
