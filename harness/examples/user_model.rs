@@ -14,7 +14,7 @@ use candle_core::{Module, Tensor, D};
 use candle_nn::{linear, Linear, VarBuilder};
 use nanhunt::diagnose::diagnose;
 use nanhunt::models::{Model, Tracer};
-use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, ModelSpec, Pathology};
+use nanhunt::spec::{Case, CustomSpec, InputSpec, ModelSpec, Pathology};
 use nanhunt::{Outcome, RunOptions};
 
 struct RmsNormMlp {
@@ -43,16 +43,11 @@ impl Model for RmsNormMlp {
 
 fn main() -> anyhow::Result<()> {
     let mut case = Case::example("cnn").expect("built-in example");
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "rms_mlp".into(),
-        input: InputSpec::Vector { features: 16 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "rms_mlp",
+        InputSpec::Vector { features: 16 },
+        4,
+    ));
     case.steps = 30;
     case.data.pathologies = vec![Pathology::AllZero {
         fraction: 0.05,

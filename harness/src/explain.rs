@@ -256,7 +256,9 @@ pub fn backward(
             .zip(&g)
             .filter(|&(&y, gv)| y == 0.0 && !gv.is_finite())
             .count();
-        if at_zero > 0 {
+        // Every non-finite gradient at an exact 0 of the output: an overflow
+        // elsewhere in a backward pass that also has zeros is no root's slope.
+        if at_zero > 0 && at_zero == bad {
             e.pattern = Pattern::InfiniteSlopeAtZero;
             e.count = at_zero;
         }
@@ -321,7 +323,9 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
         Pattern::AccumulationOverflow => (
             format!(
                 "`{s}` overflows {dt}: {}its result, a sum or product of them (a matmul, say), passes {dt}'s largest value {limit:.4e} in {vals}",
-                x_max.map_or(String::new(), |m| format!("{input} peaks at {m:.3e}, inside the range, but "))
+                x_max
+                    .filter(|&m| m > 0.0)
+                    .map_or(String::new(), |m| format!("{input} peaks at {m:.3e}, inside the range, but "))
             ),
             "scale before accumulating (q·k / sqrt(d) for attention scores, a mean instead of a sum), or accumulate in f32".to_string(),
         ),

@@ -734,6 +734,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_custom_models_size_counts_the_parameters_its_factory_creates() {
+        let mut case = Case::example("cnn").unwrap();
+        case.model = ModelSpec::Custom(crate::spec::CustomSpec::new(
+            "mlp",
+            crate::spec::InputSpec::Vector { features: 8 },
+            4,
+        ));
+        let factory =
+            |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn crate::models::Model>> {
+                let l = candle_nn::linear(8, 4, vb.pp("l"))?;
+                Ok(Box::new(crate::models::ModuleModel(l)))
+            };
+        assert_eq!(CaseSize::of(&case).params, 0, "a spec alone cannot say");
+        assert_eq!(CaseSize::measured(&case, Some(&factory)).params, 8 * 4 + 4);
+    }
+
+    #[test]
     fn round1_keeps_one_significant_digit() {
         assert_eq!(round1(0.0123), 0.01);
         assert_eq!(round1(3.7e-4), 4e-4);

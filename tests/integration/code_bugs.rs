@@ -16,16 +16,7 @@ use nanhunt::{run_model, Finding, FindingKind, Outcome, Phase, RunOptions};
 
 fn custom(name: &str, input: InputSpec) -> Case {
     let mut c = Case::example("cnn").unwrap();
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: name.into(),
-        input,
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(CustomSpec::new(name, input, 4));
     c.optimizer = sgd(0.05);
     c.steps = 30;
     c

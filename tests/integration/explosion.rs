@@ -45,19 +45,9 @@ impl Model for TanhRnn {
 }
 
 fn custom(name: &str, input: InputSpec, gain: f64) -> ModelSpec {
-    ModelSpec::Custom(CustomSpec {
-        name: name.into(),
-        input,
-        outputs: 4,
-        init: InitSpec {
-            scheme: InitScheme::Kaiming,
-            gain,
-        },
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    })
+    let mut spec = CustomSpec::new(name, input, 4);
+    spec.init.gain = gain;
+    ModelSpec::Custom(spec)
 }
 
 /// Hidden 128, 100 steps, gain 3, SGD at LR 1, no clipping.

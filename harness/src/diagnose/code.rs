@@ -44,11 +44,14 @@ pub(super) fn cause(
         intervention: Some(std::sync::Arc::new(intervention.clone())),
         ..opts.clone()
     };
-    let outcome = run_model(case, factory, &guarded)?;
+    // A run that cannot be guarded (the gradient guard is a CPU op) is
+    // reported, not an error of the whole diagnosis.
+    let outcome = run_model(case, factory, &guarded);
     *runs += 1;
     let (verified, result) = match &outcome {
-        Outcome::Stable { .. } => (true, format!("stable over all {} steps", case.steps)),
-        Outcome::Unstable { finding: next } => (
+        Err(e) => (false, format!("could not run the intervention: {e}")),
+        Ok(Outcome::Stable { .. }) => (true, format!("stable over all {} steps", case.steps)),
+        Ok(Outcome::Unstable { finding: next }) => (
             false,
             format!(
                 "unstable: trained {} of {} steps, then {} in {} at `{}`",
@@ -59,7 +62,7 @@ pub(super) fn cause(
                 next.stage
             ),
         ),
-        Outcome::Rejected { reason } => (false, format!("rejected: {reason}")),
+        Ok(Outcome::Rejected { reason }) => (false, format!("rejected: {reason}")),
     };
     Ok(Some(Cause {
         kind: CauseKind::CodeBug,

@@ -1258,6 +1258,16 @@ mod tests {
     }
 
     #[test]
+    fn the_gradient_norm_evidence_says_which_way_it_went() {
+        assert!(growth_phrase(12.0).contains("grew 1.200e1x"));
+        let fell = growth_phrase(0.3282);
+        assert!(
+            fell.contains("fell to 3.282e-1") && !fell.contains("grew"),
+            "{fell}"
+        );
+    }
+
+    #[test]
     fn the_input_scale_candidate_starts_at_100() {
         let mut c = Case::example("cnn").unwrap();
         c.data.scale = INPUT_SCALE;

@@ -145,3 +145,18 @@ impl LossSpec {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_is_described_with_its_eps() {
+        assert_eq!(LossSpec::KlDiv { eps: 0.0 }.describe(), "kl_div (eps 0e0)");
+        assert_eq!(
+            LossSpec::KlDiv { eps: 1e-8 }.describe(),
+            "kl_div (eps 1e-8)"
+        );
+        assert_eq!(LossSpec::Nll.describe(), "nll");
+    }
+}

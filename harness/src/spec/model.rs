@@ -564,6 +564,23 @@ pub struct CustomSpec {
     pub init_overrides: std::collections::BTreeMap<String, InitOverride>,
 }
 
+impl CustomSpec {
+    /// A user's model named `name` (its family in signatures), with the
+    /// default init and nothing frozen, no knobs, no init overrides.
+    pub fn new(name: impl Into<String>, input: InputSpec, outputs: usize) -> Self {
+        CustomSpec {
+            name: name.into(),
+            input,
+            outputs,
+            init: InitSpec::default(),
+            per_token: false,
+            frozen: Vec::new(),
+            knobs: Default::default(),
+            init_overrides: Default::default(),
+        }
+    }
+}
+
 /// How one tensor is initialized instead of its model's hint (absolute:
 /// the init gain does not scale it).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
