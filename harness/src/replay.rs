@@ -118,7 +118,11 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
     let actual = match session.step(step)? {
         Some(f) => Some(f),
         // On an accelerator the step's update is checked at the next copy.
-        None => session.finish()?,
+        None => match session.finish()? {
+            Some(f) => Some(f),
+            // An explosion's step comes back as its jump.
+            None => session.jump_finding().filter(|f| f.step == step),
+        },
     };
     let trace = actual.as_ref().map_or(session.trace(), |f| &f.trace);
     let bit_identical = match (trace.losses.last(), dump.stats.recent_losses.last()) {

@@ -104,6 +104,16 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
         other => panic!("deferred readback: {other:?}"),
     }
 
+    // Its dump replays: the jump comes back at step 0.
+    let dir = crate::support::scratch("explosion-dump").join("dump");
+    let dumped = RunOptions {
+        dump: Some(dir.clone()),
+        ..RunOptions::default()
+    };
+    run_model(&case, &rnn_factory, &dumped).unwrap();
+    let replayed = nanhunt::replay::replay_dump(&dir, Some(&rnn_factory)).unwrap();
+    assert!(replayed.reproduced(), "{}", replayed.message);
+
     let d = diagnose(&case, &rnn_factory, &RunOptions::default()).unwrap();
     for c in &d.causes {
         println!(

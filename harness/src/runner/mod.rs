@@ -250,6 +250,16 @@ pub struct Forward {
     pub loss: Tensor,
 }
 
+/// The run's first jump, kept until the run's end judges it.
+struct Jumped {
+    jump: crate::explosion::Jump,
+    /// The state before the jump's step.
+    before: Option<Snapshot>,
+    /// The history up to the end of the jump's step (the finding's trace,
+    /// as for every finding; the recovery is judged on the whole run).
+    through: crate::outcome::TraceMark,
+}
+
 /// A training run in progress.
 pub struct Session<'a> {
     case: Case,
@@ -288,7 +298,7 @@ pub struct Session<'a> {
     grad_sq: Vec<f64>,
     /// The run's first jump (see [`crate::explosion`]), with the state
     /// before its step; judged when the run ends.
-    jump: Option<(crate::explosion::Jump, Option<Snapshot>)>,
+    jump: Option<Jumped>,
     /// The stage guarded every step, if any.
     intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
@@ -676,6 +686,7 @@ impl<'a> Session<'a> {
             None
         };
         let seen = (self.trace.grad_norms.len(), self.trace.param_norms.len());
+        let mark = self.trace.mark();
         let mut tracer = Tracer::off().with_intervention(self.intervention.clone());
         // A guarded stage is reached from any depth of the user's code too.
         let shared = tracer.active().then(|| crate::trace::share(&tracer));
@@ -685,10 +696,10 @@ impl<'a> Session<'a> {
             None => {
                 if self.readback == Readback::Deferred {
                     let previous = self.unchecked.take();
-                    self.watch_jumps(step, seen, before.as_ref(), previous.map(|p| p.2))?;
+                    self.watch_jumps(step, (seen, mark), before.as_ref(), previous.map(|p| p.2))?;
                     self.unchecked = before.map(|b| (step, lr, b));
                 } else {
-                    self.watch_jumps(step, seen, before.as_ref(), None)?;
+                    self.watch_jumps(step, (seen, mark), before.as_ref(), None)?;
                 }
                 return Ok(None);
             }
@@ -739,7 +750,7 @@ impl<'a> Session<'a> {
     fn watch_jumps(
         &mut self,
         step: usize,
-        seen: (usize, usize),
+        (seen, mark): ((usize, usize), crate::outcome::TraceMark),
         before: Option<&Snapshot>,
         previous: Option<Snapshot>,
     ) -> Result<()> {
@@ -748,6 +759,7 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         let (g, p) = seen;
+        let now = self.trace.mark();
         let grads = &self.trace.grad_norms;
         // Against the run's largest so far: a gradient that was tiny one
         // step (a fitted batch) and typical the next is no jump.
@@ -763,7 +775,11 @@ impl<'a> Session<'a> {
                 after: grads[g],
                 tensor: self.names[largest].clone(),
             };
-            self.jump = Some((jump, before.cloned()));
+            self.jump = Some(Jumped {
+                jump,
+                before: before.cloned(),
+                through: now,
+            });
             return Ok(());
         }
         let params = &self.trace.param_norms;
@@ -779,9 +795,9 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         // Read in place, this step's update; deferred, the previous step's.
-        let (at, snapshot) = match self.readback {
-            Readback::InPlace => (step, before.cloned()),
-            Readback::Deferred => (step.saturating_sub(1), previous),
+        let (at, snapshot, through) = match self.readback {
+            Readback::InPlace => (step, before.cloned(), now),
+            Readback::Deferred => (step.saturating_sub(1), previous, mark),
         };
         let tensor = match &snapshot {
             Some(s) => self.fastest_growing(&s.params)?,
@@ -794,7 +810,11 @@ impl<'a> Session<'a> {
             after: params[p],
             tensor,
         };
-        self.jump = Some((jump, snapshot));
+        self.jump = Some(Jumped {
+            jump,
+            before: snapshot,
+            through,
+        });
         Ok(())
     }
 
@@ -814,34 +834,53 @@ impl<'a> Session<'a> {
 
     /// The run's first jump, if it had one.
     pub fn jump(&self) -> Option<&crate::explosion::Jump> {
-        self.jump.as_ref().map(|(j, _)| j)
+        self.jump.as_ref().map(|j| &j.jump)
     }
 
     /// At the end of a run without a finding: its jump, if the loss never
     /// recovered from it, as an `explosion` finding (the state before its
     /// step kept for dumps and the precision check).
     pub fn unrecovered_explosion(&mut self) -> Option<Finding> {
-        let (jump, before) = self.jump.take()?;
+        let jump = &self.jump.as_ref()?.jump;
         let r = crate::explosion::Recovery::of(&self.trace.losses, jump.step)?;
         if r.recovered() {
             return None;
         }
+        let recovery = format!(
+            ", and the loss never recovered: its best mean over {} steps after it is {:.4e}, against {:.4e} before",
+            crate::explosion::RECOVERY_WINDOW,
+            r.best_after,
+            r.best_before
+        );
+        self.explosion_finding(&recovery)
+    }
+
+    /// The run's jump as an `explosion` finding, unjudged: a replay of its
+    /// step sees the jump, not the steps after it.
+    pub fn jump_finding(&mut self) -> Option<Finding> {
+        self.explosion_finding(" (the jump alone: recovery is judged over a whole run)")
+    }
+
+    fn explosion_finding(&mut self, judged: &str) -> Option<Finding> {
+        let Jumped {
+            jump,
+            before,
+            through,
+        } = self.jump.take()?;
         self.failed_before = before;
         let phase = match jump.grew {
             crate::explosion::Grew::GradientNorm => Phase::Backward,
             crate::explosion::Grew::ParameterNorm => Phase::Update,
         };
-        let detail = format!(
-            "{}, and the loss never recovered: its best mean over {} steps after it is {:.4e}, against {:.4e} before",
-            jump.describe(),
-            crate::explosion::RECOVERY_WINDOW,
-            r.best_after,
-            r.best_before
-        );
-        Some(self.finding(
+        let detail = format!("{}{judged}", jump.describe());
+        let mut f = self.finding(
             jump.step,
             Failure::new(FindingKind::Explosion, phase, jump.stage(), detail),
-        ))
+        );
+        let scale = f.trace.loss_scale;
+        f.trace = f.trace.upto(through);
+        f.trace.loss_scale = scale;
+        Some(f)
     }
 
     /// Device→host synchronizations the probe made in accelerator mode
