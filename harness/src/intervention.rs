@@ -29,15 +29,56 @@ pub struct Intervention {
     pub saturate: bool,
 }
 
+/// Whether record `name` is an instance of `stage`: the same name, or the
+/// same in another repetition of a block (`blocks.4.norm` for
+/// `blocks.3.norm`, `h[2]` for `h[0]`). A bug in a block's code is in every
+/// copy of it; guarding only the first to fail would move the failure to
+/// the next. Digits inside a name (`fc1`, `fc2`) still tell layers apart.
+pub fn same_stage(name: &str, stage: &str) -> bool {
+    name == stage || (instance_key(name) == instance_key(stage) && instance_key(stage) != stage)
+}
+
+/// The name with its purely numeric segments and bracketed indices as `#`.
+fn instance_key(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, segment) in name.split('.').enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
+            out.push('#');
+            continue;
+        }
+        let mut rest = segment;
+        while let Some(open) = rest.find('[') {
+            match rest[open..].find(']') {
+                Some(close)
+                    if rest[open + 1..open + close]
+                        .chars()
+                        .all(|c| c.is_ascii_digit()) =>
+                {
+                    out.push_str(&rest[..open]);
+                    out.push_str("[#]");
+                    rest = &rest[open + close + 1..];
+                }
+                _ => break,
+            }
+        }
+        out.push_str(rest);
+    }
+    out
+}
+
 impl Intervention {
     /// The tensor a model continues with after recording `t` as `name`.
     pub fn apply(&self, name: &str, t: Tensor) -> Result<Tensor> {
-        let t = if self.input.as_deref() == Some(name) {
-            t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?
-        } else {
-            t
+        let t = match &self.input {
+            Some(input) if same_stage(name, input) => {
+                t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?
+            }
+            _ => t,
         };
-        match (name == self.stage, self.saturate) {
+        match (same_stage(name, &self.stage), self.saturate) {
             (true, false) => finite_or_zero(&t),
             (true, true) => saturated(&t),
             (false, _) => Ok(t),
@@ -113,6 +154,22 @@ impl CustomOp1 for ZeroNonFiniteGrad {
 mod tests {
     use super::*;
     use candle_core::{Device, Var};
+
+    #[test]
+    fn every_copy_of_a_repeated_block_is_the_same_stage() {
+        assert!(same_stage("blocks.4.rownorm", "blocks.3.rownorm"));
+        assert!(same_stage("h[2].attn", "h[0].attn"));
+        assert!(same_stage("fc1", "fc1"));
+        assert!(
+            !same_stage("fc2", "fc1"),
+            "digits in a name are another layer"
+        );
+        assert!(!same_stage("blocks.3.rownorm", "blocks.3.norm"));
+        assert!(
+            !same_stage("layer0.ln1", "layer1.ln1"),
+            "not a numeric segment"
+        );
+    }
 
     #[test]
     fn the_guard_zeroes_non_finite_outputs_and_gradients_only_where_named() {

@@ -156,6 +156,45 @@ fn a_row_norm_without_eps_divides_by_a_zero_norm() {
     assert!(e.repair.contains("eps"), "{}", e.repair);
 }
 
+/// Two copies of one block, each with the row norm's bug: the intervention
+/// guards every copy (`blocks.0.rownorm` and `blocks.1.rownorm`), not only
+/// the first to fail.
+struct Blocks {
+    blocks: Vec<Linear>,
+    head: Linear,
+}
+
+impl Model for Blocks {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let mut h = x.clone();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let a = tr.record(&format!("blocks.{i}.hidden"), b.forward(&h)?.relu()?)?;
+            let norm = a.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
+            h = tr.record(&format!("blocks.{i}.rownorm"), a.broadcast_div(&norm)?)?;
+        }
+        tr.record("head", self.head.forward(&h)?)
+    }
+}
+
+#[test]
+fn a_bug_in_a_repeated_block_is_guarded_in_every_copy() {
+    let mut c = vector("blocks");
+    c.data.pathologies = vec![Pathology::AllZero {
+        fraction: 0.1,
+        from_step: 0,
+    }];
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        let blocks = (0..2)
+            .map(|i| linear_no_bias(8, 8, vb.pp(format!("blocks.{i}"))))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Box::new(Blocks {
+            blocks,
+            head: linear(8, 4, vb.pp("head"))?,
+        }))
+    };
+    assert_explained(&c, &factory, "blocks.0.rownorm", Pattern::ZeroNormRow);
+}
+
 /// sqrt(relu(h)): finite forward, an infinite slope at 0 backward.
 struct SqrtRelu(Mlp);
 
