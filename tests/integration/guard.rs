@@ -175,6 +175,15 @@ fn each_planted_fault_stops_at_its_step_with_its_producer() {
         "{}",
         f.detail
     );
+    // The guard's findings explain the stage too: the first record reads
+    // the loss closure's inputs, unknown to the guard, so the op's name tells.
+    let e = f.explanation.as_ref().expect("explained");
+    assert_eq!(
+        e.pattern,
+        nanhunt::explain::Pattern::NegativeDomain,
+        "{}",
+        e.sentence
+    );
 
     let f = finding_of(guarded(2, Fault::Loss, None, adam(1e-8), None));
     assert_eq!(
@@ -192,6 +201,16 @@ fn each_planted_fault_stops_at_its_step_with_its_producer() {
         f.detail
     );
     assert!(f.detail.contains("`encoder.relu`"), "{}", f.detail);
+    let e = f.explanation.as_ref().expect("explained");
+    assert_eq!(
+        (e.pattern, e.input.as_deref()),
+        (
+            nanhunt::explain::Pattern::InfiniteSlopeAtZero,
+            Some("encoder.relu")
+        ),
+        "{}",
+        e.sentence
+    );
 
     let f = finding_of(guarded(99, Fault::None, None, adam(0.0), None));
     assert_eq!(
@@ -430,6 +449,17 @@ fn run_model_localizes_stages_a_user_traced_from_any_depth() {
         (Phase::Forward, "encoder.block3.log"),
         "{}",
         finding.detail
+    );
+    // Read against the record before it, through `nanhunt::trace` as well.
+    let e = finding.explanation.as_ref().expect("explained");
+    assert_eq!(
+        (e.pattern, e.input.as_deref()),
+        (
+            nanhunt::explain::Pattern::NegativeDomain,
+            Some("encoder.block3.proj")
+        ),
+        "{}",
+        e.sentence
     );
 }
 
