@@ -407,6 +407,10 @@ fn a_sqrt_at_zero_nan_under_loss_scaling_is_a_nan_not_a_scale_collapse() {
     );
     assert_eq!(f.stage, "sqrt_relu");
     assert!(f.detail.contains("no scale absorbs it"), "{}", f.detail);
+    // Not "half precision overflows": f32 does not fix it, the guard does.
+    let d = assert_explained(&c, &sqrt_relu, "sqrt_relu", Pattern::InfiniteSlopeAtZero);
+    let precision = d.causes.iter().find(|c| c.kind == CauseKind::Precision);
+    assert!(precision.is_some_and(|p| !p.verified()), "{precision:?}");
 }
 
 #[test]
