@@ -742,11 +742,11 @@ impl<'a> Session<'a> {
     }
 
     /// After a healthy step: the run's first jump of the gradient norm
-    /// (this step's against the last one) or of the parameter norm (the
-    /// newest against the one before, or the initialization's). `seen`
-    /// are the norms' counts before the step; `previous` is the state
-    /// before the previous step, whose update a deferred readback checks
-    /// at this one.
+    /// (this step's against the largest before it) or of the parameter
+    /// norm (the newest against the one before, or the initialization's).
+    /// `seen` are the norms' counts and `mark` the history before the step;
+    /// `previous` is the state before the previous step, whose update a
+    /// deferred readback checks at this one.
     fn watch_jumps(
         &mut self,
         step: usize,
