@@ -59,6 +59,9 @@ pub enum Entry {
         /// An unstable run's precision check verdict.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fidelity: Option<crate::fidelity::Robustness>,
+        /// An unstable run's explained pattern at its producing stage.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pattern: Option<crate::explain::Pattern>,
         lr: f64,
         millis: u64,
         /// The loss of each executed step, rounded to f32 (for the report's curves).
@@ -128,6 +131,7 @@ impl Entry {
             losses,
             message,
             fidelity,
+            pattern,
         } = record;
         Entry::Run {
             index,
@@ -140,6 +144,7 @@ impl Entry {
             signature,
             step,
             fidelity,
+            pattern,
             lr: case.optimizer.lr(),
             millis,
             losses,
@@ -351,6 +356,7 @@ mod tests {
             signature: None,
             step: None,
             fidelity: None,
+            pattern: None,
             lr: 1e-3,
             millis: 5,
             message: None,

@@ -18,6 +18,9 @@ pub struct RunResult {
     /// An unstable run's precision check verdict ([`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<crate::fidelity::Robustness>,
+    /// What the producing stage did, where it was explained ([`crate::explain`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<crate::explain::Pattern>,
 }
 
 impl RunResult {
@@ -44,6 +47,10 @@ impl RunResult {
                 Outcome::Unstable { finding } => finding.precision.as_ref().map(|p| p.verdict),
                 _ => None,
             },
+            pattern: outcome
+                .finding()
+                .and_then(|f| f.explanation.as_ref())
+                .map(|e| e.pattern),
         }
     }
 }

@@ -512,5 +512,6 @@ fn failed(verdict: Verdict, message: String) -> RunResult {
         losses: Vec::new(),
         message: Some(message),
         fidelity: None,
+        pattern: None,
     }
 }

@@ -220,12 +220,12 @@ code {{ font-size: 0.9em; }}
     }
     let _ = writeln!(s, "</div>");
 
-    let _ = writeln!(s, "<h2>Failure signatures</h2><table><tr><th>kind</th><th>phase</th><th>stage</th><th>family</th><th>optimizer</th><th>precision</th><th>device</th><th>runs</th><th>first step</th><th>at higher precision</th><th>reproducer</th></tr>");
+    let _ = writeln!(s, "<h2>Failure signatures</h2><table><tr><th>kind</th><th>phase</th><th>stage</th><th>family</th><th>optimizer</th><th>precision</th><th>device</th><th>runs</th><th>first step</th><th>at higher precision</th><th>what the stage did</th><th>reproducer</th></tr>");
     for row in &r.signatures {
         let g = &row.signature;
         let _ = writeln!(
             s,
-            "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
             g.kind.as_str(),
             g.phase.as_str(),
             escape(&g.stage),
@@ -236,6 +236,7 @@ code {{ font-size: 0.9em; }}
             row.count,
             row.first_step,
             row.fidelity.map_or("–", |f| f.as_str()),
+            row.pattern.map_or("–", |p| p.as_str()),
             escape(row.reproducer.as_deref().unwrap_or("–"))
         );
     }

@@ -42,13 +42,13 @@ pub fn render(r: &StabilityReport) -> String {
     if r.signatures.is_empty() {
         let _ = writeln!(s, "None: every run stayed stable.\n");
     } else {
-        let _ = writeln!(s, "| kind | phase | stage | family | optimizer | precision | device | runs | first step | at higher precision | reproducer |");
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---:|---:|---|---|");
+        let _ = writeln!(s, "| kind | phase | stage | family | optimizer | precision | device | runs | first step | at higher precision | what the stage did | reproducer |");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---:|---:|---|---|---|");
         for row in &r.signatures {
             let g = &row.signature;
             let _ = writeln!(
                 s,
-                "| {} | {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 g.kind.as_str(),
                 g.phase.as_str(),
                 g.stage,
@@ -59,6 +59,7 @@ pub fn render(r: &StabilityReport) -> String {
                 row.count,
                 row.first_step,
                 row.fidelity.map_or("–", |f| f.as_str()),
+                row.pattern.map_or("–", |p| p.as_str()),
                 row.reproducer
                     .as_deref()
                     .map_or("–".to_string(), |f| format!("`{f}`"))

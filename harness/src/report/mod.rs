@@ -61,6 +61,9 @@ pub struct SignatureRow {
     /// The precision check of its runs (the first one checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<crate::fidelity::Robustness>,
+    /// What the producing stage did (the first run explained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<crate::explain::Pattern>,
 }
 
 /// The loss curve of a representative run.
@@ -166,6 +169,7 @@ impl StabilityReport {
                 lr,
                 losses,
                 fidelity,
+                pattern,
                 ..
             } = e
             else {
@@ -215,8 +219,10 @@ impl StabilityReport {
                     first_step: *step,
                     reproducer: None,
                     fidelity: None,
+                    pattern: None,
                 });
                 row.fidelity = row.fidelity.or(*fidelity);
+                row.pattern = row.pattern.or(*pattern);
                 row.count += 1;
                 row.first_step = row.first_step.min(*step);
             }
@@ -297,6 +303,36 @@ impl StabilityReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signature_shows_what_its_stage_did() {
+        let case = crate::spec::Case::example("cnn").unwrap();
+        let signature = Signature {
+            kind: crate::outcome::FindingKind::Nan,
+            phase: crate::outcome::Phase::Forward,
+            stage: "rownorm".into(),
+            family: "user_mlp".into(),
+            optimizer: "adam".into(),
+            precision: "f32".into(),
+            device: "cpu".into(),
+        };
+        let record = crate::record::RunResult {
+            verdict: Verdict::Unstable,
+            signature: Some(signature),
+            step: Some(3),
+            losses: vec![1.0],
+            message: None,
+            fidelity: None,
+            pattern: Some(crate::explain::Pattern::ZeroNormRow),
+        };
+        let report = StabilityReport::from_entries(&[Entry::run(0, &case, record, 1)]);
+        assert_eq!(
+            report.signatures[0].pattern,
+            Some(crate::explain::Pattern::ZeroNormRow)
+        );
+        let md = markdown::render(&report);
+        assert!(md.contains("| norm of an all-zero row |"), "{md}");
+    }
 
     #[test]
     fn rounding_keeps_significant_digits() {
