@@ -240,6 +240,34 @@ fn each_planted_fault_stops_at_its_step_with_its_producer() {
 }
 
 #[test]
+fn a_gradient_that_jumps_by_orders_of_magnitude_is_warned_about() {
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+    let mut opt = guard.optimizer(adam(1e-8)).unwrap();
+    for step in 0..10 {
+        let b = batch(step);
+        guard
+            .step(step, &b, &mut opt, |b| {
+                let loss = model.loss(b, Fault::None)?;
+                if step != 6 {
+                    return Ok(loss);
+                }
+                // The same value, a gradient 1e4x larger (Adam keeps the step bounded).
+                (&loss * 1e4)? - (&loss * (1e4 - 1.0))?.detach()
+            })
+            .unwrap();
+    }
+    let warned: Vec<&String> = guard
+        .warnings()
+        .iter()
+        .filter(|w| w.contains("finite explosion"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", guard.warnings());
+    assert!(warned[0].starts_with("step 6:"), "{}", warned[0]);
+}
+
+#[test]
 fn a_healthy_loop_is_untouched_by_its_guard() {
     // candle's init is random: both runs start from one snapshot of it.
     let varmap = VarMap::new();

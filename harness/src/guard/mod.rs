@@ -376,9 +376,9 @@ impl Guard {
             }
         }
         let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
-        self.trace
-            .grad_norms
-            .push(crate::optim::global_norm(&sum_sq));
+        let norm = crate::optim::global_norm(&sum_sq);
+        self.warn_of_a_jump(step, norm);
+        self.trace.grad_norms.push(norm);
         // The loss trend first: a diverged run takes no update.
         if let Some(smoothed) = self.tracker.push(value) {
             let f = Failure {
@@ -672,6 +672,22 @@ impl Guard {
             }
             None => None,
         })
+    }
+}
+
+impl Guard {
+    /// A gradient norm 1e3x the largest before it ([`crate::explosion`]):
+    /// the loop goes on (whether the loss recovers is the loop's to see),
+    /// with one warning.
+    fn warn_of_a_jump(&mut self, step: usize, norm: f64) {
+        let largest = self.trace.grad_norms.iter().copied().fold(0.0, f64::max);
+        let warned = self.warnings.iter().any(|w| w.contains("finite explosion"));
+        if !warned && crate::explosion::is_jump(largest, norm) {
+            self.warnings.push(format!(
+                "step {step}: the gradient norm grew {:.2e}x in one step (from at most {largest:.3e} to {norm:.3e}): a finite explosion unless the loss recovers; clip the gradient norm or lower the learning rate",
+                norm / largest
+            ));
+        }
     }
 }
 
