@@ -348,3 +348,72 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
     e.sentence = sentence;
     e.repair = repair;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn record(name: &str, values: &[f32], width: usize) -> Record {
+        let t = Tensor::from_slice(values, (values.len() / width, width), &Device::Cpu).unwrap();
+        Record {
+            name: name.into(),
+            grad_probe: Var::zeros(t.shape(), t.dtype(), t.device()).unwrap(),
+            output: t,
+        }
+    }
+
+    const INF: f32 = f32::INFINITY;
+
+    #[test]
+    fn element_and_row_patterns_are_told_apart() {
+        // Zeros in rows that are not all zeros: 0/0, not a zero norm.
+        let x = record("x", &[0.0, 1.0, 1.0, 0.0], 2);
+        let y = record("ratio", &[f32::NAN, 1.0, 1.0, f32::NAN], 2);
+        let e = forward(&[x, y], 1, None).unwrap();
+        assert_eq!(e.pattern, Pattern::ZeroOverZero, "{}", e.sentence);
+        let x = record("x", &[0.0, 1.0, 0.0, 0.0], 2);
+        let y = record("norm", &[0.0, 1.0, f32::NAN, f32::NAN], 2);
+        let e = forward(&[x, y], 1, None).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::ZeroNormRow, 1),
+            "{}",
+            e.sentence
+        );
+        assert!(e.sentence.contains("1 row of the batch"), "{}", e.sentence);
+    }
+
+    #[test]
+    fn an_exp_must_account_for_every_infinity_or_it_is_an_accumulation() {
+        let x = record("x", &[100.0, 1.0], 2);
+        let e = forward(&[x.clone(), record("act", &[INF, 2.7], 2)], 1, None).unwrap();
+        assert_eq!(e.pattern, Pattern::ExpOverflow);
+        // Both outputs infinite, one input below ln(max): a product's overflow.
+        let e = forward(&[x, record("mix", &[INF, INF], 2)], 1, None).unwrap();
+        assert_eq!(e.pattern, Pattern::AccumulationOverflow, "{}", e.sentence);
+    }
+
+    #[test]
+    fn a_mask_of_minus_infinity_hands_the_explanation_to_the_softmax_after_it() {
+        let masked = record("attn.masked", &[-INF, -INF, 1.0, -INF], 2);
+        let soft = record("attn.softmax", &[f32::NAN, f32::NAN, 1.0, 0.0], 2);
+        let e = forward(&[masked, soft], 0, None).unwrap();
+        assert_eq!(
+            (e.pattern, e.stage.as_str(), e.count),
+            (Pattern::MaskedRow, "attn.softmax", 1)
+        );
+    }
+
+    #[test]
+    fn an_infinite_gradient_away_from_zeros_is_a_backward_overflow() {
+        let records = [record("a", &[1.0, 2.0], 2), record("b", &[3.0, 0.0], 2)];
+        let grad = Tensor::new(&[[INF, 1.0]], &Device::Cpu).unwrap();
+        let e = backward(&records, 1, 0, &grad).unwrap();
+        assert_eq!(e.pattern, Pattern::BackwardOverflow, "{}", e.sentence);
+        // At the output's exact zero instead: the slope of a root at 0.
+        let grad = Tensor::new(&[[1.0, f32::NAN]], &Device::Cpu).unwrap();
+        let e = backward(&records, 1, 0, &grad).unwrap();
+        assert_eq!(e.pattern, Pattern::InfiniteSlopeAtZero, "{}", e.sentence);
+    }
+}
