@@ -2,10 +2,12 @@
 //!
 //! - `campaign`: resume after SIGKILL, shards and merge, the minimizer, corpora/repro.
 //! - `cli`: the `nanhunt` binary end to end (exit codes, bad input, output).
+//! - `code_bugs`: planted bugs in users' model code: explained, verified by intervention, ranked first.
 //! - `crash_safety`: campaigns lose no finding to a kill, a dead or stuck worker.
 //! - `datasets`: dataset files in every command, planted bad samples, Python-written files.
 //! - `diagnose`: the five-step engine ranks the right cause first.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
+//! - `explosion`: finite explosions found at their step; none on healthy runs over 200 steps.
 //! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
