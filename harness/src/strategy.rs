@@ -699,7 +699,7 @@ pub fn safe_envelope(case: &mut Case) {
     }
 }
 
-/// Valid cases under `opts`: the [`drawn`] cases that validate (a guard:
+/// Valid cases under `opts`: the `drawn` cases that validate (a guard:
 /// the draws are made, and tested, to be valid almost always, so that
 /// proptest's rejection budget is never at risk).
 pub fn case(opts: &StrategyOptions) -> BoxedStrategy<Case> {

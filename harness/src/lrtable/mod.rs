@@ -2,7 +2,7 @@
 //! optimizer × precision) and seed, the LR at which training first diverges
 //! and first goes non-finite, found by bisection in log10(LR)
 //! ([`search`]), beside the divergence LR that the curvature at
-//! initialization predicts ([`curvature`]). Rendered by [`render`].
+//! initialization predicts ([`curvature`]). Rendered by `render`.
 //!
 //! Seeds run in parallel, one compute thread each; the table is the same
 //! for any number of workers.

@@ -10,7 +10,7 @@ pub enum LossSpec {
         #[serde(default)]
         label_smoothing: f64,
     },
-    /// -log(softmax(z)[y] + eps): the log of a softmax, as written naively.
+    /// -log(softmax(z)_y + eps): the log of a softmax, as written naively.
     NaiveCrossEntropy {
         #[serde(default)]
         eps: f64,
