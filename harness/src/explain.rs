@@ -14,6 +14,7 @@
 
 use crate::error::Result;
 use crate::models::Record;
+use crate::spec::dtype_max;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -76,16 +77,6 @@ pub struct Explanation {
     pub sentence: String,
     /// The repair the pattern calls for.
     pub repair: String,
-}
-
-/// The largest finite value of a float dtype.
-fn dtype_max(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => half::f16::MAX.to_f64(),
-        DType::BF16 => half::bf16::MAX.to_f64(),
-        DType::F32 => f32::MAX as f64,
-        _ => f64::MAX,
-    }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {

@@ -40,33 +40,17 @@ pub fn same_stage(name: &str, stage: &str) -> bool {
 
 /// The name with its purely numeric segments and bracketed indices as `#`.
 fn instance_key(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for (i, segment) in name.split('.').enumerate() {
-        if i > 0 {
-            out.push('.');
-        }
-        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
-            out.push('#');
-            continue;
-        }
-        let mut rest = segment;
-        while let Some(open) = rest.find('[') {
-            match rest[open..].find(']') {
-                Some(close)
-                    if rest[open + 1..open + close]
-                        .chars()
-                        .all(|c| c.is_ascii_digit()) =>
-                {
-                    out.push_str(&rest[..open]);
-                    out.push_str("[#]");
-                    rest = &rest[open + close + 1..];
-                }
-                _ => break,
+    let segments: Vec<&str> = name
+        .split('.')
+        .map(|s| {
+            if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) {
+                "#"
+            } else {
+                s
             }
-        }
-        out.push_str(rest);
-    }
-    out
+        })
+        .collect();
+    crate::outcome::replace_indices(&segments.join("."), "[#]")
 }
 
 impl Intervention {
@@ -112,12 +96,7 @@ pub fn finite_or_zero(t: &Tensor) -> Result<Tensor> {
 /// `t` with ±∞ clamped to the dtype's largest finite magnitude and NaN
 /// replaced by 0.
 fn saturated(t: &Tensor) -> Result<Tensor> {
-    let max = match t.dtype() {
-        candle_core::DType::F16 => half::f16::MAX.to_f64(),
-        candle_core::DType::BF16 => half::bf16::MAX.to_f64(),
-        candle_core::DType::F32 => f32::MAX as f64,
-        _ => f64::MAX,
-    };
+    let max = crate::spec::dtype_max(t.dtype());
     // clamp keeps NaN; the second step replaces it.
     finite_or_zero(&t.clamp(-max, max)?)
 }

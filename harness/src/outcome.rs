@@ -176,8 +176,14 @@ pub fn stage_key(stage: &str) -> String {
 /// layers, not two copies of one block as `layer0`/`layer1` of a built-in
 /// family are.
 pub fn user_stage_key(stage: &str) -> String {
-    let mut out = String::with_capacity(stage.len());
-    let mut rest = stage;
+    replace_indices(stage, "")
+}
+
+/// `name` with every numeric index (`[3]`) replaced by `with`; other
+/// brackets (`[x]`) are kept.
+pub fn replace_indices(name: &str, with: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
     while let Some(open) = rest.find('[') {
         match rest[open..].find(']') {
             Some(close)
@@ -186,6 +192,7 @@ pub fn user_stage_key(stage: &str) -> String {
                     .all(|c| c.is_ascii_digit()) =>
             {
                 out.push_str(&rest[..open]);
+                out.push_str(with);
                 rest = &rest[open + close + 1..];
             }
             _ => {

@@ -39,6 +39,11 @@ impl TensorScan {
     }
 }
 
+/// The global L2 norm of scanned tensors (their Σx², summed in order).
+pub fn global_norm(scans: &[TensorScan]) -> f64 {
+    scans.iter().map(|s| s.sum_sq).sum::<f64>().sqrt()
+}
+
 /// Scans host values.
 pub fn scan_host(values: &[f32]) -> TensorScan {
     scan_slice(values, |v| v as f64)

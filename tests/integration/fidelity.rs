@@ -14,16 +14,7 @@ use nanhunt::{run_model, Finding, Outcome, RunOptions};
 
 fn vector_case(name: &str, features: usize, precision: Precision) -> Case {
     let mut case = Case::example("cnn").unwrap();
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: name.into(),
-        input: InputSpec::Vector { features },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    case.model = ModelSpec::Custom(CustomSpec::new(name, InputSpec::Vector { features }, 4));
     case.precision = precision;
     case.optimizer = sgd(1e-2);
     case.steps = 5;

@@ -190,6 +190,8 @@ pub struct Guard {
     /// Half-precision gradients that came near their dtype's largest value
     /// (at most one per variable).
     warnings: Vec<String>,
+    /// The largest gradient norm so far (the jump check's baseline).
+    grad_norm_max: f64,
     /// Non-trainable state a forward pass may change (batch-norm running
     /// statistics in training mode): restored with the step.
     buffers: Vec<Var>,
@@ -252,6 +254,7 @@ impl Guard {
             trace: Trace::default(),
             layout: None,
             warnings: Vec::new(),
+            grad_norm_max: 0.0,
             buffers: Vec::new(),
         })
     }
@@ -680,7 +683,8 @@ impl Guard {
     /// the loop goes on (whether the loss recovers is the loop's to see),
     /// with one warning.
     fn warn_of_a_jump(&mut self, step: usize, norm: f64) {
-        let largest = self.trace.grad_norms.iter().copied().fold(0.0, f64::max);
+        let largest = self.grad_norm_max;
+        self.grad_norm_max = largest.max(norm);
         let warned = self.warnings.iter().any(|w| w.contains("finite explosion"));
         if !warned && crate::explosion::is_jump(largest, norm) {
             self.warnings.push(format!(

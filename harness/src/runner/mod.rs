@@ -172,12 +172,6 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
     })
 }
 
-/// The global L2 norm of `tensors` (Σx² accumulated in f64).
-fn global_norm(tensors: &[&Tensor]) -> Result<f64> {
-    let sum_sq: Vec<f64> = scan_all(tensors)?.iter().map(|s| s.sum_sq).collect();
-    Ok(optim::global_norm(&sum_sq))
-}
-
 /// The batch rows (samples) with a value that `bad` flags.
 fn bad_samples(values: &[f32], dims: &[usize], bad: impl Fn(f32) -> bool) -> Vec<usize> {
     let per = values.len() / dims.first().copied().unwrap_or(1).max(1);
@@ -296,6 +290,9 @@ pub struct Session<'a> {
     init_norm: f64,
     /// Σg² of each gradient at the last scanned step.
     grad_sq: Vec<f64>,
+    /// The largest of `trace.grad_norms`, kept so that the jump check is
+    /// O(1) per step (recomputed when the history is restored).
+    grad_norm_max: f64,
     /// The run's first jump (see [`crate::explosion`]), with the state
     /// before its step; judged when the run ends.
     jump: Option<Jumped>,
@@ -377,10 +374,13 @@ impl<'a> Session<'a> {
         }
         let (names, vars): (Vec<String>, Vec<Var>) = trainable.into_iter().unzip();
         let compute = precision.compute_dtype();
-        let init_norm = global_norm(&vars.iter().map(|v| v.as_tensor()).collect::<Vec<_>>())?;
+        let init_norm = crate::probe::global_norm(&scan_all(
+            &vars.iter().map(|v| v.as_tensor()).collect::<Vec<_>>(),
+        )?);
         Ok(Session {
             init_norm,
             grad_sq: Vec::new(),
+            grad_norm_max: 0.0,
             jump: None,
             intervention: opts.intervention.clone(),
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
@@ -763,7 +763,8 @@ impl<'a> Session<'a> {
         let grads = &self.trace.grad_norms;
         // Against the run's largest so far: a gradient that was tiny one
         // step (a fitted batch) and typical the next is no jump.
-        let baseline = grads[..g].iter().copied().fold(0.0, f64::max);
+        let baseline = self.grad_norm_max;
+        self.grad_norm_max = grads[g..].iter().copied().fold(baseline, f64::max);
         if grads.len() > g && is_jump(baseline, grads[g]) {
             let largest = (0..self.grad_sq.len())
                 .max_by(|&a, &b| self.grad_sq[a].total_cmp(&self.grad_sq[b]))
@@ -907,6 +908,11 @@ impl<'a> Session<'a> {
     /// Replaces the run's history (a replay starts from a dump's).
     pub fn set_history(&mut self, trace: Trace) {
         self.trace = trace;
+        self.grad_norm_max = self.largest_grad_norm();
+    }
+
+    fn largest_grad_norm(&self) -> f64 {
+        self.trace.grad_norms.iter().copied().fold(0.0, f64::max)
     }
 
     /// Puts the session back into a snapshot's state.
@@ -918,6 +924,7 @@ impl<'a> Session<'a> {
         self.scaler = snapshot.scaler.clone();
         self.tracker = snapshot.tracker.clone();
         self.trace.truncate(snapshot.history);
+        self.grad_norm_max = self.largest_grad_norm();
         Ok(())
     }
 
@@ -1017,8 +1024,9 @@ impl<'a> Session<'a> {
             };
             match bad {
                 None => {
-                    let sum_sq: Vec<f64> = params.iter().map(|s| s.sum_sq).collect();
-                    self.trace.param_norms.push(optim::global_norm(&sum_sq));
+                    self.trace
+                        .param_norms
+                        .push(crate::probe::global_norm(&params));
                     None
                 }
                 Some(i) => {

@@ -199,8 +199,9 @@ impl Session<'_> {
         if self.probe && self.unchecked.is_some() {
             // The previous update's parameters, finite: their norm.
             let params = &scans[n..n + self.vars.len()];
-            let sum_sq: Vec<f64> = params.iter().map(|s| s.sum_sq).collect();
-            self.trace.param_norms.push(optim::global_norm(&sum_sq));
+            self.trace
+                .param_norms
+                .push(crate::probe::global_norm(params));
         }
         self.trace.losses.push(value);
         if !value.is_finite() {
