@@ -38,11 +38,9 @@ fn main() {
         case.steps = 100_000;
         let factory = BuiltinFactory::new(&case.model).unwrap();
         let session = |probe| {
-            let opts = RunOptions {
-                probe,
-                limits: Limits::default(),
-                ..Default::default()
-            };
+            let opts = RunOptions::default()
+                .with_probe(probe)
+                .with_limits(Limits::default());
             Session::new(&case, &factory, &opts).unwrap()
         };
         let (mut on, mut off) = (session(true), session(false));

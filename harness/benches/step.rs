@@ -17,14 +17,12 @@ fn training_step(c: &mut Criterion) {
         case.steps = 1_000_000; // never reach the end inside the bench
         let factory = BuiltinFactory::new(&case.model).unwrap();
         for probe in [true, false] {
-            let opts = RunOptions {
-                probe,
-                limits: nanhunt::Limits {
+            let opts = RunOptions::default()
+                .with_probe(probe)
+                .with_limits(nanhunt::Limits {
                     max_steps: case.steps,
                     ..Default::default()
-                },
-                ..Default::default()
-            };
+                });
             let mut session = Session::new(&case, &factory, &opts).unwrap();
             let mut step = 0;
             let label = if probe { "probe_on" } else { "probe_off" };
@@ -51,13 +49,10 @@ fn training_step_large(c: &mut Criterion) {
         case.steps = 1_000_000;
         let factory = BuiltinFactory::new(&case.model).unwrap();
         for kernels in [Kernels::Fused, Kernels::Reference] {
-            let opts = RunOptions {
-                limits: nanhunt::Limits {
-                    max_steps: case.steps,
-                    ..Default::default()
-                },
+            let opts = RunOptions::default().with_limits(nanhunt::Limits {
+                max_steps: case.steps,
                 ..Default::default()
-            };
+            });
             let mut session = Session::new(&case, &factory, &opts).unwrap();
             let mut step = 0;
             let label = if kernels == Kernels::Fused {

@@ -52,10 +52,7 @@ fn step_time(case: &Case, steps: usize) -> anyhow::Result<f64> {
 fn step_times(case: &Case, steps: usize) -> anyhow::Result<(f64, f64)> {
     let factory = BuiltinFactory::new(&case.model).expect("built-in");
     let session = |probe| {
-        let opts = RunOptions {
-            probe,
-            ..RunOptions::default()
-        };
+        let opts = RunOptions::default().with_probe(probe);
         Session::new(case, &factory, &opts)
     };
     let (mut on, mut off) = (session(true)?, session(false)?);

@@ -5,10 +5,11 @@
 //! NaN/Inf that appears on some arms only.
 
 use crate::error::{Error, Result};
+use crate::finding::{FindingKind, Outcome, Signature, Trace, Verdict};
 use crate::models::{factory_for, BuiltinFactory, ModelFactory};
-use crate::outcome::{FindingKind, Outcome, Signature, Trace, Verdict};
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, DeviceSpec, Precision};
+use crate::training::run_model;
 use serde::Serialize;
 
 /// What differs between the arms.

@@ -12,7 +12,7 @@
 
 use crate::data::{HostBatch, HostInput};
 use crate::error::{Document, Error, Result};
-use crate::outcome::{Finding, Trace};
+use crate::finding::{Finding, Trace};
 use crate::probe::{DivergenceTracker, TensorStats};
 use crate::scaler::LossScaler;
 use crate::spec::Case;

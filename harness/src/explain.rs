@@ -13,209 +13,161 @@
 //! its backward pass overflowed.
 
 use crate::error::Result;
+use crate::finding::OpKind;
+pub use crate::finding::{Explanation, Pattern};
 use crate::models::Record;
 use crate::spec::dtype_max;
 use candle_core::{DType, Tensor};
-use serde::{Deserialize, Serialize};
-
-/// The numerical pattern behind a stage's non-finite values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Pattern {
-    /// log(0) = -inf: outputs -inf where the input is exactly 0.
-    LogOfZero,
-    /// log or sqrt of x < 0 = NaN: outputs NaN where the input is negative.
-    NegativeDomain,
-    /// x / ‖x‖ for a row of zeros: whole rows of NaN whose input is all 0.
-    ZeroNormRow,
-    /// 0/0 element-wise: NaN where the input is exactly 0.
-    ZeroOverZero,
-    /// softmax over a row that is entirely -inf (every position masked).
-    MaskedRow,
-    /// exp(x) past the dtype's range: ∞ where the input exceeds ln(max).
-    ExpOverflow,
-    /// A sum or a product (a matmul) past the dtype's range from inputs
-    /// inside it: an overflow of the accumulation.
-    AccumulationOverflow,
-    /// The backward pass of sqrt or x^p (p < 1) at exactly 0: an infinite slope.
-    InfiniteSlopeAtZero,
-    /// The backward pass overflowed from finite values.
-    BackwardOverflow,
-    /// Non-finite values from finite inputs, with none of the patterns above.
-    Unexplained,
-}
-
-impl Pattern {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pattern::LogOfZero => "log of exact zeros",
-            Pattern::NegativeDomain => "log or square root of negative values",
-            Pattern::ZeroNormRow => "norm of an all-zero row",
-            Pattern::ZeroOverZero => "0/0",
-            Pattern::MaskedRow => "softmax over a fully masked row",
-            Pattern::ExpOverflow => "exp past the dtype's range",
-            Pattern::AccumulationOverflow => "an accumulation past the dtype's range",
-            Pattern::InfiniteSlopeAtZero => "sqrt or pow at 0 in the backward pass",
-            Pattern::BackwardOverflow => "an overflow in the backward pass",
-            Pattern::Unexplained => "non-finite values from finite inputs",
-        }
-    }
-}
-
-/// What the stage did, and what would repair it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Explanation {
-    pub pattern: Pattern,
-    /// The producing stage.
-    pub stage: String,
-    /// The record before it, read as the stage's input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input: Option<String>,
-    /// How many values (or rows, for the row patterns) show the pattern.
-    pub count: usize,
-    /// One sentence in the user's terms.
-    pub sentence: String,
-    /// The repair the pattern calls for.
-    pub repair: String,
-}
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?)
 }
 
-/// The forward pattern of record `i`, the first non-finite one.
+/// The forward pattern of record `i`, the first non-finite one. `inputs`
+/// are what the first record may have read: the model's input (the
+/// runner), or the batch's tensors (a user's loop under the guard); the
+/// one with the record's shape is taken.
 ///
 /// A stage whose only non-finite values are -inf is a mask by design
 /// (`masked_fill(-inf)`); when the record after it turns rows of it that are
 /// entirely -inf into NaN, that next stage (the softmax) is what the
 /// explanation is about.
-pub fn forward(records: &[Record], i: usize, input: Option<&Tensor>) -> Result<Explanation> {
+pub fn forward(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation> {
     let out = values(&records[i].output)?;
     let mask_only =
         out.contains(&f64::NEG_INFINITY) && !out.iter().any(|v| v.is_nan() || *v == f64::INFINITY);
     if let (true, Some(next)) = (mask_only, records.get(i + 1)) {
         if next.output.dims() == records[i].output.dims() {
-            let e = stage(records, i + 1, input)?;
+            let e = stage(records, i + 1, inputs)?;
             if e.pattern == Pattern::MaskedRow {
                 return Ok(e);
             }
         }
     }
-    stage(records, i, input)
+    stage(records, i, inputs)
+}
+
+/// What the first record read: the float input with its shape, else the
+/// first float input.
+fn first_input<'t>(inputs: &[&'t Tensor], like: &Tensor) -> Option<&'t Tensor> {
+    let floats = || inputs.iter().copied().filter(|t| t.dtype().is_float());
+    floats()
+        .find(|t| t.dims() == like.dims())
+        .or_else(|| floats().next())
 }
 
 /// The pattern of record `i`'s non-finite outputs against what it read:
-/// the record before it, or for the first record the model's `input`.
-fn stage(records: &[Record], i: usize, input: Option<&Tensor>) -> Result<Explanation> {
+/// the record before it, or for the first record the model's input.
+fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation> {
     let r = &records[i];
     let out = values(&r.output)?;
     let before = i.checked_sub(1).map(|j| &records[j]);
     let dtype = r.output.dtype();
     let limit = dtype_max(dtype);
-    let stage = r.name.clone();
+    let op = r.stage_op();
     let mut e = Explanation {
         pattern: Pattern::Unexplained,
-        stage: stage.clone(),
+        stage: r.name.clone(),
         input: before.map(|p| p.name.clone()),
         count: out.iter().filter(|v| !v.is_finite()).count(),
+        by_name: false,
         sentence: String::new(),
-        repair: "keep the stage's inputs in its op's safe domain".into(),
+        repair: String::new(),
     };
-    let read = match (before, input) {
-        (Some(p), _) => Some(&p.output),
-        (None, Some(t)) if t.dtype().is_float() => Some(t),
-        _ => None,
+    let read = match before {
+        Some(p) => Some(&p.output),
+        None => first_input(inputs, &r.output),
     };
-    let Some(read) = read else {
-        e.pattern = by_name(&stage, &out);
-        describe(&mut e, dtype, limit, None);
-        return Ok(e);
+    let x = match read {
+        Some(t) => values(t)?,
+        None => Vec::new(),
     };
-    let x = values(read)?;
-    let x_max = x
-        .iter()
-        .filter(|v| v.is_finite())
-        .fold(0f64, |m, v| m.max(v.abs()));
-    if read.dims() == r.output.dims() && !x.is_empty() {
-        let width = (*r.output.dims().last().unwrap_or(&1)).max(1);
-        let rows = |pred: &dyn Fn(&[f64], &[f64]) -> bool| {
-            x.chunks(width)
-                .zip(out.chunks(width))
-                .filter(|(xr, yr)| pred(xr, yr))
-                .count()
-        };
-        let elems = |pred: &dyn Fn(f64, f64) -> bool| {
-            x.iter().zip(&out).filter(|&(&a, &b)| pred(a, b)).count()
-        };
-        let masked = rows(&|xr, yr| {
-            xr.iter().all(|&v| v == f64::NEG_INFINITY) && yr.iter().any(|v| v.is_nan())
-        });
-        let zero_rows =
-            rows(&|xr, yr| xr.iter().all(|&v| v == 0.0) && yr.iter().all(|v| v.is_nan()));
-        // An element-wise pattern must account for every output of its
-        // kind (-inf, NaN, +inf): a matmul's overflow is not an exp's
-        // because a few of its inputs happen to exceed ln(max).
-        let all = |n: usize, of: fn(f64) -> bool| {
-            let total = out.iter().filter(|&&v| of(v)).count();
-            if n > 0 && n == total {
-                n
-            } else {
-                0
-            }
-        };
-        let log_zero = all(elems(&|a, b| a == 0.0 && b == f64::NEG_INFINITY), |v| {
-            v == f64::NEG_INFINITY
-        });
-        let negative = all(elems(&|a, b| a < 0.0 && b.is_nan()), f64::is_nan);
-        let zero_over_zero = all(elems(&|a, b| a == 0.0 && b.is_nan()), f64::is_nan);
-        let exp_past = all(
-            elems(&|a, b| a.is_finite() && a > limit.ln() && b == f64::INFINITY),
-            |v| v == f64::INFINITY,
-        );
-        let found = [
-            (Pattern::MaskedRow, masked),
-            (Pattern::ZeroNormRow, zero_rows),
-            (Pattern::LogOfZero, log_zero),
-            (Pattern::NegativeDomain, negative),
-            (Pattern::ZeroOverZero, zero_over_zero),
-            (Pattern::ExpOverflow, exp_past),
-        ]
-        .into_iter()
-        .find(|&(_, n)| n > 0);
-        if let Some((pattern, n)) = found {
+    if let Some(read) = read.filter(|t| t.dims() == r.output.dims() && !x.is_empty()) {
+        let width = (*read.dims().last().unwrap_or(&1)).max(1);
+        if let Some((pattern, n)) = by_values(&x, &out, width, limit) {
             e.pattern = pattern;
             e.count = n;
         }
     }
-    if e.pattern == Pattern::Unexplained {
-        e.pattern = by_name(&stage, &out);
-    }
     let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
-    if e.pattern == Pattern::Unexplained && overflowed && x.iter().all(|v| v.is_finite()) {
-        e.pattern = Pattern::AccumulationOverflow;
-        e.count = out.iter().filter(|v| v.is_infinite()).count();
+    if e.pattern == Pattern::Unexplained {
+        // The values cannot tell (the record before is not what the op
+        // read, a log applied to a softmax inside the stage): the op's kind does.
+        if let Some(p) = op.and_then(|op| by_op(op.kind, &out)) {
+            e.pattern = p;
+            e.by_name = op.is_some_and(|op| op.guessed());
+        } else if overflowed
+            && x.iter().all(|v| v.is_finite())
+            && op.is_none_or(|op| op.kind.accumulates())
+        {
+            e.pattern = Pattern::AccumulationOverflow;
+            e.count = out.iter().filter(|v| v.is_infinite()).count();
+        }
     }
-    describe(&mut e, dtype, limit, Some(x_max));
+    let x_max = x
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0f64, |m, v| m.max(v.abs()));
+    describe(&mut e, dtype, limit, read.map(|_| x_max));
     Ok(e)
 }
 
-/// When the record before a stage is not what its op read (a log applied
-/// to a softmax inside the stage), the op in the stage's name tells.
-fn by_name(stage: &str, out: &[f64]) -> Pattern {
-    let op = crate::localize::op_of(stage)
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+/// The element- or row-wise pattern that accounts for the non-finite
+/// outputs `out` of the input `x` (rows of `width`), with its count.
+fn by_values(x: &[f64], out: &[f64], width: usize, limit: f64) -> Option<(Pattern, usize)> {
+    let rows = |pred: &dyn Fn(&[f64], &[f64]) -> bool| {
+        x.chunks(width)
+            .zip(out.chunks(width))
+            .filter(|(xr, yr)| pred(xr, yr))
+            .count()
+    };
+    let elems =
+        |pred: &dyn Fn(f64, f64) -> bool| x.iter().zip(out).filter(|&(&a, &b)| pred(a, b)).count();
+    let masked =
+        rows(&|xr, yr| xr.iter().all(|&v| v == f64::NEG_INFINITY) && yr.iter().any(|v| v.is_nan()));
+    let zero_rows = rows(&|xr, yr| xr.iter().all(|&v| v == 0.0) && yr.iter().all(|v| v.is_nan()));
+    // An element-wise pattern must account for every output of its kind
+    // (-inf, NaN, +inf): a matmul's overflow is not an exp's because a few
+    // of its inputs happen to exceed ln(max).
+    let all = |n: usize, of: fn(f64) -> bool| {
+        let total = out.iter().filter(|&&v| of(v)).count();
+        if n > 0 && n == total {
+            n
+        } else {
+            0
+        }
+    };
+    let log_zero = all(elems(&|a, b| a == 0.0 && b == f64::NEG_INFINITY), |v| {
+        v == f64::NEG_INFINITY
+    });
+    let negative = all(elems(&|a, b| a < 0.0 && b.is_nan()), f64::is_nan);
+    let zero_over_zero = all(elems(&|a, b| a == 0.0 && b.is_nan()), f64::is_nan);
+    let exp_past = all(
+        elems(&|a, b| a.is_finite() && a > limit.ln() && b == f64::INFINITY),
+        |v| v == f64::INFINITY,
+    );
+    [
+        (Pattern::MaskedRow, masked),
+        (Pattern::ZeroNormRow, zero_rows),
+        (Pattern::LogOfZero, log_zero),
+        (Pattern::NegativeDomain, negative),
+        (Pattern::ZeroOverZero, zero_over_zero),
+        (Pattern::ExpOverflow, exp_past),
+    ]
+    .into_iter()
+    .find(|&(_, n)| n > 0)
+}
+
+/// The pattern an op of `kind` makes of the non-finite values in `out`.
+fn by_op(kind: OpKind, out: &[f64]) -> Option<Pattern> {
     let neg_inf = out.contains(&f64::NEG_INFINITY);
     let nan = out.iter().any(|v| v.is_nan());
     let pos_inf = out.contains(&f64::INFINITY);
-    if op.contains("log") && neg_inf && !nan {
-        Pattern::LogOfZero
-    } else if (op.contains("log") || op.contains("sqrt")) && nan {
-        Pattern::NegativeDomain
-    } else if op.contains("exp") && pos_inf && !nan {
-        Pattern::ExpOverflow
-    } else {
-        Pattern::Unexplained
+    match kind {
+        OpKind::Log | OpKind::LogSoftmax if neg_inf && !nan => Some(Pattern::LogOfZero),
+        OpKind::Log | OpKind::Sqrt if nan => Some(Pattern::NegativeDomain),
+        OpKind::Exp if pos_inf && !nan => Some(Pattern::ExpOverflow),
+        _ => None,
     }
 }
 
@@ -238,6 +190,7 @@ pub fn backward(
         stage: r.name.clone(),
         input: Some(records[receiver].name.clone()),
         count: bad,
+        by_name: false,
         sentence: String::new(),
         repair: String::new(),
     };
@@ -336,7 +289,11 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
             "keep the stage's inputs in its op's safe domain".to_string(),
         ),
     };
-    e.sentence = sentence;
+    e.sentence = if e.by_name {
+        format!("{sentence} (what `{s}` computes was read from its name; declare it with `record_as` or `trace_as`)")
+    } else {
+        sentence
+    };
     e.repair = repair;
 }
 
@@ -349,6 +306,7 @@ mod tests {
         let t = Tensor::from_slice(values, (values.len() / width, width), &Device::Cpu).unwrap();
         Record {
             name: name.into(),
+            op: None,
             grad_probe: Var::zeros(t.shape(), t.dtype(), t.device()).unwrap(),
             output: t,
         }
@@ -361,11 +319,11 @@ mod tests {
         // Zeros in rows that are not all zeros: 0/0, not a zero norm.
         let x = record("x", &[0.0, 1.0, 1.0, 0.0], 2);
         let y = record("ratio", &[f32::NAN, 1.0, 1.0, f32::NAN], 2);
-        let e = forward(&[x, y], 1, None).unwrap();
+        let e = forward(&[x, y], 1, &[]).unwrap();
         assert_eq!(e.pattern, Pattern::ZeroOverZero, "{}", e.sentence);
         let x = record("x", &[0.0, 1.0, 0.0, 0.0], 2);
         let y = record("norm", &[0.0, 1.0, f32::NAN, f32::NAN], 2);
-        let e = forward(&[x, y], 1, None).unwrap();
+        let e = forward(&[x, y], 1, &[]).unwrap();
         assert_eq!(
             (e.pattern, e.count),
             (Pattern::ZeroNormRow, 1),
@@ -378,10 +336,10 @@ mod tests {
     #[test]
     fn an_exp_must_account_for_every_infinity_or_it_is_an_accumulation() {
         let x = record("x", &[100.0, 1.0], 2);
-        let e = forward(&[x.clone(), record("act", &[INF, 2.7], 2)], 1, None).unwrap();
+        let e = forward(&[x.clone(), record("act", &[INF, 2.7], 2)], 1, &[]).unwrap();
         assert_eq!(e.pattern, Pattern::ExpOverflow);
         // Both outputs infinite, one input below ln(max): a product's overflow.
-        let e = forward(&[x, record("mix", &[INF, INF], 2)], 1, None).unwrap();
+        let e = forward(&[x, record("mix", &[INF, INF], 2)], 1, &[]).unwrap();
         assert_eq!(e.pattern, Pattern::AccumulationOverflow, "{}", e.sentence);
     }
 
@@ -389,7 +347,7 @@ mod tests {
     fn a_mask_of_minus_infinity_hands_the_explanation_to_the_softmax_after_it() {
         let masked = record("attn.masked", &[-INF, -INF, 1.0, -INF], 2);
         let soft = record("attn.softmax", &[f32::NAN, f32::NAN, 1.0, 0.0], 2);
-        let e = forward(&[masked, soft], 0, None).unwrap();
+        let e = forward(&[masked, soft], 0, &[]).unwrap();
         assert_eq!(
             (e.pattern, e.stage.as_str(), e.count),
             (Pattern::MaskedRow, "attn.softmax", 1)

@@ -181,7 +181,7 @@ pub struct GradcheckReport {
     pub zero_initialized: Vec<String>,
     /// The trainable tensors the backward pass did not reach, by module.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub coverage: Option<crate::coverage::GradientCoverage>,
+    pub coverage: Option<crate::finding::GradientCoverage>,
     /// What kept the check from running (a non-finite loss at the point).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,

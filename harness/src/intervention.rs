@@ -50,7 +50,7 @@ fn instance_key(name: &str) -> String {
             }
         })
         .collect();
-    crate::outcome::replace_indices(&segments.join("."), "[#]")
+    crate::finding::replace_indices(&segments.join("."), "[#]")
 }
 
 impl Intervention {

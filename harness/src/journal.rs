@@ -10,10 +10,10 @@
 //! after it: the run is redone on resume, from the same campaign state.
 
 use crate::error::{Error, Result};
-use crate::minimize::CaseSize;
-use crate::outcome::{Signature, Verdict};
+use crate::finding::{Signature, Verdict};
 use crate::record::RunResult;
 use crate::spec::Case;
+use crate::spec::CaseSize;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
@@ -58,10 +58,10 @@ pub enum Entry {
         step: Option<usize>,
         /// An unstable run's precision check verdict.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        fidelity: Option<crate::fidelity::Robustness>,
+        fidelity: Option<crate::finding::Robustness>,
         /// An unstable run's explained pattern at its producing stage.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pattern: Option<crate::explain::Pattern>,
+        pattern: Option<crate::finding::Pattern>,
         lr: f64,
         millis: u64,
         /// The loss of each executed step, rounded to f32 (for the report's curves).
@@ -365,14 +365,14 @@ mod tests {
 
     #[test]
     fn views_count_each_run_once_and_name_the_smallest_reproducer() {
-        let sig = crate::outcome::Signature {
+        let sig = crate::finding::Signature {
             kind: crate::FindingKind::Nan,
             phase: crate::Phase::Loss,
             stage: "loss.mse".into(),
             family: "cnn".into(),
             optimizer: "adam".into(),
-            precision: "f32".into(),
-            device: "cpu".into(),
+            precision: crate::spec::PrecisionKind::F32,
+            device: crate::spec::DeviceSpec::Cpu,
         };
         let repro = |file: &str| Entry::Reproducer {
             signature: sig.clone(),

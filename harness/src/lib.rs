@@ -7,6 +7,7 @@
 
 pub mod augment;
 pub mod campaign;
+pub mod checks;
 pub mod coverage;
 pub mod data;
 pub mod device;
@@ -15,9 +16,14 @@ pub mod differential;
 pub mod dump;
 pub mod error;
 pub mod explain;
-pub mod explosion;
+/// Finite explosions (the rule is [`checks::explosion`], the jump a
+/// finding carries is [`finding::Jump`]).
+pub mod explosion {
+    pub use crate::checks::explosion::*;
+}
 pub mod fidelity;
 pub mod files;
+pub mod finding;
 pub mod floats;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
@@ -49,10 +55,14 @@ pub mod spec;
 pub mod state;
 pub mod strategy;
 mod trace;
+pub mod training;
 pub use campaign::workers;
 
 pub use error::{Error, Result};
-pub use outcome::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};
-pub use runner::{run, run_model, run_with_options, RunOptions};
+pub use finding::OpKind;
+pub use finding::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};
+pub use runner::RunOptions;
 pub use spec::{Case, Limits};
-pub use trace::{trace, traced};
+pub use trace::{trace, trace_as, traced};
+#[allow(deprecated)]
+pub use training::{run, run_model, run_with_options};

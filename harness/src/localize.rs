@@ -9,40 +9,13 @@
 //! last record), which is therefore the producer. Stages that only pass a
 //! NaN along are never blamed.
 
+use crate::checks;
 use crate::error::Result;
+use crate::finding::{Failure, OpKind, Phase, StageOp};
 use crate::models::Record;
 use crate::probe::{scan_all, TensorScan};
 use candle_core::backprop::GradStore;
 use candle_core::Tensor;
-
-/// The op kind of a stage, from its name: `block1.conv` → `conv`,
-/// `layer0.attn.softmax` → `softmax`, `layer0.t3.gates` → `gates`.
-pub fn op_of(stage: &str) -> Option<String> {
-    let last = stage.rsplit('.').next()?;
-    let trimmed = last.trim_end_matches(|c: char| c.is_ascii_digit() || c == ']' || c == '[');
-    (!trimmed.is_empty()).then(|| trimmed.to_string())
-}
-
-/// What kind of computation a stage is, where code branches on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StageKind {
-    /// A normalization: built-in `bn`, `ln1`, `final_ln`; a user's
-    /// `layer_norm`, `LayerNorm`, `rms_norm`, `norm2`, `group_norm`, ...
-    Norm,
-    Other,
-}
-
-impl StageKind {
-    /// The kind of a stage's op (as [`op_of`] names it).
-    pub fn of_op(op: &str) -> StageKind {
-        let op = op.to_ascii_lowercase();
-        if op == "bn" || op == "ln" || op.ends_with("_ln") || op.contains("norm") {
-            StageKind::Norm
-        } else {
-            StageKind::Other
-        }
-    }
-}
 
 /// The first forward record that is not finite.
 pub fn first_forward(records: &[Record]) -> Result<Option<(usize, TensorScan)>> {
@@ -112,35 +85,70 @@ pub fn first_backward(records: &[Record], grads: &GradStore) -> Result<Option<Ba
     Ok(None)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The first producer of a traced step's forward failure: the first
+/// non-finite record, with the explanation of what it computed; `None`
+/// when every record is finite. `inputs` are what the first record may
+/// have read (the model's input, or a user's batch).
+pub fn forward_producer(
+    records: &[Record],
+    inputs: &[&Tensor],
+    half: bool,
+) -> Result<Option<Failure>> {
+    let Some((i, scan)) = first_forward(records)? else {
+        return Ok(None);
+    };
+    let r = &records[i];
+    let f = checks::tensor_failure(
+        &scan,
+        half,
+        Phase::Forward,
+        r.name.clone(),
+        &format!(
+            "stage `{}` produced non-finite values from finite inputs",
+            r.name
+        ),
+        &r.output,
+    )?;
+    let e = crate::explain::forward(records, i, inputs)?;
+    Ok(Some(f.with_op(r.stage_op()).with_explanation(e)))
+}
 
-    #[test]
-    fn op_kinds_come_from_the_last_name_segment() {
-        assert_eq!(op_of("block1.conv").as_deref(), Some("conv"));
-        assert_eq!(op_of("layer0.attn.softmax").as_deref(), Some("softmax"));
-        assert_eq!(op_of("layer0.t3.gates").as_deref(), Some("gates"));
-        assert_eq!(op_of("augment[1].normalize").as_deref(), Some("normalize"));
-        assert_eq!(op_of("embed").as_deref(), Some("embed"));
-    }
-
-    #[test]
-    fn built_in_and_user_norm_layers_are_norm_stages() {
-        for stage in [
-            "block0.bn",
-            "layer1.ln1",
-            "final_ln",
-            "encoder.layer_norm",
-            "blocks[3].norm2",
-            "model.RMSNorm",
-        ] {
-            let op = op_of(stage).unwrap();
-            assert_eq!(StageKind::of_op(&op), StageKind::Norm, "{stage}");
-        }
-        for stage in ["block0.conv", "layer0.attn.softmax", "head.linear", "embed"] {
-            let op = op_of(stage).unwrap();
-            assert_eq!(StageKind::of_op(&op), StageKind::Other, "{stage}");
-        }
-    }
+/// The producer of a traced step's first non-finite gradient: the stage
+/// whose backward pass made it, with its explanation, or the loss's
+/// backward (`loss_stage`) for the last record's; `None` when every
+/// recorded gradient is finite.
+pub fn backward_producer(
+    records: &[Record],
+    grads: &GradStore,
+    half: bool,
+    loss_stage: &str,
+) -> Result<Option<Failure>> {
+    let Some(p) = first_backward(records, grads)? else {
+        return Ok(None);
+    };
+    let (stage, op) = match p.stage_index {
+        Some(s) => (records[s].name.clone(), records[s].stage_op()),
+        None => (
+            loss_stage.to_string(),
+            Some(StageOp::declared(OpKind::Loss)),
+        ),
+    };
+    let f = checks::tensor_failure(
+        &p.scan,
+        half,
+        Phase::Backward,
+        stage.clone(),
+        &p.detail(&stage),
+        &p.grad,
+    )?
+    .with_op(op);
+    Ok(Some(match p.stage_index {
+        Some(s) => f.with_explanation(crate::explain::backward(
+            records,
+            s,
+            p.receiver_index,
+            &p.grad,
+        )?),
+        None => f,
+    }))
 }

@@ -13,11 +13,14 @@
 //! keeping a subset whenever the signature holds.
 
 use crate::error::Result;
+use crate::finding::{Outcome, Signature};
 use crate::models::ModelFactory;
-use crate::outcome::{Outcome, Signature};
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::*;
-use serde::{Deserialize, Serialize};
+use crate::training::run_model;
+use serde::Serialize;
+
+pub use crate::spec::{round1, CaseSize};
 
 #[derive(Clone, Debug)]
 pub struct MinimizeOptions {
@@ -39,78 +42,26 @@ impl Default for MinimizeOptions {
     }
 }
 
-/// How big a case is, along the axes the minimizer shrinks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CaseSize {
-    pub steps: usize,
-    pub batch_size: usize,
-    pub params: usize,
-    pub augmentations: usize,
-    pub pathologies: usize,
-    /// Leaf fields that differ from the family's default case.
-    pub non_default_fields: usize,
-    /// Dataset samples the case may draw, where it names them (`indices`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub samples: Option<usize>,
-}
-
-impl CaseSize {
-    pub fn of(case: &Case) -> Self {
-        let non_default_fields = Case::example(case.family())
-            .map(|d| case_diff(&d, case).len())
-            .unwrap_or(0);
-        CaseSize {
-            steps: case.steps,
-            batch_size: case.batch_size,
-            params: case.model.param_count(),
-            augmentations: case.augment.len(),
-            pathologies: case.data.pathologies.len(),
-            non_default_fields,
-            samples: case
-                .data
-                .source
-                .sampling()
-                .and_then(|s| s.indices.as_ref())
-                .map(Vec::len),
+/// [`CaseSize::of`], with a custom model's parameters counted by building
+/// it with its factory (a spec alone cannot say).
+pub fn measured_size(case: &Case, factory: Option<&dyn ModelFactory>) -> CaseSize {
+    let mut size = CaseSize::of(case);
+    if let (ModelSpec::Custom(_), Some(f)) = (&case.model, factory) {
+        let store = crate::models::ParamStore::new(
+            case.seed,
+            case.model.init(),
+            case.precision.master_dtype(),
+            candle_core::Device::Cpu,
+        )
+        .with_overrides(case.model.init_overrides());
+        let knobs = crate::models::Knobs::of(&case.model);
+        if f.build_with(store.creating_builder(), &case.model, &knobs)
+            .is_ok()
+        {
+            size.params = store.count();
         }
     }
-
-    /// Like [`CaseSize::of`], with a custom model's parameters counted by
-    /// building it with its factory (a spec alone cannot say).
-    pub fn measured(case: &Case, factory: Option<&dyn ModelFactory>) -> Self {
-        let mut size = CaseSize::of(case);
-        if let (ModelSpec::Custom(_), Some(f)) = (&case.model, factory) {
-            let store = crate::models::ParamStore::new(
-                case.seed,
-                case.model.init(),
-                case.precision.master_dtype(),
-                candle_core::Device::Cpu,
-            )
-            .with_overrides(case.model.init_overrides());
-            let knobs = crate::models::Knobs::of(&case.model);
-            if f.build_with(store.creating_builder(), &case.model, &knobs)
-                .is_ok()
-            {
-                size.params = store.count();
-            }
-        }
-        size
-    }
-
-    /// No axis is larger than in `other`.
-    pub fn within(&self, other: &CaseSize) -> bool {
-        self.steps <= other.steps
-            && self.batch_size <= other.batch_size
-            && self.params <= other.params
-            && self.augmentations <= other.augmentations
-            && self.pathologies <= other.pathologies
-            // Naming samples is no larger than drawing from all of them.
-            && match (self.samples, other.samples) {
-                (Some(a), Some(b)) => a <= b,
-                (None, Some(_)) => false,
-                (_, None) => true,
-            }
-    }
+    size
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -150,17 +101,6 @@ impl Minimized {
             },
         }
     }
-}
-
-/// One significant digit: 0.0123 → 0.01, 3.7e-4 → 4e-4.
-pub fn round1(x: f64) -> f64 {
-    if x == 0.0 || !x.is_finite() {
-        return x;
-    }
-    let p = 10f64.powf(x.abs().log10().floor());
-    let r = (x / p).round() * p;
-    // Formatting through a short decimal keeps the JSON short (0.01, not 0.010000000000000002).
-    format!("{r:.0e}").parse().unwrap_or(r)
 }
 
 /// Candidate simplifications of `c`, whose failure is at `step`, simplest
@@ -520,7 +460,7 @@ fn run_candidate(
     };
     match factory {
         Some(f) => run_model(case, f, opts),
-        None => crate::runner::run_with_options(case, opts),
+        None => crate::training::run_builtin(case, opts),
     }
 }
 
@@ -718,8 +658,8 @@ pub fn minimize(
         ..
     } = search;
     Ok(Some(Minimized {
-        before: CaseSize::measured(case, factory),
-        after: CaseSize::measured(&current, factory),
+        before: measured_size(case, factory),
+        after: measured_size(&current, factory),
         samples: samples_text(&current),
         case: current,
         signature,
@@ -747,7 +687,7 @@ mod tests {
                 Ok(Box::new(crate::models::ModuleModel(l)))
             };
         assert_eq!(CaseSize::of(&case).params, 0, "a spec alone cannot say");
-        assert_eq!(CaseSize::measured(&case, Some(&factory)).params, 8 * 4 + 4);
+        assert_eq!(measured_size(&case, Some(&factory)).params, 8 * 4 + 4);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (or from the way a worker died) and carried unchanged to the journal,
 //! the report and `summary.json`.
 
-use crate::outcome::{Outcome, Signature, Verdict};
+use crate::finding::{Outcome, Signature, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// The record of one run, as journaled (and sent by worker processes).
@@ -17,10 +17,10 @@ pub struct RunResult {
     pub message: Option<String>,
     /// An unstable run's precision check verdict ([`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fidelity: Option<crate::fidelity::Robustness>,
+    pub fidelity: Option<crate::finding::Robustness>,
     /// What the producing stage did, where it was explained ([`crate::explain`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<crate::explain::Pattern>,
+    pub pattern: Option<crate::finding::Pattern>,
 }
 
 impl RunResult {

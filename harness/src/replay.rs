@@ -4,10 +4,11 @@
 
 use crate::dump::Dump;
 use crate::error::{Error, Result};
+use crate::finding::{Finding, Outcome, Signature};
 use crate::models::{factory_for, BuiltinFactory, ModelFactory};
-use crate::outcome::{Finding, Outcome, Signature};
 use crate::repro::Reproducer;
-use crate::runner::{run_model, RunOptions, Session, Snapshot};
+use crate::runner::{RunOptions, Session, Snapshot};
+use crate::training::run_model;
 use serde::Serialize;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! in `cargo test`.
 
 use crate::error::{Error, Result};
-use crate::outcome::Signature;
+use crate::finding::Signature;
 use crate::spec::Case;
 use serde::{Deserialize, Serialize};
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The state a training step changes, captured before it.
 
+use crate::finding::TraceMark;
 use crate::optim::Optimizer;
-use crate::outcome::TraceMark;
 use crate::probe::DivergenceTracker;
 use crate::scaler::LossScaler;
 use candle_core::Tensor;

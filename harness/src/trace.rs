@@ -27,6 +27,19 @@ pub fn trace(name: &str, t: Tensor) -> Result<Tensor> {
     })
 }
 
+/// Like [`trace`], declaring what the stage computes (`OpKind::Log`,
+/// `OpKind::Norm`, ...): explanations then read the kind, not the name.
+#[inline]
+pub fn trace_as(name: &str, op: crate::finding::OpKind, t: Tensor) -> Result<Tensor> {
+    if !ACTIVE.with(Cell::get) {
+        return Ok(t);
+    }
+    TRACER.with(|tr| match tr.borrow_mut().as_mut() {
+        Some(tracer) => tracer.record_as(name, op, t),
+        None => Ok(t),
+    })
+}
+
 /// Runs `f` with tracing on for this thread; returns its result and the
 /// stages it recorded.
 pub fn traced<R>(f: impl FnOnce() -> R) -> (R, Tracer) {

@@ -340,13 +340,11 @@ fn the_one_copy_per_step_probe_finds_what_the_cpu_probe_finds() {
     use nanhunt::models::BuiltinFactory;
     use nanhunt::runner::Session;
     let dir = root().join("corpora/repro");
-    let accel = nanhunt::RunOptions {
-        accelerator_probe: true,
-        ..nanhunt::RunOptions::default()
-    };
+    let accel = nanhunt::RunOptions::default().with_accelerator_probe(true);
     for file in nanhunt::regression::reproducer_files(&dir).unwrap() {
         let repro = nanhunt::repro::Reproducer::load(&file).unwrap();
-        let f = nanhunt::run_with_options(&repro.case, &accel).unwrap();
+        let builtin = BuiltinFactory::new(&repro.case.model).unwrap();
+        let f = nanhunt::run_model(&repro.case, &builtin, &accel).unwrap();
         let f = f
             .finding()
             .unwrap_or_else(|| panic!("{}: stable", file.display()));

@@ -508,17 +508,15 @@ fn lm_case(per_token: bool, loss: LossSpec) -> Case {
 
 #[test]
 fn a_user_dataset_trains_a_per_token_model_with_a_user_loss() {
-    let opts = RunOptions {
-        dataset: Some(Arc::new(NextToken)),
-        loss: Some(Arc::new(
+    let opts = RunOptions::default()
+        .with_dataset(Arc::new(NextToken))
+        .with_loss(Arc::new(
             |logits: &candle_core::Tensor, targets: &candle_core::Tensor| {
                 // Cross-entropy written by the user: -sum(t * log_softmax(z)) / rows.
                 let logp = candle_nn::ops::log_softmax(logits, 1)?;
                 (targets * logp)?.sum_all()?.neg()? / logits.dim(0)? as f64
             },
-        )),
-        ..RunOptions::default()
-    };
+        ));
     let custom = LossSpec::Custom {
         name: "my_cross_entropy".into(),
         targets: TargetKind::Labels,

@@ -93,10 +93,7 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
     );
 
     // The accelerator path (update checked at the next step's copy) agrees.
-    let deferred = RunOptions {
-        accelerator_probe: true,
-        ..RunOptions::default()
-    };
+    let deferred = RunOptions::default().with_accelerator_probe(true);
     match run_model(&case, &rnn_factory, &deferred).unwrap() {
         Outcome::Unstable { finding } => {
             assert_eq!((finding.kind, finding.step), (FindingKind::Explosion, 0))
@@ -106,10 +103,7 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
 
     // Its dump replays: the jump comes back at step 0.
     let dir = crate::support::scratch("explosion-dump").join("dump");
-    let dumped = RunOptions {
-        dump: Some(dir.clone()),
-        ..RunOptions::default()
-    };
+    let dumped = RunOptions::default().dump_to(&dir);
     run_model(&case, &rnn_factory, &dumped).unwrap();
     let replayed = nanhunt::replay::replay_dump(&dir, Some(&rnn_factory)).unwrap();
     assert!(replayed.reproduced(), "{}", replayed.message);

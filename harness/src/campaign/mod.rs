@@ -21,8 +21,8 @@ pub use summary::{summarize, unreported, SignatureSummary, Summary, SUMMARY_FILE
 pub use user_report::{user_report, UserCampaign};
 
 use crate::error::{Error, Result};
+use crate::finding::{Signature, Verdict};
 use crate::journal::{Entry, Journal, MINIMIZE_ATTEMPTS};
-use crate::outcome::{Signature, Verdict};
 use crate::progress::Progress;
 use crate::rng::Rng;
 use crate::spec::*;

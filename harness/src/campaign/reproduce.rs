@@ -4,9 +4,9 @@
 //! same code.
 
 use crate::error::{Error, Result};
+use crate::finding::Signature;
 use crate::journal::{Entry, Unminimized};
 use crate::minimize::{minimize, MinimizeOptions};
-use crate::outcome::Signature;
 use crate::runner::RunOptions;
 use crate::spec::{Case, Limits};
 use serde::{Deserialize, Serialize};
@@ -97,8 +97,8 @@ mod tests {
             stage: "augment.normalize".into(),
             family: "cnn".into(),
             optimizer: "adam".into(),
-            precision: "f32".into(),
-            device: "cuda:0".into(),
+            precision: crate::spec::PrecisionKind::F32,
+            device: crate::spec::DeviceSpec::Cuda(0),
         };
         let name = reproducer_name(&sig, &c);
         assert_eq!(name, reproducer_name(&sig, &c));

@@ -3,8 +3,8 @@
 //! settled (no reproducer, and no reason to give up on one).
 
 use crate::error::{Document, Error, Result};
+use crate::finding::Signature;
 use crate::journal::{Entry, MINIMIZE_ATTEMPTS};
-use crate::outcome::Signature;
 use crate::spec::{Case, Limits};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -2,8 +2,8 @@
 //! and which signatures no session has reported yet.
 
 use super::options::CampaignOptions;
+use crate::finding::{Signature, Verdict};
 use crate::journal::Entry;
-use crate::outcome::{Signature, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -7,9 +7,10 @@ use crate::models::ModelFactory;
 use crate::record::RunResult;
 use crate::report::StabilityReport;
 use crate::rng::Rng;
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, Limits};
 use crate::strategy::mutate;
+use crate::training::run_model;
 
 /// How many runs and from which seed.
 #[derive(Clone, Debug)]

@@ -17,12 +17,13 @@
 
 use super::reproduce::ReproduceJob;
 use crate::error::{Error, Result};
+use crate::finding::Verdict;
 use crate::journal::{Entry, Unminimized};
 use crate::models::BuiltinFactory;
-use crate::outcome::Verdict;
 pub use crate::record::RunResult;
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, Limits};
+use crate::training::run_model;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Write};

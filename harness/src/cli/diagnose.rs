@@ -33,12 +33,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             args.case.display()
         )
     })?;
-    let opts = RunOptions {
-        device: args.device,
-        limits,
-        dump: args.dump.clone(),
-        ..RunOptions::default()
-    };
+    let mut opts = RunOptions::default().with_limits(limits);
+    opts.device = args.device;
+    opts.dump = args.dump.clone();
     let d =
         nanhunt::diagnose::diagnose(&case, &factory, &opts).map_err(super::in_file(&args.case))?;
     if args.json {

@@ -45,10 +45,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let tolerance = args
         .tolerance
         .unwrap_or_else(|| Tolerance::default_for(&arms, &case));
-    let opts = RunOptions {
-        limits,
-        ..RunOptions::default()
-    };
+    let opts = RunOptions::default().with_limits(limits);
     let d = compare(&case, None, &arms, tolerance, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string(&d)?);

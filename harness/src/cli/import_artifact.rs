@@ -113,10 +113,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     std::fs::create_dir_all(&args.out).map_err(|e| nanhunt::Error::io(&args.out, e))?;
     let opts = MinimizeOptions {
         max_runs: args.max_runs as usize,
-        run: RunOptions {
-            limits: fuzzing::limits(),
-            ..RunOptions::default()
-        },
+        run: RunOptions::default().with_limits(fuzzing::limits()),
         deadline: None,
     };
     let source = format!(

@@ -132,11 +132,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         curvature: !args.no_curvature,
         jobs,
         progress: super::progress::Bar::unless(args.quiet, "seeds"),
-        run: RunOptions {
-            device: Some(args.device),
-            limits,
-            ..RunOptions::default()
-        },
+        run: RunOptions::default().with_limits(limits).on(args.device),
         ..LrTableOptions::default()
     };
     let table = measure(&configs, None, &opts)?;

@@ -42,10 +42,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     }
     let opts = MinimizeOptions {
         max_runs: args.max_runs as usize,
-        run: RunOptions {
-            limits,
-            ..RunOptions::default()
-        },
+        run: RunOptions::default().with_limits(limits),
         deadline: None,
     };
     let Some(m) = minimize(&case, None, &opts)? else {

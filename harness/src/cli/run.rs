@@ -32,15 +32,15 @@ pub struct Args {
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let case = load_case(&args.case, &limits)?;
-    let opts = RunOptions {
-        probe: !args.no_probe,
-        device: args.device,
-        limits,
-        dump: args.dump.clone(),
-        dump_at: args.dump_at,
-        ..RunOptions::default()
-    };
-    let outcome = nanhunt::run_with_options(&case, &opts).map_err(super::in_file(&args.case))?;
+    let mut opts = RunOptions::default()
+        .with_limits(limits)
+        .with_probe(!args.no_probe);
+    opts.device = args.device;
+    opts.dump = args.dump.clone();
+    opts.dump_at = args.dump_at;
+    let builtin = nanhunt::models::BuiltinFactory::new(&case.model);
+    let factory = nanhunt::models::factory_for(&case, None, &builtin)?;
+    let outcome = nanhunt::run_model(&case, factory, &opts).map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string(&outcome)?);
     } else {

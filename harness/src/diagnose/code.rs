@@ -5,11 +5,12 @@
 
 use super::{at_knob_stage, Cause, CauseKind, Fix};
 use crate::error::Result;
+use crate::finding::{Finding, Outcome};
 use crate::intervention::Intervention;
 use crate::models::ModelFactory;
-use crate::outcome::{Finding, Outcome};
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, ModelSpec};
+use crate::training::run_model;
 
 /// The code-bug cause of a custom model's finding at one of its recorded
 /// stages; `None` for built-in families (their fixes are case fields),
@@ -38,7 +39,7 @@ pub(super) fn cause(
         stage: e.stage.clone(),
         input: e.input.clone(),
         // An overflowing exp's repair is a clamp of its input: saturation.
-        saturate: e.pattern == crate::explain::Pattern::ExpOverflow,
+        saturate: e.pattern == crate::finding::Pattern::ExpOverflow,
     };
     let guarded = RunOptions {
         intervention: Some(std::sync::Arc::new(intervention.clone())),

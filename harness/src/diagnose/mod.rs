@@ -15,11 +15,11 @@
 use crate::data::{HostBatch, HostInput};
 use crate::differential::{compare, ArmRun, Arms, Differential, Tolerance};
 use crate::error::Result;
-use crate::localize::StageKind;
+use crate::finding::{Finding, FindingKind, Outcome, Phase, Verdict};
 use crate::models::ModelFactory;
-use crate::outcome::{Finding, FindingKind, Outcome, Phase, Verdict};
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::*;
+use crate::training::run_model;
 use serde::Serialize;
 
 pub use crate::spec::{case_diff, FieldChange};
@@ -254,7 +254,7 @@ impl CauseKind {
     /// How well the cause explains a finding (higher is better).
     fn relevance(self, f: &Finding) -> i32 {
         let stage = f.stage.as_str();
-        let op = f.op.as_deref().unwrap_or("");
+        let norm = f.op.is_some_and(|o| o.kind == crate::finding::OpKind::Norm);
         if f.kind == FindingKind::NoGradient {
             // Only the cut explains tensors without a gradient.
             return match self {
@@ -267,7 +267,7 @@ impl CauseKind {
             // An explained pattern at the stage that produced the failure
             // outranks what only removes its trigger (a lower LR, a smaller init).
             CauseKind::CodeBug => match f.explanation.as_deref().map(|e| e.pattern) {
-                Some(crate::explain::Pattern::Unexplained) => 30,
+                Some(crate::finding::Pattern::Unexplained) => 30,
                 Some(_) => 75,
                 None => 0,
             },
@@ -310,8 +310,8 @@ impl CauseKind {
             },
             // By kind, not by the built-in names: `ln1` has the op `ln`
             // (indices trimmed), and a user's `layer_norm` is a norm too.
-            CauseKind::NormEps => match (f.phase, StageKind::of_op(op)) {
-                (Phase::Forward | Phase::Backward, StageKind::Norm) => 58,
+            CauseKind::NormEps => match (f.phase, norm) {
+                (Phase::Forward | Phase::Backward, true) => 58,
                 _ => 0,
             },
             CauseKind::LearningRate => match (f.kind, f.phase) {
@@ -754,7 +754,7 @@ fn lr_search(
     }
     if let Some(mut s) = stable {
         for _ in 0..2 {
-            let mid = crate::minimize::round1((unstable * s).sqrt());
+            let mid = crate::spec::round1((unstable * s).sqrt());
             if mid <= s || mid >= unstable {
                 break;
             }
@@ -1044,7 +1044,7 @@ fn at_knob_stage(knob: &KnobSpec, f: &Finding) -> bool {
 /// as the loss fits a loss failure), an eps knob a norm's failure (50);
 /// else it is a weak suspect.
 fn knob_relevance((name, knob): (&str, &KnobSpec), f: &Finding) -> i32 {
-    let norm = StageKind::of_op(f.op.as_deref().unwrap_or("")) == StageKind::Norm;
+    let norm = f.op.is_some_and(|o| o.kind == crate::finding::OpKind::Norm);
     match (at_knob_stage(knob, f), norm && name.contains("eps")) {
         (true, _) => 65,
         (false, true) => 50,

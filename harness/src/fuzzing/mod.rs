@@ -12,12 +12,13 @@ pub mod json_edit;
 use crate::augment;
 use crate::data::{dense_targets, HostInput};
 use crate::error::Error;
+use crate::finding::{FindingKind, Outcome};
 use crate::losses;
-use crate::outcome::{FindingKind, Outcome};
 use crate::rng::Rng;
-use crate::runner::{run_with_options, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, Limits};
 use crate::strategy::safe_envelope;
+use crate::training::run_builtin;
 use arbitrary::Unstructured;
 use candle_core::{Device, Tensor, Var};
 
@@ -115,7 +116,7 @@ pub fn case_runs(data: &[u8]) -> Verdict {
     if case.validate(&limits()).is_err() {
         return Verdict::Reject;
     }
-    match run_with_options(&case, &run_options()) {
+    match run_builtin(&case, &run_options()) {
         Ok(Outcome::Rejected { .. }) => Verdict::Reject,
         Ok(_) => Verdict::Pass,
         Err(e) => Verdict::Violation(format!("a valid case ended in an error: {e}")),
@@ -130,7 +131,7 @@ pub fn safe_envelope_target(data: &[u8], envelope: Envelope) -> Verdict {
     if case.validate(&limits()).is_err() {
         return Verdict::Reject;
     }
-    match run_with_options(&case, &run_options()) {
+    match run_builtin(&case, &run_options()) {
         Ok(Outcome::Unstable { finding })
             if matches!(
                 finding.kind,

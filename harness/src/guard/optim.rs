@@ -64,6 +64,12 @@ pub trait GuardOptimizer {
     fn commit(&mut self, _new: Vec<Tensor>) -> Result<()> {
         Ok(())
     }
+    /// The state a prepared update would leave, as (variable index in the
+    /// optimizer's order, kind, tensor): checked with the parameters, as
+    /// the runner checks its optimizer's state.
+    fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {
+        Vec::new()
+    }
 }
 
 /// nanhunt's optimizers as a `candle_nn::Optimizer` over a list of variables.
@@ -159,6 +165,13 @@ impl GuardOptimizer for NanhuntOptimizer {
         Ok(())
     }
 
+    fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {
+        self.prepared
+            .iter()
+            .flat_map(|o| o.state_tensors().map(|(i, k, t)| (i, k, t.clone())))
+            .collect()
+    }
+
     fn saved(&self) -> Option<SavedOptimizer> {
         let names: Vec<String> = (0..self.vars.len()).map(|i| i.to_string()).collect();
         let mut spec = self.spec.clone();
@@ -204,4 +217,21 @@ impl GuardOptimizer for candle_nn::SGD {
     fn name(&self) -> String {
         "candle_nn::SGD".into()
     }
+}
+
+/// The optimizer's variables by guard name, where it tells them.
+pub(super) fn opt_var_names<O: GuardOptimizer + ?Sized>(
+    opt: &O,
+    vars: &[Var],
+    names: &[String],
+) -> Vec<String> {
+    opt.vars()
+        .unwrap_or_default()
+        .iter()
+        .map(|v| {
+            vars.iter()
+                .position(|g| g.as_tensor().id() == v.as_tensor().id())
+                .map_or_else(|| "(not guarded)".to_string(), |i| names[i].clone())
+        })
+        .collect()
 }

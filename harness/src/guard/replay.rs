@@ -7,7 +7,7 @@
 use super::optim::{OptimizerRecord, SavedOptimizer};
 use super::{Batch, Guard, GuardError, GuardOptions, GuardScene};
 use crate::error::{Error, Result};
-use crate::outcome::{Finding, FindingKind, Phase, Signature};
+use crate::finding::{Finding, FindingKind, Phase, Signature};
 use crate::spec::OptimizerSpec;
 use candle_core::Tensor;
 use std::path::Path;
@@ -127,6 +127,7 @@ pub fn replay(
     };
     guard.tracker = scene.tracker.clone();
     guard.trace = scene.history.clone();
+    guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
     let batch = Batch::new(
         scene
             .batch

@@ -8,7 +8,7 @@ use super::optim::{OptimizerRecord, SavedOptimizer};
 use super::Batch;
 use crate::dump::{Environment, RECENT_LOSSES};
 use crate::error::{Document, Error, Result};
-use crate::outcome::{Finding, Trace};
+use crate::finding::{Finding, Trace};
 use crate::probe::{DivergenceTracker, TensorStats};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -131,7 +131,7 @@ pub(super) fn write(dir: &Path, s: &Scene) -> Result<()> {
         omitted: omitted.into_iter().map(|(n, _)| n).collect(),
         tracker: s.tracker.clone(),
         history: s.history.clone(),
-        environment: Environment::collect(&s.finding.signature.device),
+        environment: Environment::collect(&s.finding.signature.device.to_string()),
         warnings: s.warnings.to_vec(),
     };
     let map: HashMap<String, Tensor> = kept

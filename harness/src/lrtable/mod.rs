@@ -15,11 +15,12 @@ pub use curvature::{predicted_lr, sharpness, Curvature, CurvatureSettings};
 pub use search::{Grid, Islands, Probe, Range, Threshold, VERIFY_DECADES};
 
 use crate::error::{Error, Result};
+use crate::finding::{FindingKind, Outcome};
 use crate::models::{BuiltinFactory, ModelFactory};
-use crate::outcome::{FindingKind, Outcome};
 use crate::probe::DivergenceTracker;
-use crate::runner::{run_model, RunOptions};
+use crate::runner::RunOptions;
 use crate::spec::{Case, OptimizerSpec, Precision, Size};
+use crate::training::run_model;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

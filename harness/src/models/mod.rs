@@ -14,6 +14,7 @@ mod transformer;
 
 pub use params::{init_std, is_buffer, ParamStore};
 
+use crate::finding::{OpKind, StageOp};
 use crate::spec::{InitSpec, ModelSpec};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -41,11 +42,22 @@ pub struct Tracer {
 
 /// One recorded stage.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Record {
     pub name: String,
+    /// What the stage computes, when the model declared it
+    /// ([`Tracer::record_as`], [`crate::trace_as`]).
+    pub op: Option<OpKind>,
     pub output: Tensor,
     /// The zero variable whose gradient is the gradient of `output`.
     pub grad_probe: candle_core::Var,
+}
+
+impl Record {
+    /// The stage's op: as declared, else as its name reads (marked so).
+    pub fn stage_op(&self) -> Option<StageOp> {
+        StageOp::of(&self.name, self.op)
+    }
 }
 
 impl Tracer {
@@ -85,7 +97,19 @@ impl Tracer {
     #[inline]
     pub fn record(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
         if self.active() {
-            self.push(name.to_string(), t)
+            self.push(name.to_string(), None, t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// Records `t` under `name` as the output of an `op` (a log, a norm,
+    /// a softmax, ...): explanations read what the stage computed from the
+    /// kind, not from its name.
+    #[inline]
+    pub fn record_as(&mut self, name: &str, op: OpKind, t: Tensor) -> Result<Tensor> {
+        if self.active() {
+            self.push(name.to_string(), Some(op), t)
         } else {
             Ok(t)
         }
@@ -95,13 +119,28 @@ impl Tracer {
     #[inline]
     pub fn record_with(&mut self, name: impl FnOnce() -> String, t: Tensor) -> Result<Tensor> {
         if self.active() {
-            self.push(name(), t)
+            self.push(name(), None, t)
         } else {
             Ok(t)
         }
     }
 
-    fn push(&mut self, name: String, t: Tensor) -> Result<Tensor> {
+    /// Like [`Tracer::record_as`], with the name built only when tracing is on.
+    #[inline]
+    pub fn record_with_as(
+        &mut self,
+        name: impl FnOnce() -> String,
+        op: OpKind,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        if self.active() {
+            self.push(name(), Some(op), t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    fn push(&mut self, name: String, op: Option<OpKind>, t: Tensor) -> Result<Tensor> {
         if !self.enabled {
             return match &self.intervention {
                 Some(iv) => iv.apply(&name, t),
@@ -117,6 +156,7 @@ impl Tracer {
         }
         self.records.borrow_mut().push(Record {
             name,
+            op,
             output: out.clone(),
             grad_probe: z,
         });

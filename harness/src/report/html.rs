@@ -105,7 +105,7 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
             .draw()
             .ok()?;
         for c in &curves {
-            let color = if c.verdict == crate::outcome::Verdict::Stable {
+            let color = if c.verdict == crate::finding::Verdict::Stable {
                 PALETTE[2]
             } else {
                 PALETTE[1]
@@ -231,8 +231,8 @@ code {{ font-size: 0.9em; }}
             escape(&g.stage),
             escape(&g.family),
             escape(&g.optimizer),
-            escape(&g.precision),
-            escape(&g.device),
+            escape(g.precision.name()),
+            escape(&g.device.to_string()),
             row.count,
             row.first_step,
             row.fidelity.map_or("–", |f| f.as_str()),

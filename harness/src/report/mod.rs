@@ -8,8 +8,8 @@
 mod html;
 mod markdown;
 
+use crate::finding::{Signature, Verdict};
 use crate::journal::Entry;
-use crate::outcome::{Signature, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -60,10 +60,10 @@ pub struct SignatureRow {
     pub reproducer: Option<String>,
     /// The precision check of its runs (the first one checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fidelity: Option<crate::fidelity::Robustness>,
+    pub fidelity: Option<crate::finding::Robustness>,
     /// What the producing stage did (the first run explained).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pattern: Option<crate::explain::Pattern>,
+    pub pattern: Option<crate::finding::Pattern>,
 }
 
 /// The loss curve of a representative run.
@@ -308,13 +308,13 @@ mod tests {
     fn a_signature_shows_what_its_stage_did() {
         let case = crate::spec::Case::example("cnn").unwrap();
         let signature = Signature {
-            kind: crate::outcome::FindingKind::Nan,
-            phase: crate::outcome::Phase::Forward,
+            kind: crate::finding::FindingKind::Nan,
+            phase: crate::finding::Phase::Forward,
             stage: "rownorm".into(),
             family: "user_mlp".into(),
             optimizer: "adam".into(),
-            precision: "f32".into(),
-            device: "cpu".into(),
+            precision: crate::spec::PrecisionKind::F32,
+            device: crate::spec::DeviceSpec::Cpu,
         };
         let record = crate::record::RunResult {
             verdict: Verdict::Unstable,
@@ -323,12 +323,12 @@ mod tests {
             losses: vec![1.0],
             message: None,
             fidelity: None,
-            pattern: Some(crate::explain::Pattern::ZeroNormRow),
+            pattern: Some(crate::finding::Pattern::ZeroNormRow),
         };
         let report = StabilityReport::from_entries(&[Entry::run(0, &case, record, 1)]);
         assert_eq!(
             report.signatures[0].pattern,
-            Some(crate::explain::Pattern::ZeroNormRow)
+            Some(crate::finding::Pattern::ZeroNormRow)
         );
         let md = markdown::render(&report);
         assert!(md.contains("| norm of an all-zero row |"), "{md}");

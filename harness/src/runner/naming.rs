@@ -1,13 +1,16 @@
 //! Naming a failure: which stage produced it, what kind it is, with what
 //! statistics. It reads a borrowed view of the session ([`Namer`]): the
 //! case, the parameter names, the optimizer's state and the compute dtype.
+//! The rules themselves are the shared checks ([`crate::checks`]) and the
+//! traced analysis ([`crate::localize`]), which the guard calls too.
 
-use super::{Failure, Forward};
+use super::Forward;
+use crate::checks::{self, Updated};
 use crate::error::Result;
+use crate::finding::{Failure, FindingKind, Phase};
 use crate::localize;
 use crate::models::Tracer;
 use crate::optim::Optimizer;
-use crate::outcome::{FindingKind, Phase};
 use crate::probe::{scan_all, TensorScan, TensorStats};
 use crate::spec::Case;
 use candle_core::Tensor;
@@ -24,6 +27,11 @@ pub(super) struct Namer<'s> {
 }
 
 impl Namer<'_> {
+    /// The loss stage, `loss.<name>`.
+    pub fn loss_stage(&self) -> String {
+        format!("loss.{}", self.case.loss.name())
+    }
+
     /// The loss is not finite: blame the first non-finite forward stage
     /// (traced), else the model output, else the loss itself.
     pub fn forward_failure(
@@ -32,39 +40,26 @@ impl Namer<'_> {
         loss_value: f64,
         tracer: &Tracer,
     ) -> Result<Failure> {
-        let (output, logits) = (&forward.output, &forward.logits);
         let records = tracer.records();
-        if let Some((i, scan)) = localize::first_forward(&records)? {
-            let r = &records[i];
-            let mut f = self.tensor_failure(
-                &scan,
-                Phase::Forward,
-                r.name.clone(),
-                format!(
-                    "stage `{}` produced non-finite values from finite inputs",
-                    r.name
-                ),
-                &r.output,
-            )?;
-            f.op = localize::op_of(&r.name);
-            let e = crate::explain::forward(&records, i, Some(&forward.input))?;
-            f.explanation = Some(Box::new(e));
+        if let Some(f) = localize::forward_producer(&records, &[&forward.input], self.half)? {
             return Ok(f);
         }
+        let output = &forward.output;
         let out_scan = scan_all(&[output])?[0];
         if !out_scan.is_finite() {
-            let mut f = self.tensor_failure(
+            let mut f = checks::tensor_failure(
                 &out_scan,
+                self.half,
                 Phase::Forward,
                 "output".into(),
-                "the model output is not finite".into(),
+                "the model output is not finite",
                 output,
             )?;
             // Without records, the kind is the first producer's: an
             // overflow stays an overflow after a later op made it NaN.
             if let Some(first) = localize::first_in_graph(output)? {
                 if first.nan == 0 {
-                    f.kind = self.kind_of_value(f64::INFINITY);
+                    f.kind = FindingKind::of_non_finite(false, self.half);
                     f.detail = format!(
                         "{}; the first non-finite tensor in its graph holds {} infinities and no NaN: an overflow",
                         f.detail, first.inf
@@ -73,16 +68,11 @@ impl Namer<'_> {
             }
             return Ok(f);
         }
-        Ok(Failure {
-            op: Some(self.case.loss.name().to_string()),
-            stats: Some(TensorStats::of_tensor(logits)?),
-            ..Failure::new(
-                self.kind_of_value(loss_value),
-                Phase::Loss,
-                format!("loss.{}", self.case.loss.name()),
-                format!("the loss is {loss_value} although the model output is finite"),
-            )
+        let f = checks::loss(loss_value, self.half, &self.loss_stage(), || {
+            format!("the loss is {loss_value} although the model output is finite")
         })
+        .expect("a loss failure has a non-finite loss");
+        Ok(f.with_stats(TensorStats::of_tensor(&forward.logits)?))
     }
 
     /// Gradient `i` is not finite: blame the stage whose backward produced
@@ -97,93 +87,31 @@ impl Namer<'_> {
     ) -> Result<Failure> {
         if tracer.enabled() {
             let records = tracer.records();
-            if let Some(p) = localize::first_backward(&records, grad_store)? {
-                let (stage, op) = match &p.stage {
-                    Some(s) => (s.clone(), localize::op_of(s)),
-                    None => (
-                        format!("loss.{}", self.case.loss.name()),
-                        Some(self.case.loss.name().to_string()),
-                    ),
-                };
-                let mut f = self.tensor_failure(
-                    &p.scan,
-                    Phase::Backward,
-                    stage.clone(),
-                    p.detail(&stage),
-                    &p.grad,
-                )?;
-                f.op = op;
-                if let Some(s) = p.stage_index {
-                    let e = crate::explain::backward(&records, s, p.receiver_index, &p.grad)?;
-                    f.explanation = Some(Box::new(e));
-                }
+            let loss = self.loss_stage();
+            if let Some(f) = localize::backward_producer(&records, grad_store, self.half, &loss)? {
                 return Ok(f);
             }
         }
-        self.tensor_failure(
-            scan,
-            Phase::Backward,
-            format!("grad.{}", self.names[i]),
-            format!("the gradient of `{}` is not finite", self.names[i]),
-            grad,
-        )
+        checks::gradient_failure(&self.names[i], scan, self.half, grad)
     }
 
-    /// Tensor `i` of the session's update tensors (parameters, then optimizer state) is not finite after the update.
+    /// Tensor `i` of the session's update tensors (parameters, then
+    /// optimizer state) is not finite after the update.
     pub fn update_failure(&self, i: usize, scan: &TensorScan, tensor: &Tensor) -> Result<Failure> {
-        let state: Vec<(usize, &'static str, &Tensor)> = self.optimizer.state_tensors().collect();
-        let (stage, what) = if i < self.names.len() {
-            let name = &self.names[i];
-            (format!("param.{name}"), format!("parameter `{name}`"))
+        let n = self.names.len();
+        let which = if i < n {
+            Updated::Param(&self.names[i])
         } else {
-            let (p, kind, _) = state[i - self.names.len()];
-            let name = format!("{kind}.{}", self.names[p]);
-            (
-                format!("optimizer.{name}"),
-                format!("optimizer state `{name}`"),
-            )
-        };
-        self.tensor_failure(
-            scan,
-            Phase::Update,
-            stage,
-            format!("{what} is not finite after the update"),
-            tensor,
-        )
-    }
-
-    pub fn kind_of_value(&self, v: f64) -> FindingKind {
-        if v.is_nan() {
-            FindingKind::Nan
-        } else if self.half {
-            // In half precision an infinity is an overflow of the format.
-            FindingKind::Overflow
-        } else {
-            FindingKind::Inf
-        }
-    }
-
-    pub fn tensor_failure(
-        &self,
-        scan: &TensorScan,
-        phase: Phase,
-        stage: String,
-        detail: String,
-        t: &Tensor,
-    ) -> Result<Failure> {
-        let kind = if scan.nan > 0 {
-            FindingKind::Nan
-        } else {
-            self.kind_of_value(f64::INFINITY)
-        };
-        Ok(Failure {
-            stats: Some(TensorStats::of_tensor(t)?),
-            ..Failure::new(
+            let (p, kind, _) = self
+                .optimizer
+                .state_tensors()
+                .nth(i - n)
+                .expect("an update tensor is a parameter or a state tensor");
+            Updated::State {
                 kind,
-                phase,
-                stage,
-                format!("{detail} ({} NaN, {} Inf)", scan.nan, scan.inf),
-            )
-        })
+                param: &self.names[p],
+            }
+        };
+        checks::update_failure(which, scan, self.half, tensor)
     }
 }

@@ -5,12 +5,13 @@
 //! session ([`Readback`]), not decided line by line.
 
 use super::{Failure, Forward, Session};
+use crate::checks;
 use crate::data::HostBatch;
 use crate::error::Result;
+use crate::finding::{FindingKind, OpKind, Phase, StageOp};
 use crate::localize;
 use crate::models::Tracer;
 use crate::optim;
-use crate::outcome::{FindingKind, Phase};
 use crate::probe::{scan_all, TensorScan};
 use crate::scaler::ScaleVerdict;
 use crate::spec::ClipSpec;
@@ -157,9 +158,8 @@ impl Session<'_> {
             Some(grads) => Ok(Flow::Go((grads, grad_store))),
             None => {
                 let records = tracer.records();
-                let coverage = crate::coverage::of(&self.names, &self.vars, &grad_store, &records)
-                    .expect("a variable without a gradient");
-                fail(no_gradient_failure(coverage))
+                let coverage = crate::coverage::of(&self.names, &self.vars, &grad_store, &records);
+                fail(checks::coverage(coverage).expect("a variable without a gradient"))
             }
         }
     }
@@ -235,7 +235,7 @@ impl Session<'_> {
             Some(scans) => scans,
             None => scan_all(&grads.iter().collect::<Vec<_>>())?,
         };
-        let bad = scans.iter().position(|s| !s.is_finite());
+        let bad = checks::first_bad(&scans);
         if let (true, Some(_)) = (self.scaler.is_dynamic(), bad) {
             // A NaN that is still there at the smallest scale (from 0·∞ or
             // sqrt'(0), say) is no overflow that scaling absorbs: a NaN at
@@ -326,17 +326,18 @@ impl Session<'_> {
                 .enumerate()
                 .find(|(_, s)| !s.is_finite())
             {
-                let mut f = self.namer().tensor_failure(
+                let f = checks::tensor_failure(
                     &s,
+                    self.half,
                     Phase::Update,
                     "clip".into(),
-                    format!(
+                    &format!(
                         "clipping made the gradient of `{}` non-finite",
                         self.names[i]
                     ),
                     &grads[i],
-                )?;
-                f.op = Some("clip".into());
+                )?
+                .with_op(Some(StageOp::declared(OpKind::Clip)));
                 return fail(f);
             }
         }
@@ -360,7 +361,8 @@ impl Session<'_> {
         if !self.watch_divergence {
             return Ok(None);
         }
-        let Some(smoothed) = self.tracker.push(loss_value) else {
+        let factor = self.case.divergence_factor;
+        let Some(diverged) = checks::trend(&mut self.tracker, loss_value, factor) else {
             return Ok(None);
         };
         // A failed update comes before divergence, as when read in place
@@ -370,28 +372,6 @@ impl Session<'_> {
                 return Ok(Some(Failed::ThisStep(Box::new(f))));
             }
         }
-        Ok(Some(Failed::ThisStep(Box::new(Failure::new(
-            FindingKind::Divergence,
-            Phase::Update,
-            "loss_trend",
-            format!(
-                "smoothed loss {smoothed:.4e} exceeds {} x the best {:.4e}",
-                self.case.divergence_factor,
-                self.tracker.best()
-            ),
-        )))))
+        Ok(Some(Failed::ThisStep(Box::new(diverged))))
     }
-}
-
-/// The failure of a backward pass that left trainable tensors without a
-/// gradient: staged at the flow's stop when the tracer saw it, else at the
-/// first frozen module.
-fn no_gradient_failure(coverage: crate::coverage::GradientCoverage) -> Failure {
-    Failure::new(
-        FindingKind::NoGradient,
-        Phase::Backward,
-        coverage.stage(),
-        coverage.summary(),
-    )
-    .with_coverage(coverage)
 }

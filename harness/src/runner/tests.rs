@@ -4,8 +4,11 @@
 //! suite (`tests/integration/planted.rs`).
 
 use super::*;
+use crate::finding::{Outcome, Phase};
+use crate::models::BuiltinFactory;
 use crate::models::{Model, ModuleModel};
 use crate::spec::*;
+use crate::training::{run, run_model};
 
 fn example(family: &str) -> Case {
     Case::example(family).unwrap()
@@ -219,7 +222,7 @@ fn the_probe_off_still_sees_a_non_finite_loss() {
         probe: false,
         ..RunOptions::default()
     };
-    let out = run_with_options(&c, &opts).unwrap();
+    let out = crate::training::run_builtin(&c, &opts).unwrap();
     let f = out.finding().expect("unstable");
     assert_eq!(f.phase, Phase::Forward);
 }
@@ -355,7 +358,7 @@ fn the_accelerator_probe_reports_a_failed_update_at_its_own_step() {
     };
     for steps in [6, cpu.step + 1] {
         case.steps = steps;
-        let f = run_with_options(&case, &accel).unwrap();
+        let f = crate::training::run_builtin(&case, &accel).unwrap();
         let f = f.finding().expect("unstable");
         assert_eq!(
             (f.step, &f.stage, &f.detail, &f.signature),

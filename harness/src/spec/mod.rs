@@ -12,6 +12,7 @@ mod loss;
 mod model;
 mod optim;
 mod precision;
+mod size;
 mod validate;
 
 pub use augment::{Augment, NormalizeSpec};
@@ -20,7 +21,8 @@ pub use diff::{case_diff, FieldChange};
 pub use loss::{LossSpec, TargetKind};
 pub use model::*;
 pub use optim::{ClipSpec, OptimizerSpec, ScheduleSpec};
-pub use precision::{dtype_max, HalfType, LossScaling, Precision};
+pub use precision::{dtype_max, HalfType, LossScaling, Precision, PrecisionKind};
+pub use size::{round1, CaseSize};
 pub use validate::Limits;
 
 use crate::error::{Error, Result};
@@ -143,6 +145,30 @@ impl std::fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Cpu => write!(f, "cpu"),
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Ordered by name (`cpu`, `cuda:0`, `cuda:1`, `cuda:10`, ...), as
+/// signatures were when the device was a string.
+impl Ord for DeviceSpec {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.to_string().cmp(&other.to_string())
+    }
+}
+
+impl PartialOrd for DeviceSpec {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A device equals its name (`assert_eq!(sig.device, "cpu")`).
+impl PartialEq<&str> for DeviceSpec {
+    fn eq(&self, name: &&str) -> bool {
+        match self {
+            DeviceSpec::Cpu => *name == "cpu",
+            DeviceSpec::Cuda(i) => name.strip_prefix("cuda:") == Some(i.to_string().as_str()),
         }
     }
 }

@@ -630,7 +630,7 @@ impl KnobSpec {
             .map(|i| self.at(i as f64 / (n - 1).max(1) as f64))
             .map(|v| {
                 if by_magnitude {
-                    crate::minimize::round1(v).clamp(lo, hi)
+                    super::round1(v).clamp(lo, hi)
                 } else {
                     v
                 }

@@ -99,22 +99,96 @@ impl std::str::FromStr for Precision {
     }
 }
 
-impl Precision {
-    pub fn name(&self) -> &'static str {
+/// Which precision a run used, without its loss-scaling settings: what a
+/// signature records (serialized by name: `"f32"`, `"mixed_f16"`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionKind {
+    F32,
+    F64,
+    F16,
+    Bf16,
+    MixedF16,
+    MixedBf16,
+}
+
+impl PrecisionKind {
+    pub fn name(self) -> &'static str {
         match self {
-            Precision::F32 => "f32",
-            Precision::F64 => "f64",
-            Precision::F16 => "f16",
-            Precision::Bf16 => "bf16",
+            PrecisionKind::F32 => "f32",
+            PrecisionKind::F64 => "f64",
+            PrecisionKind::F16 => "f16",
+            PrecisionKind::Bf16 => "bf16",
+            PrecisionKind::MixedF16 => "mixed_f16",
+            PrecisionKind::MixedBf16 => "mixed_bf16",
+        }
+    }
+
+    /// The precision of a loop whose parameters are `dtype` (a user's
+    /// own loop, which has no master copy).
+    pub fn of_dtype(dtype: DType) -> PrecisionKind {
+        match dtype {
+            DType::F64 => PrecisionKind::F64,
+            DType::F16 => PrecisionKind::F16,
+            DType::BF16 => PrecisionKind::Bf16,
+            _ => PrecisionKind::F32,
+        }
+    }
+
+    /// Whether forward and backward run in a half-precision format (an
+    /// infinity there is an overflow of the format).
+    pub fn is_half(self) -> bool {
+        !matches!(self, PrecisionKind::F32 | PrecisionKind::F64)
+    }
+}
+
+impl std::fmt::Display for PrecisionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Ordered by name, as signatures were when precision was a string (so
+/// reports list them in the same order).
+impl Ord for PrecisionKind {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name().cmp(other.name())
+    }
+}
+
+impl PartialOrd for PrecisionKind {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A precision equals its name (`assert_eq!(sig.precision, "f16")`).
+impl PartialEq<&str> for PrecisionKind {
+    fn eq(&self, name: &&str) -> bool {
+        self.name() == *name
+    }
+}
+
+impl Precision {
+    pub fn kind(&self) -> PrecisionKind {
+        match self {
+            Precision::F32 => PrecisionKind::F32,
+            Precision::F64 => PrecisionKind::F64,
+            Precision::F16 => PrecisionKind::F16,
+            Precision::Bf16 => PrecisionKind::Bf16,
             Precision::Mixed {
                 compute: HalfType::F16,
                 ..
-            } => "mixed_f16",
+            } => PrecisionKind::MixedF16,
             Precision::Mixed {
                 compute: HalfType::Bf16,
                 ..
-            } => "mixed_bf16",
+            } => PrecisionKind::MixedBf16,
         }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// The dtype of parameters and optimizer state.

@@ -16,7 +16,8 @@
 //! without a harder failure (a NaN or a divergence after a jump is reported
 //! as itself). `docs/NUMERICS.md` records what the rule was measured on.
 
-use serde::Serialize;
+use crate::finding::{Failure, FindingKind, Phase, Trace};
+pub use crate::finding::{Grew, Jump};
 
 /// Three orders of magnitude in one step. Healthy runs of every built-in
 /// example stay under 20× over 200 steps (measured: `explosion::tests` and
@@ -26,56 +27,6 @@ pub const JUMP: f64 = 1e3;
 /// Losses averaged to judge recovery; a run with fewer steps after its jump
 /// is not judged (no finding).
 pub const RECOVERY_WINDOW: usize = 5;
-
-/// Which norm jumped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Grew {
-    /// The global gradient norm, against the run's largest before it.
-    GradientNorm,
-    /// The global parameter norm after the update, against the one before it.
-    ParameterNorm,
-}
-
-/// A jump seen at a step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Jump {
-    pub step: usize,
-    pub grew: Grew,
-    pub before: f64,
-    pub after: f64,
-    /// The tensor that leads it: the largest gradient, or the parameter
-    /// that grew most.
-    pub tensor: String,
-}
-
-impl Jump {
-    pub fn factor(&self) -> f64 {
-        self.after / self.before
-    }
-
-    /// The finding's stage: `grad.<tensor>` or `param.<tensor>`.
-    pub fn stage(&self) -> String {
-        match self.grew {
-            Grew::GradientNorm => format!("grad.{}", self.tensor),
-            Grew::ParameterNorm => format!("param.{}", self.tensor),
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        let what = match self.grew {
-            Grew::GradientNorm => "the gradient norm",
-            Grew::ParameterNorm => "the parameter norm",
-        };
-        format!(
-            "{what} grew {:.2e}x in one step (from {:.3e} to {:.3e}), led by `{}`",
-            self.factor(),
-            self.before,
-            self.after,
-            self.tensor
-        )
-    }
-}
 
 /// Whether `now` is a jump over `previous`.
 pub fn is_jump(previous: f64, now: f64) -> bool {
@@ -113,6 +64,82 @@ impl Recovery {
         self.best_after <= self.best_before
     }
 }
+
+/// The jump check as the steps go, the same in both drivers: the largest
+/// gradient norm of the run so far, and the parameter norm before the
+/// next update (the initialization's at step 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct JumpWatch {
+    grad_norm_max: f64,
+    param_norm: f64,
+}
+
+impl JumpWatch {
+    /// The watch of a run whose parameters start at norm `init`.
+    pub fn new(init: f64) -> Self {
+        JumpWatch {
+            grad_norm_max: 0.0,
+            param_norm: init,
+        }
+    }
+
+    /// The watch as it stands after the history `trace` (a restored
+    /// state, a replayed scene).
+    pub fn after(init: f64, trace: &Trace) -> Self {
+        JumpWatch {
+            grad_norm_max: trace.grad_norms.iter().copied().fold(0.0, f64::max),
+            param_norm: trace.param_norms.last().copied().unwrap_or(init),
+        }
+    }
+
+    /// A step's global gradient norm: the largest norm before it, when
+    /// this one jumps over it. Against the run's largest so far: a
+    /// gradient that was tiny one step (a fitted batch) and typical the
+    /// next is no jump.
+    pub fn gradient(&mut self, norm: f64) -> Option<f64> {
+        let before = self.grad_norm_max;
+        self.grad_norm_max = before.max(norm);
+        is_jump(before, norm).then_some(before)
+    }
+
+    /// The global parameter norm after an update: the norm before the
+    /// update, when this one jumps over it.
+    pub fn parameters(&mut self, norm: f64) -> Option<f64> {
+        let before = self.param_norm;
+        self.param_norm = norm;
+        is_jump(before, norm).then_some(before)
+    }
+}
+
+/// A jump's failure: `judged` says how its recovery was judged.
+pub fn failure(jump: &Jump, judged: &str) -> Failure {
+    let phase = match jump.grew {
+        Grew::GradientNorm => Phase::Backward,
+        Grew::ParameterNorm => Phase::Update,
+    };
+    Failure::new(
+        FindingKind::Explosion,
+        phase,
+        jump.stage(),
+        format!("{}{judged}", jump.describe()),
+    )
+}
+
+/// Whether a run whose losses are `losses` never recovered from `jump`:
+/// the sentence that says so, or `None` (recovered, or too few steps after
+/// it to judge).
+pub fn unrecovered(jump: &Jump, losses: &[f64]) -> Option<String> {
+    let r = Recovery::of(losses, jump.step)?;
+    (!r.recovered()).then(|| {
+        format!(
+            ", and the loss never recovered: its best mean over {RECOVERY_WINDOW} steps after it is {:.4e}, against {:.4e} before",
+            r.best_after, r.best_before
+        )
+    })
+}
+
+/// The judgement of a jump replayed alone, without the steps after it.
+pub const UNJUDGED: &str = " (the jump alone: recovery is judged over a whole run)";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,70 @@
+//! A finding's explanation as the finding carries it: the numerical
+//! pattern at the producing stage, in the user's terms, with its repair
+//! ([`crate::explain`] reads it from the traced records).
+
+use serde::{Deserialize, Serialize};
+
+/// The numerical pattern behind a stage's non-finite values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// log(0) = -inf: outputs -inf where the input is exactly 0.
+    LogOfZero,
+    /// log or sqrt of x < 0 = NaN: outputs NaN where the input is negative.
+    NegativeDomain,
+    /// x / ‖x‖ for a row of zeros: whole rows of NaN whose input is all 0.
+    ZeroNormRow,
+    /// 0/0 element-wise: NaN where the input is exactly 0.
+    ZeroOverZero,
+    /// softmax over a row that is entirely -inf (every position masked).
+    MaskedRow,
+    /// exp(x) past the dtype's range: ∞ where the input exceeds ln(max).
+    ExpOverflow,
+    /// A sum or a product (a matmul) past the dtype's range from inputs
+    /// inside it: an overflow of the accumulation.
+    AccumulationOverflow,
+    /// The backward pass of sqrt or x^p (p < 1) at exactly 0: an infinite slope.
+    InfiniteSlopeAtZero,
+    /// The backward pass overflowed from finite values.
+    BackwardOverflow,
+    /// Non-finite values from finite inputs, with none of the patterns above.
+    Unexplained,
+}
+
+impl Pattern {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::LogOfZero => "log of exact zeros",
+            Pattern::NegativeDomain => "log or square root of negative values",
+            Pattern::ZeroNormRow => "norm of an all-zero row",
+            Pattern::ZeroOverZero => "0/0",
+            Pattern::MaskedRow => "softmax over a fully masked row",
+            Pattern::ExpOverflow => "exp past the dtype's range",
+            Pattern::AccumulationOverflow => "an accumulation past the dtype's range",
+            Pattern::InfiniteSlopeAtZero => "sqrt or pow at 0 in the backward pass",
+            Pattern::BackwardOverflow => "an overflow in the backward pass",
+            Pattern::Unexplained => "non-finite values from finite inputs",
+        }
+    }
+}
+
+/// What the stage did, and what would repair it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub pattern: Pattern,
+    /// The producing stage.
+    pub stage: String,
+    /// The record before it, read as the stage's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// How many values (or rows, for the row patterns) show the pattern.
+    pub count: usize,
+    /// The pattern was told by the op kind the stage's name reads as: no
+    /// values could tell, and the model did not declare the stage's op.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_name: bool,
+    /// One sentence in the user's terms.
+    pub sentence: String,
+    /// The repair the pattern calls for.
+    pub repair: String,
+}

@@ -1,0 +1,254 @@
+//! What a stage computes, as a type: explanations, localization and
+//! diagnose branch on it, never on a stage's name. A model declares it when
+//! it records the stage (`Tracer::record_as`, `nanhunt::trace_as`); the
+//! built-in models declare every stage. A stage recorded by name only gets
+//! the kind its name reads as ([`OpKind::from_name`]), marked as such so
+//! that the output can say it was a guess.
+
+use serde::{Deserialize, Serialize};
+
+/// The kind of computation a recorded stage performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OpKind {
+    /// log(x): -inf at 0, NaN below it.
+    Log,
+    /// sqrt(x): NaN below 0, an infinite slope at 0.
+    Sqrt,
+    /// x^p: for p < 1 an infinite slope at 0, NaN below it for non-integer p.
+    Pow,
+    /// exp(x): past the dtype's range above ln(max).
+    Exp,
+    /// a / b: 0/0 and x/0.
+    Div,
+    /// A softmax: NaN over a row that is entirely -inf.
+    Softmax,
+    /// A log-softmax (log of a softmax computed in log space).
+    LogSoftmax,
+    /// A sigmoid, 1 / (1 + exp(-x)).
+    Sigmoid,
+    /// A normalization (layer, RMS, batch, group norm; x / ‖x‖): a division
+    /// by a norm or a standard deviation.
+    Norm,
+    /// A mask added to or filled into scores.
+    Mask,
+    /// Attention scores, q·kᵀ (an accumulation).
+    Scores,
+    /// A matrix product (an accumulation).
+    Matmul,
+    /// A linear layer (an accumulation).
+    Linear,
+    /// A convolution (an accumulation).
+    Conv,
+    /// An element-wise activation (relu, gelu, tanh, silu, swiglu).
+    Activation,
+    /// Pooling (max, average, global average).
+    Pool,
+    /// A residual sum.
+    Residual,
+    /// An embedding lookup.
+    Embedding,
+    /// A recurrent cell's gates or state.
+    Recurrent,
+    /// The loss.
+    Loss,
+    /// Gradient clipping.
+    Clip,
+    /// None of the kinds above.
+    Other,
+}
+
+/// How a stage's kind is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpSource {
+    /// The model declared it when it recorded the stage.
+    Declared,
+    /// Read from the stage's name (a fallback: the output says so).
+    Name,
+}
+
+/// The kind of a stage's op and how it is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StageOp {
+    pub kind: OpKind,
+    pub source: OpSource,
+}
+
+impl StageOp {
+    pub fn declared(kind: OpKind) -> StageOp {
+        StageOp {
+            kind,
+            source: OpSource::Declared,
+        }
+    }
+
+    /// The kind of `stage` as declared, else as its name reads.
+    pub fn of(stage: &str, declared: Option<OpKind>) -> Option<StageOp> {
+        match declared {
+            Some(kind) => Some(StageOp::declared(kind)),
+            None => OpKind::from_name(stage).map(|kind| StageOp {
+                kind,
+                source: OpSource::Name,
+            }),
+        }
+    }
+
+    /// Whether the kind was read from the stage's name.
+    pub fn guessed(&self) -> bool {
+        self.source == OpSource::Name
+    }
+}
+
+impl OpKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Log => "log",
+            OpKind::Sqrt => "sqrt",
+            OpKind::Pow => "pow",
+            OpKind::Exp => "exp",
+            OpKind::Div => "div",
+            OpKind::Softmax => "softmax",
+            OpKind::LogSoftmax => "log_softmax",
+            OpKind::Sigmoid => "sigmoid",
+            OpKind::Norm => "norm",
+            OpKind::Mask => "mask",
+            OpKind::Scores => "scores",
+            OpKind::Matmul => "matmul",
+            OpKind::Linear => "linear",
+            OpKind::Conv => "conv",
+            OpKind::Activation => "activation",
+            OpKind::Pool => "pool",
+            OpKind::Residual => "residual",
+            OpKind::Embedding => "embedding",
+            OpKind::Recurrent => "recurrent",
+            OpKind::Loss => "loss",
+            OpKind::Clip => "clip",
+            OpKind::Other => "other",
+        }
+    }
+
+    /// A sum of products whose result can leave the dtype's range although
+    /// its inputs are inside it.
+    pub fn accumulates(self) -> bool {
+        matches!(
+            self,
+            OpKind::Matmul | OpKind::Linear | OpKind::Conv | OpKind::Scores
+        )
+    }
+
+    /// The kind a stage's name reads as, by whole words of its last
+    /// segment (`encoder.log_probs` → log, `rms_norm` → norm, `ln1` →
+    /// norm), or `None`. Whole words only: `logits` is no log and
+    /// `expert` no exp.
+    pub fn from_name(stage: &str) -> Option<OpKind> {
+        let last = stage.rsplit('.').next()?;
+        let last = last
+            .trim_end_matches(|c: char| c.is_ascii_digit() || c == ']' || c == '[')
+            .to_ascii_lowercase();
+        let words: Vec<&str> = last
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .collect();
+        let has = |w: &str| words.contains(&w);
+        let kind = if (has("log") && has("softmax")) || has("logsoftmax") {
+            OpKind::LogSoftmax
+        } else if has("log") || has("logsumexp") {
+            OpKind::Log
+        } else if has("exp") {
+            OpKind::Exp
+        } else if has("sqrt") || has("rsqrt") {
+            OpKind::Sqrt
+        } else if has("pow") {
+            OpKind::Pow
+        } else if has("div") || has("ratio") {
+            OpKind::Div
+        } else if has("softmax") {
+            OpKind::Softmax
+        } else if has("sigmoid") {
+            OpKind::Sigmoid
+        } else if last == "bn"
+            || last == "ln"
+            || words.last().is_some_and(|w| *w == "ln")
+            || words.iter().any(|w| w.ends_with("norm"))
+        {
+            OpKind::Norm
+        } else if has("mask") || has("masked") {
+            OpKind::Mask
+        } else if has("scores") {
+            OpKind::Scores
+        } else if has("matmul") {
+            OpKind::Matmul
+        } else if has("conv") {
+            OpKind::Conv
+        } else if has("linear") {
+            OpKind::Linear
+        } else if ["relu", "gelu", "tanh", "silu", "swiglu"]
+            .iter()
+            .any(|w| has(w))
+        {
+            OpKind::Activation
+        } else if has("pool") {
+            OpKind::Pool
+        } else if has("residual") {
+            OpKind::Residual
+        } else if has("embed") || has("embedding") {
+            OpKind::Embedding
+        } else {
+            return None;
+        };
+        Some(kind)
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_by_whole_words() {
+        assert_eq!(OpKind::from_name("middle.log"), Some(OpKind::Log));
+        assert_eq!(OpKind::from_name("log_probs"), Some(OpKind::Log));
+        assert_eq!(OpKind::from_name("logits"), None, "logits is no log");
+        assert_eq!(OpKind::from_name("expert"), None, "expert is no exp");
+        assert_eq!(
+            OpKind::from_name("head.log_softmax"),
+            Some(OpKind::LogSoftmax)
+        );
+        assert_eq!(OpKind::from_name("sqrt"), Some(OpKind::Sqrt));
+        for norm in [
+            "block0.bn",
+            "layer1.ln1",
+            "final_ln",
+            "encoder.layer_norm",
+            "blocks[3].norm2",
+            "model.RMSNorm",
+            "rownorm",
+        ] {
+            assert_eq!(OpKind::from_name(norm), Some(OpKind::Norm), "{norm}");
+        }
+        assert_eq!(OpKind::from_name("block0.conv"), Some(OpKind::Conv));
+        assert_eq!(
+            OpKind::from_name("layer0.attn.softmax"),
+            Some(OpKind::Softmax)
+        );
+        assert_eq!(OpKind::from_name("head.linear"), Some(OpKind::Linear));
+        assert_eq!(OpKind::from_name("embed"), Some(OpKind::Embedding));
+        assert_eq!(OpKind::from_name("gate"), None);
+    }
+
+    #[test]
+    fn a_declared_kind_wins_over_the_name() {
+        let op = StageOp::of("logits", Some(OpKind::Exp)).unwrap();
+        assert_eq!((op.kind, op.guessed()), (OpKind::Exp, false));
+        let op = StageOp::of("middle.log", None).unwrap();
+        assert_eq!((op.kind, op.guessed()), (OpKind::Log, true));
+    }
+}

@@ -1,0 +1,221 @@
+//! A guarded step's phases, each one of the shared checks
+//! ([`crate::checks`]) over what the user's loop produced: the batch, the
+//! loss, which variables got a gradient, the gradients and their norm, the
+//! trend, the update. A phase hands on its value or the step's failure.
+
+use super::state::Before;
+use super::{Batch, Guard, GuardOptimizer};
+use crate::checks::{self, Updated};
+use crate::error::{Error, Result};
+use crate::finding::{Failure, Grew, Phase};
+use crate::probe::{first_non_finite, global_norm, scan_all, TensorStats};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result as CandleResult, Tensor};
+
+/// The value a phase handed on, or the step's failure.
+macro_rules! go {
+    ($phase:expr) => {
+        match $phase? {
+            Ok(v) => v,
+            Err(failure) => return Ok(Err(failure)),
+        }
+    };
+}
+
+/// A phase's result: its value, or the step's failure.
+type Phased<T> = Result<std::result::Result<T, Failure>>;
+
+impl Guard {
+    /// The step's phases in order; the step's loss, or its failure.
+    pub(super) fn checked_step<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        batch: &Batch,
+        opt: &mut O,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+        before: &Before,
+    ) -> Phased<f64> {
+        go!(self.batch_phase(batch));
+        let (loss, value) = go!(self.loss_phase(batch, loss_of));
+        let grads = loss.backward()?;
+        let coverage = crate::coverage::of(&self.names, &self.vars, &grads, &[]);
+        go!(unless(checks::coverage(coverage)));
+        go!(self.gradient_phase(step, &grads, before));
+        // The loss trend first: a diverged run takes no update.
+        let factor = self.opts.divergence_factor;
+        go!(unless(checks::trend(&mut self.tracker, value, factor)));
+        go!(self.update_phase(step, &grads, opt, before));
+        self.keep_jump_batch(batch);
+        Ok(Ok(value))
+    }
+
+    /// The data check on the batch's float tensors.
+    fn batch_phase(&self, batch: &Batch) -> Phased<()> {
+        for (name, t) in batch.parts() {
+            if !t.dtype().is_float() {
+                continue;
+            }
+            let Some(bad) = checks::batch_values(&scan_all(&[t])?[0], t.dtype()) else {
+                continue;
+            };
+            let what = format!("batch tensor `{name}`");
+            let f = bad.failure(Phase::Data, &format!("batch.{name}"), &what, "");
+            return Ok(Err(f.with_stats(TensorStats::of_tensor(t)?)));
+        }
+        Ok(Ok(()))
+    }
+
+    /// The loss of the batch, computed by the user's closure.
+    fn loss_phase(
+        &mut self,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> Phased<(Tensor, f64)> {
+        let loss = loss_of(batch)?;
+        let value = scalar(&loss)?;
+        self.trace.losses.push(value);
+        match checks::loss(value, self.half(), "loss", || {
+            format!("the loss is {value}")
+        }) {
+            Some(f) => Ok(Err(f)),
+            None => Ok(Ok((loss, value))),
+        }
+    }
+
+    /// Every gradient finite; the half-precision margins; the gradient
+    /// norm into the history and the jump watch.
+    fn gradient_phase(&mut self, step: usize, grads: &GradStore, before: &Before) -> Phased<()> {
+        let g: Vec<&Tensor> = self
+            .vars
+            .iter()
+            .map(|v| {
+                grads
+                    .get(v.as_tensor())
+                    .expect("every variable has a gradient")
+            })
+            .collect();
+        let scans = scan_all(&g)?;
+        if let Some(i) = checks::first_bad(&scans) {
+            let f = checks::gradient_failure(&self.names[i], &scans[i], self.half(), g[i])?;
+            return Ok(Err(f));
+        }
+        for ((t, scan), name) in g.iter().zip(&scans).zip(&self.names) {
+            let warned = self
+                .warnings
+                .iter()
+                .any(|w| w.contains(&format!("`{name}`")));
+            if let (false, Some(w)) = (warned, checks::half_margin(step, name, t.dtype(), scan)) {
+                self.warnings.push(w);
+            }
+        }
+        let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
+        let norm = crate::optim::global_norm(&sum_sq);
+        self.trace.grad_norms.push(norm);
+        if let Some(was) = self.watch.gradient(norm) {
+            let largest = (0..sum_sq.len())
+                .max_by(|&a, &b| sum_sq[a].total_cmp(&sum_sq[b]))
+                .unwrap_or(0);
+            let leader = self.names[largest].clone();
+            self.saw_jump(step, Grew::GradientNorm, (was, norm), leader, before)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// The update, checked before it is set where the optimizer can say
+    /// what it would be (nanhunt's), else after it: the parameters and the
+    /// optimizer's state finite, the parameter norm into the history and
+    /// the jump watch.
+    fn update_phase<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        grads: &GradStore,
+        opt: &mut O,
+        before: &Before,
+    ) -> Phased<()> {
+        let prepared = opt.prepare(grads)?;
+        let updated: Vec<Tensor> = match &prepared {
+            Some(new) => new.clone(),
+            None => {
+                opt.apply(grads)?;
+                self.vars.iter().map(|v| v.as_tensor().clone()).collect()
+            }
+        };
+        let refs: Vec<&Tensor> = updated.iter().collect();
+        let scans = scan_all(&refs)?;
+        if let Some(i) = checks::first_bad(&scans) {
+            let which = Updated::Param(&self.names[i]);
+            return Ok(Err(checks::update_failure(
+                which,
+                &scans[i],
+                self.half(),
+                refs[i],
+            )?));
+        }
+        if let Some(f) = self.state_failure(opt)? {
+            return Ok(Err(f));
+        }
+        let norm = global_norm(&scans);
+        self.trace.param_norms.push(norm);
+        if let Some(was) = self.watch.parameters(norm) {
+            let leader = self.fastest_growing(&refs, before)?;
+            self.saw_jump(step, Grew::ParameterNorm, (was, norm), leader, before)?;
+        }
+        if let Some(new) = prepared {
+            opt.commit(new)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// The optimizer state a prepared update would leave, checked as the
+    /// runner checks its optimizer's.
+    fn state_failure<O: GuardOptimizer + ?Sized>(&self, opt: &O) -> Result<Option<Failure>> {
+        let state = opt.prepared_state();
+        let tensors: Vec<&Tensor> = state.iter().map(|(_, _, t)| t).collect();
+        let Some(i) = first_non_finite(&tensors)? else {
+            return Ok(None);
+        };
+        let (index, kind, t) = &state[i];
+        let names = super::optim::opt_var_names(opt, &self.vars, &self.names);
+        let param = names.get(*index).map_or("?", String::as_str);
+        let which = Updated::State { kind, param };
+        let scan = scan_all(&[t])?[0];
+        Ok(Some(checks::update_failure(which, &scan, self.half(), t)?))
+    }
+
+    /// The parameter whose norm grows the most in this update (in
+    /// absolute terms), as in the runner.
+    fn fastest_growing(&self, updated: &[&Tensor], before: &Before) -> Result<String> {
+        let earlier: Vec<&Tensor> = match &before.params {
+            Some(params) => params.iter().collect(),
+            None => self.vars.iter().map(|v| v.as_tensor()).collect(),
+        };
+        let (now, then) = (scan_all(updated)?, scan_all(&earlier)?);
+        let growth = |i: usize| now[i].sum_sq.sqrt() - then[i].sum_sq.sqrt();
+        let i = (0..now.len())
+            .max_by(|&a, &b| growth(a).total_cmp(&growth(b)))
+            .unwrap_or(0);
+        Ok(self.names[i].clone())
+    }
+}
+
+/// A check's failure, if any, as a phase's result.
+fn unless(failure: Option<Failure>) -> Phased<()> {
+    Ok(match failure {
+        Some(f) => Err(f),
+        None => Ok(()),
+    })
+}
+
+/// The loss as a number; the closure must return a scalar.
+pub(super) fn scalar(loss: &Tensor) -> Result<f64> {
+    if loss.elem_count() != 1 {
+        return Err(Error::option(
+            "loss",
+            format!(
+                "the step closure must return the scalar loss, got shape {:?}",
+                loss.dims()
+            ),
+        ));
+    }
+    Ok(loss.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?[0])
+}

@@ -1,0 +1,163 @@
+//! The precision check of a guard's finding, as the runner's
+//! ([`crate::fidelity`]): the failing step re-run from the state before it
+//! — parameters and optimizer state converted, the same batch — in f32 (for
+//! a half-precision loop) and in f64, here through a second guard over the
+//! model the user's [`Rebuild`](super::Rebuild) builds at that precision.
+//! The verdict and the re-runs' notes are the shared ones
+//! ([`PrecisionCheck::of`], [`Rerun::ran`]).
+
+use super::optim::SavedOptimizer;
+use super::state::Before;
+use super::{Batch, Guard, GuardError, GuardOptions, Rebuild};
+use crate::error::Result;
+use crate::finding::{Finding, FindingKind, PrecisionCheck, Rerun, Robustness};
+use crate::spec::OptimizerSpec;
+use crate::spec::PrecisionKind;
+use candle_core::{DType, Tensor};
+
+impl Guard {
+    /// The finding's precision check; "not checked" when the guard cannot
+    /// build the model at another precision.
+    pub(super) fn precision_check(
+        &self,
+        finding: &Finding,
+        before: &Before,
+        batch: &Batch,
+    ) -> Result<PrecisionCheck> {
+        let dtype = self.vars[0].dtype();
+        if dtype == DType::F64 {
+            return Ok(PrecisionCheck::in_f64());
+        }
+        let Some(rebuild) = &self.opts.rebuild else {
+            return Ok(PrecisionCheck {
+                verdict: Robustness::NotChecked,
+                reruns: vec![Rerun::not_run(
+                    "f64",
+                    "the guard cannot build the model at another precision (give it GuardOptions::rebuild)",
+                )],
+                exact_zero_gradients: None,
+            });
+        };
+        let f32_run = match self.half() {
+            true => Some(self.rerun(rebuild, DType::F32, finding, before, batch)?.0),
+            false => None,
+        };
+        let (f64_run, zeros) = self.rerun(rebuild, DType::F64, finding, before, batch)?;
+        Ok(PrecisionCheck::of(f32_run, f64_run, zeros))
+    }
+
+    /// The failing step in `dtype`, on the rebuilt model; with f64, also
+    /// the exact zeros of the failing parameter's gradient for a NaN in
+    /// the update.
+    fn rerun(
+        &self,
+        rebuild: &Rebuild,
+        dtype: DType,
+        finding: &Finding,
+        before: &Before,
+        batch: &Batch,
+    ) -> Result<(Rerun, Option<usize>)> {
+        let name = PrecisionKind::of_dtype(dtype).name();
+        let mut rebuilt = match rebuild(dtype) {
+            Ok(r) => r,
+            Err(e) => return Ok((Rerun::not_run(name, e), None)),
+        };
+        let opts = GuardOptions {
+            dump: None,
+            rebuild: None,
+            ..self.opts.clone()
+        };
+        let mut guard = Guard::new(&rebuilt.varmap, opts)?;
+        if guard.names != self.names {
+            let why = format!(
+                "the rebuilt model's variables {:?} are not the guarded {:?}",
+                guard.names, self.names
+            );
+            return Ok((Rerun::not_run(name, why), None));
+        }
+        // The variables hold the state before the step (restored).
+        for (v, mine) in guard.vars.iter().zip(&self.vars) {
+            v.set(&mine.as_tensor().to_dtype(dtype)?)?;
+        }
+        let Some(spec) = rerun_optimizer(before.optimizer.as_ref(), finding) else {
+            let why = "the failure is in the update and the optimizer's state is private";
+            return Ok((Rerun::not_run(name, why), None));
+        };
+        let mut opt = guard.optimizer(spec)?;
+        if let Some(saved) = &before.optimizer {
+            super::GuardOptimizer::restore(&mut opt, &converted(saved, dtype)?)?;
+        }
+        guard.tracker = before.tracker.clone();
+        guard.trace = before.history.clone();
+        guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
+        let batch = batch_in(batch, dtype)?;
+        let zeros = match (dtype, finding.nan_update_param(&self.names)) {
+            (DType::F64, Some(i)) => {
+                let grads = (rebuilt.loss)(&batch)?.backward()?;
+                let g = grads.get(guard.vars[i].as_tensor());
+                g.map(crate::probe::exact_zeros).transpose()?
+            }
+            _ => None,
+        };
+        let seen = match guard.step(finding.step, &batch, &mut opt, &mut rebuilt.loss) {
+            Ok(_) => None,
+            Err(GuardError::Unstable { finding, .. }) => Some(*finding),
+            Err(GuardError::Invalid(e)) => return Ok((Rerun::not_run(name, e), None)),
+        };
+        let jump = guard
+            .jump
+            .as_ref()
+            .map(|j| &j.jump)
+            .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
+        Ok((Rerun::ran(name, seen.as_ref(), jump), zeros))
+    }
+}
+
+/// The optimizer to re-run the step with: the saved one's spec, or (its
+/// state private) any, when the failure comes before the update.
+fn rerun_optimizer(saved: Option<&SavedOptimizer>, finding: &Finding) -> Option<OptimizerSpec> {
+    match saved {
+        Some(s) => Some(s.spec.clone()),
+        None if finding.phase == crate::finding::Phase::Update
+            || finding.kind == FindingKind::Divergence =>
+        {
+            None
+        }
+        None => Some(OptimizerSpec::Sgd {
+            lr: 0.0,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        }),
+    }
+}
+
+/// A saved optimizer's state in `dtype`.
+fn converted(saved: &SavedOptimizer, dtype: DType) -> Result<SavedOptimizer> {
+    Ok(SavedOptimizer {
+        spec: saved.spec.clone(),
+        steps: saved.steps,
+        tensors: saved
+            .tensors
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?)))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// The batch with its float tensors in `dtype`.
+fn batch_in(batch: &Batch, dtype: DType) -> Result<Batch> {
+    let parts = batch
+        .parts()
+        .iter()
+        .map(|(n, t)| {
+            let t: Tensor = if t.dtype().is_float() {
+                t.to_dtype(dtype)?
+            } else {
+                t.clone()
+            };
+            Ok((n.clone(), t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Batch::new(parts))
+}

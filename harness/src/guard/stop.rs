@@ -1,0 +1,118 @@
+//! Ending a failed guarded step: the state from before it back in place,
+//! the traced re-run that names the first producer (the same analysis as
+//! the runner's, [`crate::localize`]), the finding built with the one
+//! constructor, its precision check, and the scene.
+
+use super::optim::opt_var_names;
+use super::state::Before;
+use super::{scene, Batch, Guard, GuardError, GuardOptimizer};
+use crate::checks;
+use crate::error::Result;
+use crate::finding::{Failure, Finding, FindingKind, Phase};
+use crate::localize;
+use candle_core::{Result as CandleResult, Tensor};
+use std::path::PathBuf;
+
+impl Guard {
+    /// Ends a failed step: restores the state from before it, localizes,
+    /// builds the finding, checks it at higher precision, writes the
+    /// scene, and makes the error.
+    pub(super) fn stop<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        first: Failure,
+        before: &Before,
+        opt: &mut O,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> GuardError {
+        match self.stopped(step, first, before, opt, batch, loss_of) {
+            Ok(e) => e,
+            Err(e) => e.into(),
+        }
+    }
+
+    fn stopped<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        first: Failure,
+        before: &Before,
+        opt: &mut O,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> Result<GuardError> {
+        // The finding's history ends with the failing step, as the runner's.
+        let trace = self.trace.clone();
+        self.restore(before, opt)?;
+        let failure = self.localize(first, batch, loss_of)?;
+        let mut finding = Finding::new(step, failure, &self.subject(opt), trace);
+        let check = self.precision_check(&finding, before, batch)?;
+        finding.precision = Some(Box::new(check));
+        let dump = self.write_scene(&finding, before, opt, batch)?;
+        Ok(GuardError::Unstable {
+            finding: Box::new(finding),
+            dump,
+        })
+    }
+
+    /// Writes the scene of `finding` (the variables hold the state from
+    /// before its step), when the options name a directory.
+    pub(super) fn write_scene<O: GuardOptimizer + ?Sized>(
+        &self,
+        finding: &Finding,
+        before: &Before,
+        opt: &O,
+        batch: &Batch,
+    ) -> Result<Option<PathBuf>> {
+        let Some(dir) = &self.opts.dump else {
+            return Ok(None);
+        };
+        let params: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let saved = scene::Scene {
+            names: &self.names,
+            before_params: &params,
+            optimizer: before.optimizer.as_ref(),
+            optimizer_name: opt.name(),
+            optimizer_vars: opt_var_names(opt, &self.vars, &self.names),
+            tracker: &before.tracker,
+            history: &before.history,
+            batch,
+            finding,
+            include: &self.opts.include,
+            warnings: &self.warnings,
+        };
+        scene::write(dir, &saved)?;
+        Ok(Some(dir.clone()))
+    }
+
+    /// The first producer of a loss or backward failure, by a traced
+    /// re-run of the loss (nothing is updated); where the gradient flow
+    /// stops for a `no_gradient` one. Other failures are their own producer.
+    fn localize(
+        &self,
+        first: Failure,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> Result<Failure> {
+        if !matches!(first.phase, Phase::Loss | Phase::Backward) {
+            return Ok(first);
+        }
+        let (loss, tracer) = crate::trace::traced(|| loss_of(batch));
+        let loss = loss?;
+        let records = tracer.records();
+        if first.kind == FindingKind::NoGradient {
+            let grads = loss.backward()?;
+            let coverage = crate::coverage::of(&self.names, &self.vars, &grads, &records);
+            return Ok(checks::coverage(coverage).unwrap_or(first));
+        }
+        let half = self.half();
+        if let Some(f) = localize::forward_producer(&records, &batch.tensors(), half)? {
+            return Ok(f);
+        }
+        if !super::phases::scalar(&loss)?.is_finite() {
+            return Ok(first);
+        }
+        let grads = loss.backward()?;
+        Ok(localize::backward_producer(&records, &grads, half, "loss")?.unwrap_or(first))
+    }
+}
