@@ -5,39 +5,23 @@
 //! Calls on other threads (inside a user's own rayon closure) are not
 //! recorded: trace on the thread that runs the step.
 
+use crate::finding::OpKind;
+use crate::models::tracer::{record_active, share};
 use crate::models::Tracer;
 use candle_core::{Result, Tensor};
-use std::cell::{Cell, RefCell};
-
-thread_local! {
-    static ACTIVE: Cell<bool> = const { Cell::new(false) };
-    static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
-}
 
 /// Records `t` as the output of stage `name` when a traced re-run is
 /// active on this thread; use the returned tensor downstream.
 #[inline]
 pub fn trace(name: &str, t: Tensor) -> Result<Tensor> {
-    if !ACTIVE.with(Cell::get) {
-        return Ok(t);
-    }
-    TRACER.with(|tr| match tr.borrow_mut().as_mut() {
-        Some(tracer) => tracer.record(name, t),
-        None => Ok(t),
-    })
+    record_active(name, None, t)
 }
 
 /// Like [`trace`], declaring what the stage computes (`OpKind::Log`,
 /// `OpKind::Norm`, ...): explanations then read the kind, not the name.
 #[inline]
-pub fn trace_as(name: &str, op: crate::finding::OpKind, t: Tensor) -> Result<Tensor> {
-    if !ACTIVE.with(Cell::get) {
-        return Ok(t);
-    }
-    TRACER.with(|tr| match tr.borrow_mut().as_mut() {
-        Some(tracer) => tracer.record_as(name, op, t),
-        None => Ok(t),
-    })
+pub fn trace_as(name: &str, op: OpKind, t: Tensor) -> Result<Tensor> {
+    record_active(name, Some(op), t)
 }
 
 /// Runs `f` with tracing on for this thread; returns its result and the
@@ -48,28 +32,6 @@ pub fn traced<R>(f: impl FnOnce() -> R) -> (R, Tracer) {
     let r = f();
     drop(shared);
     (r, tracer)
-}
-
-/// While the returned value lives, [`trace`] on this thread records into
-/// `tracer` (whose clones share its records); the tracer before is put back
-/// afterwards, even on a panic.
-pub(crate) fn share(tracer: &Tracer) -> Shared {
-    let outer = TRACER.with(|tr| tr.borrow_mut().replace(tracer.clone()));
-    let was = ACTIVE.with(|a| a.replace(true));
-    Shared { outer, was }
-}
-
-pub(crate) struct Shared {
-    outer: Option<Tracer>,
-    was: bool,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        let outer = self.outer.take();
-        TRACER.with(|tr| *tr.borrow_mut() = outer);
-        ACTIVE.with(|a| a.set(self.was));
-    }
 }
 
 #[cfg(test)]

@@ -429,3 +429,120 @@ fn signatures_of_a_users_layers_keep_their_digits() {
     assert_eq!(f.signature.stage, f.stage);
     assert!(f.stage.starts_with("grad.fc1."), "{}", f.stage);
 }
+
+/// A planted bug in a user's model code: its case, its model, and the
+/// stage and pattern its finding must name.
+pub(crate) struct Planted {
+    pub case: Case,
+    pub factory: Box<dyn ModelFactory>,
+    pub stage: &'static str,
+    pub pattern: Pattern,
+}
+
+fn planted(
+    case: Case,
+    factory: impl ModelFactory + 'static,
+    stage: &'static str,
+    pattern: Pattern,
+) -> Planted {
+    Planted {
+        case,
+        factory: Box::new(factory),
+        stage,
+        pattern,
+    }
+}
+
+/// q·kᵀ without 1/sqrt(d) over 32 features.
+pub(crate) fn unscaled_attention(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+    Ok(Box::new(UnscaledAttention {
+        q: linear(32, 32, vb.pp("q"))?,
+        k: linear(32, 32, vb.pp("k"))?,
+        head: linear(32, 4, vb.pp("head"))?,
+    }))
+}
+
+/// Every planted code-bug pattern of this module, for the tests that run
+/// the same bug through other drivers (`one_engine`).
+pub(crate) fn planted_patterns() -> Vec<Planted> {
+    let all_zero = |mut c: Case| {
+        c.data.pathologies = vec![Pathology::AllZero {
+            fraction: 0.1,
+            from_step: 0,
+        }];
+        c
+    };
+    let mut hand_sigmoid = vector("hand_sigmoid");
+    hand_sigmoid.data.scale = 30.0;
+    let tokens = InputSpec::Tokens {
+        seq_len: SEQ,
+        vocab: 16,
+    };
+    let mut f16_attention = custom(
+        "f16_attention",
+        InputSpec::Sequence {
+            seq_len: SEQ,
+            features: 32,
+        },
+    );
+    f16_attention.precision = Precision::F16;
+    f16_attention.data.scale = 60.0;
+    vec![
+        planted(
+            vector("log_softmax"),
+            |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+                Ok(Box::new(LogOfSoftmax(Mlp::new(&vb, 16)?)))
+            },
+            "log_probs",
+            Pattern::LogOfZero,
+        ),
+        planted(
+            all_zero(vector("rownorm")),
+            |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+                Ok(Box::new(RowNorm {
+                    fc1: linear_no_bias(8, 16, vb.pp("fc1"))?,
+                    fc2: linear(16, 4, vb.pp("fc2"))?,
+                }))
+            },
+            "rownorm",
+            Pattern::ZeroNormRow,
+        ),
+        planted(
+            vector("sqrt_relu"),
+            sqrt_relu,
+            "sqrt_relu",
+            Pattern::InfiniteSlopeAtZero,
+        ),
+        planted(
+            hand_sigmoid,
+            |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+                Ok(Box::new(HandSigmoid(Mlp::new(&vb, 16)?)))
+            },
+            "gate_exp",
+            Pattern::ExpOverflow,
+        ),
+        planted(
+            custom("masked_attention", tokens),
+            |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+                Ok(Box::new(attention(&vb, 8)?))
+            },
+            "attn.softmax",
+            Pattern::MaskedRow,
+        ),
+        planted(
+            f16_attention,
+            unscaled_attention,
+            "attn.scores",
+            Pattern::AccumulationOverflow,
+        ),
+        planted(
+            vector("log_rate"),
+            |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+                Ok(Box::new(LogRate(Mlp::new(&vb, 16)?)))
+            },
+            "log_rate",
+            Pattern::NegativeDomain,
+        ),
+    ]
+}
+

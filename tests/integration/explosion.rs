@@ -67,7 +67,7 @@ pub fn exploding_rnn() -> Case {
     c
 }
 
-fn rnn_factory(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+pub(crate) fn rnn_factory(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
     Ok(Box::new(TanhRnn::new(vb, 4, 128)?))
 }
 

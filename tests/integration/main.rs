@@ -11,6 +11,7 @@
 //! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
+//! - `one_engine`: the runner and the guard give the same finding for the same bug.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
@@ -29,6 +30,7 @@ mod fuzz;
 mod guard;
 mod hostile_input;
 mod lrtable;
+mod one_engine;
 mod planted;
 mod real_models;
 mod report;

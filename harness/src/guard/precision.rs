@@ -67,14 +67,23 @@ impl Guard {
             rebuild: None,
             ..self.opts.clone()
         };
-        let mut guard = Guard::new(&rebuilt.varmap, opts)?;
-        if guard.names != self.names {
+        // The rebuilt variables in the guarded order, by name.
+        let rebuilt_vars = rebuilt.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(named) = self
+            .names
+            .iter()
+            .map(|n| rebuilt_vars.get(n).map(|v| (n.clone(), v.clone())))
+            .collect::<Option<Vec<_>>>()
+        else {
+            let mut theirs: Vec<&String> = rebuilt_vars.keys().collect();
+            theirs.sort();
             let why = format!(
-                "the rebuilt model's variables {:?} are not the guarded {:?}",
-                guard.names, self.names
+                "the rebuilt model's variables {theirs:?} are not the guarded {:?}",
+                self.names
             );
             return Ok((Rerun::not_run(name, why), None));
-        }
+        };
+        let mut guard = Guard::with_vars(named, opts)?;
         // The variables hold the state before the step (restored).
         for (v, mine) in guard.vars.iter().zip(&self.vars) {
             v.set(&mine.as_tensor().to_dtype(dtype)?)?;

@@ -212,7 +212,7 @@ impl<'a> Session<'a> {
         let mark = self.trace.mark();
         let mut tracer = Tracer::off().with_intervention(self.intervention.clone());
         // A guarded stage is reached from any depth of the user's code too.
-        let shared = tracer.active().then(|| crate::trace::share(&tracer));
+        let shared = tracer.active().then(|| crate::models::tracer::share(&tracer));
         let inner = self.step_inner(step, lr, &mut tracer, false);
         drop(shared);
         let failure = match inner? {
@@ -390,7 +390,7 @@ impl<'a> Session<'a> {
         self.restore(before)?;
         let mut tracer = Tracer::on().with_intervention(self.intervention.clone());
         // `nanhunt::trace` calls in a user's model record into it too.
-        let shared = crate::trace::share(&tracer);
+        let shared = crate::models::tracer::share(&tracer);
         // A traced re-run reads values in place: its failure is this step's.
         let traced = self.step_inner(step, lr, &mut tracer, true);
         drop(shared);

@@ -1,0 +1,220 @@
+//! The tracer: named intermediate tensors recorded in execution order for
+//! localization, and the thread-local through which a traced re-run
+//! reaches stages recorded at any depth of a user's code
+//! ([`crate::trace`], [`Tracer::current`]).
+
+use crate::finding::{OpKind, StageOp};
+use crate::intervention::Intervention;
+use candle_core::{Result, Tensor};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Records named intermediate tensors ("block1.conv", "layer0.attn.softmax")
+/// in execution order, for localization.
+///
+/// `record` returns the tensor the model must use downstream. With tracing
+/// off it is the same tensor (no cost). With tracing on it is `t + z` for a
+/// fresh zero variable `z` of the same shape: the forward value is unchanged
+/// and, since candle keeps gradients only for variables, the gradient of `z`
+/// after backward *is* the gradient of this stage's output.
+///
+/// The records are shared by the tracer's clones: while a traced re-run is
+/// active, [`crate::trace`] (called anywhere in a user's code) records into
+/// the same list, in execution order.
+#[derive(Clone, Default)]
+pub struct Tracer {
+    enabled: bool,
+    /// Records into the thread's active traced re-run, if any
+    /// ([`Tracer::current`]).
+    thread: bool,
+    records: Rc<RefCell<Vec<Record>>>,
+    /// A guarded stage (diagnose's interventions): applied to the tensor a
+    /// model continues with, whether or not tracing is on.
+    intervention: Option<Arc<Intervention>>,
+}
+
+/// One recorded stage.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct Record {
+    pub name: String,
+    /// What the stage computes, when the model declared it
+    /// ([`Tracer::record_as`], [`crate::trace_as`]).
+    pub op: Option<OpKind>,
+    pub output: Tensor,
+    /// The zero variable whose gradient is the gradient of `output`.
+    pub grad_probe: candle_core::Var,
+}
+
+impl Record {
+    /// The stage's op: as declared, else as its name reads (marked so).
+    pub fn stage_op(&self) -> Option<StageOp> {
+        StageOp::of(&self.name, self.op)
+    }
+}
+
+thread_local! {
+    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
+}
+
+impl Tracer {
+    /// A tracer that records nothing (the per-step default).
+    pub fn off() -> Self {
+        Tracer::default()
+    }
+
+    pub fn on() -> Self {
+        Tracer {
+            enabled: true,
+            ..Tracer::default()
+        }
+    }
+
+    /// A tracer that records into the traced re-run active on this thread
+    /// (the runner's, the guard's, `nanhunt::traced`), as
+    /// [`crate::trace`] does, and costs one flag read otherwise: a model
+    /// written against [`Tracer`] runs in a user's own guarded loop with
+    /// `model.forward(x, &mut Tracer::current())`.
+    pub fn current() -> Self {
+        Tracer {
+            thread: true,
+            ..Tracer::default()
+        }
+    }
+
+    /// This tracer, guarding the intervention's stages.
+    pub fn with_intervention(mut self, intervention: Option<Arc<Intervention>>) -> Self {
+        self.intervention = intervention;
+        self
+    }
+
+    /// Whether `record` does anything (tracing or an intervention).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.enabled || self.intervention.is_some() || (self.thread && ACTIVE.with(Cell::get))
+    }
+
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records `t` under `name` when tracing is on; use the returned tensor.
+    #[inline]
+    pub fn record(&mut self, name: &str, t: Tensor) -> Result<Tensor> {
+        if self.active() {
+            self.push(name.to_string(), None, t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// Records `t` under `name` as the output of an `op` (a log, a norm,
+    /// a softmax, ...): explanations read what the stage computed from the
+    /// kind, not from its name.
+    #[inline]
+    pub fn record_as(&mut self, name: &str, op: OpKind, t: Tensor) -> Result<Tensor> {
+        if self.active() {
+            self.push(name.to_string(), Some(op), t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// Like [`Tracer::record`], but the name is only built when tracing is on.
+    #[inline]
+    pub fn record_with(&mut self, name: impl FnOnce() -> String, t: Tensor) -> Result<Tensor> {
+        if self.active() {
+            self.push(name(), None, t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// Like [`Tracer::record_as`], with the name built only when tracing is on.
+    #[inline]
+    pub fn record_with_as(
+        &mut self,
+        name: impl FnOnce() -> String,
+        op: OpKind,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        if self.active() {
+            self.push(name(), Some(op), t)
+        } else {
+            Ok(t)
+        }
+    }
+
+    fn push(&mut self, name: String, op: Option<OpKind>, t: Tensor) -> Result<Tensor> {
+        if self.thread {
+            return record_active(&name, op, t);
+        }
+        if !self.enabled {
+            return match &self.intervention {
+                Some(iv) => iv.apply(&name, t),
+                None => Ok(t),
+            };
+        }
+        let z = candle_core::Var::zeros(t.shape(), t.dtype(), t.device())?;
+        let mut out = (&t + z.as_tensor())?;
+        // Guarded after the probe: the record holds what the model goes on
+        // with, and the probe's gradient is the one the guard passed back.
+        if let Some(iv) = &self.intervention {
+            out = iv.apply(&name, out)?;
+        }
+        self.records.borrow_mut().push(Record {
+            name,
+            op,
+            output: out.clone(),
+            grad_probe: z,
+        });
+        Ok(out)
+    }
+
+    /// The stages recorded so far, in execution order.
+    pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
+        self.records.borrow()
+    }
+
+    pub fn into_records(self) -> Vec<Record> {
+        self.records.borrow().clone()
+    }
+}
+
+/// Records `t` into the traced re-run active on this thread, if any;
+/// otherwise hands it back at the cost of one flag read.
+#[inline]
+pub(crate) fn record_active(name: &str, op: Option<OpKind>, t: Tensor) -> Result<Tensor> {
+    if !ACTIVE.with(Cell::get) {
+        return Ok(t);
+    }
+    TRACER.with(|tr| match tr.borrow_mut().as_mut() {
+        Some(tracer) if !tracer.thread => tracer.push(name.to_string(), op, t),
+        _ => Ok(t),
+    })
+}
+
+/// While the returned value lives, [`record_active`] on this thread
+/// records into `tracer` (whose clones share its records); the tracer
+/// before is put back afterwards, even on a panic.
+pub(crate) fn share(tracer: &Tracer) -> Shared {
+    let outer = TRACER.with(|tr| tr.borrow_mut().replace(tracer.clone()));
+    let was = ACTIVE.with(|a| a.replace(true));
+    Shared { outer, was }
+}
+
+pub(crate) struct Shared {
+    outer: Option<Tracer>,
+    was: bool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let outer = self.outer.take();
+        TRACER.with(|tr| *tr.borrow_mut() = outer);
+        ACTIVE.with(|a| a.set(self.was));
+    }
+}

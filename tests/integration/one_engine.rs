@@ -1,0 +1,197 @@
+//! One engine, two drivers: the same user model with the same planted bug,
+//! run by `run_model` and by the guard in a plain candle loop over the
+//! same parameters, batches, optimizer and loss, gives the same finding —
+//! the same signature, stage, kind, step and explanation — whoever drove
+//! the step.
+
+use crate::code_bugs::{planted_patterns, Planted};
+use candle_core::{DType, Device, Tensor};
+use nanhunt::data::{HostBatch, HostInput};
+use nanhunt::guard::{Batch, Guard, GuardError, GuardOptions, Rebuilt};
+use nanhunt::models::{Knobs, Model, ModelFactory, ParamStore, Tracer};
+use nanhunt::runner::Session;
+use nanhunt::spec::Case;
+use nanhunt::{run_model, Finding, Outcome, RunOptions};
+
+/// The case's batch of a step as the guard's named tensors: `x` in the
+/// compute dtype, the dense targets `y` in the loss dtype.
+fn batch_of(b: &HostBatch, case: &Case) -> Batch {
+    let cpu = Device::Cpu;
+    let x = match &b.input {
+        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &cpu)
+            .unwrap()
+            .to_dtype(case.precision.compute_dtype())
+            .unwrap(),
+        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &cpu).unwrap(),
+    };
+    let y = Tensor::from_slice(&b.targets, (b.rows(), b.classes), &cpu)
+        .unwrap()
+        .to_dtype(case.precision.loss_dtype())
+        .unwrap();
+    Batch::new([("x", x), ("y", y)])
+}
+
+/// The case's loss of a model's output on a guard's batch, as the runner
+/// computes it (in the targets' dtype: the case's loss dtype, or the
+/// precision a rebuilt model runs in).
+fn case_loss(model: &dyn Model, case: &Case, b: &Batch) -> candle_core::Result<Tensor> {
+    let out = model.forward(b.get("x")?, &mut Tracer::current())?;
+    let targets = b.get("y")?;
+    let logits = match out.rank() {
+        3 => out.flatten(0, 1)?,
+        _ => out,
+    }
+    .to_dtype(targets.dtype())?;
+    nanhunt::losses::batch_loss(&case.loss, None, &logits, targets, None)
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))
+}
+
+/// The planted model in a user's own guarded loop: the runner's initial
+/// parameters (the same seeded store), its batches, its optimizer and loss.
+fn guarded(case: &Case, factory: &dyn ModelFactory) -> Finding {
+    guarded_with(case, factory, GuardOptions::default())
+}
+
+fn guarded_with(case: &Case, factory: &dyn ModelFactory, opts: GuardOptions) -> Finding {
+    let batches = Session::new(case, factory, &RunOptions::default()).unwrap();
+    let store = ParamStore::new(
+        case.seed,
+        case.model.init(),
+        case.precision.master_dtype(),
+        Device::Cpu,
+    );
+    let knobs = Knobs::of(&case.model);
+    factory
+        .build_with(store.creating_builder(), &case.model, &knobs)
+        .unwrap();
+    let compute = case.precision.compute_dtype();
+    let model = factory
+        .build_with(store.compute_builder(compute), &case.model, &knobs)
+        .unwrap();
+    let opts = opts.named(case.family());
+    let mut guard = Guard::with_vars(store.trainable(), opts).unwrap();
+    let mut opt = guard.optimizer(case.optimizer.clone()).unwrap();
+    let loss_of = |b: &Batch| case_loss(&*model, case, b);
+    for step in 0..case.steps {
+        let b = batches.batch(step).unwrap().unwrap();
+        match guard.step(step, &batch_of(&b, case), &mut opt, loss_of) {
+            Ok(_) => {}
+            Err(GuardError::Unstable { finding, .. }) => return *finding,
+            Err(e) => panic!("{}: the guard failed: {e}", case.family()),
+        }
+    }
+    match guard.finish(&opt) {
+        Err(GuardError::Unstable { finding, .. }) => *finding,
+        other => panic!("{}: the guarded loop found nothing: {other:?}", case.family()),
+    }
+}
+
+#[test]
+fn the_runner_and_the_guard_give_the_same_finding_for_every_planted_pattern() {
+    let all = planted_patterns();
+    assert!(all.len() >= 7, "the planted patterns of code_bugs");
+    for Planted {
+        case,
+        factory,
+        stage,
+        pattern,
+    } in all
+    {
+        let name = case.family().to_string();
+        let ran = match run_model(&case, &*factory, &RunOptions::default()).unwrap() {
+            Outcome::Unstable { finding } => *finding,
+            other => panic!("{name}: run_model found nothing: {}", other.verdict()),
+        };
+        let guarded = guarded(&case, &*factory);
+        assert_eq!(
+            (&guarded.signature, &guarded.stage, guarded.kind, guarded.step),
+            (&ran.signature, &ran.stage, ran.kind, ran.step),
+            "{name}: {} / {}",
+            guarded.detail,
+            ran.detail
+        );
+        let (e_run, e_guard) = (ran.explanation.unwrap(), guarded.explanation.unwrap());
+        assert_eq!((e_run.stage.as_str(), e_run.pattern), (stage, pattern), "{name}: {}", e_run.sentence);
+        assert_eq!(e_guard, e_run, "{name}");
+        // Both carry the precision check's verdict field (the guard's says
+        // why it could not re-run: it has no rebuild here).
+        assert!(ran.precision.is_some() && guarded.precision.is_some(), "{name}");
+    }
+}
+
+#[test]
+fn a_half_precision_overflow_of_the_loss_is_an_overflow_in_both_drivers() {
+    // The loss itself overflows f16: 1e3 * sum(w) with w = 100 is 4e5.
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F16, &Device::Cpu);
+    let w = vb
+        .get_with_hints(4, "w", candle_nn::Init::Const(100.0))
+        .unwrap();
+    let mut guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+    let mut opt = guard
+        .optimizer(nanhunt::spec::OptimizerSpec::Sgd {
+            lr: 1e-3,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        })
+        .unwrap();
+    let b = Batch::new([("x", Tensor::ones(4, DType::F16, &Device::Cpu).unwrap())]);
+    let err = guard
+        .step(0, &b, &mut opt, |_| (&w * 1e3)?.sum_all())
+        .unwrap_err();
+    let f = err.finding().unwrap();
+    assert_eq!(f.kind, nanhunt::FindingKind::Overflow, "{}", f.detail);
+    assert_eq!(f.signature.precision, "f16");
+}
+
+#[test]
+fn a_finite_explosion_is_the_same_finding_in_the_guard_judged_at_the_loops_end() {
+    let case = crate::explosion::exploding_rnn();
+    let factory = crate::explosion::rnn_factory;
+    let ran = match run_model(&case, &factory, &RunOptions::default()).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("run_model found nothing: {}", other.verdict()),
+    };
+    let guarded = guarded(&case, &factory);
+    assert_eq!(ran.kind, nanhunt::FindingKind::Explosion, "{}", ran.detail);
+    assert_eq!(
+        (&guarded.signature, &guarded.stage, guarded.step),
+        (&ran.signature, &ran.stage, ran.step),
+        "{} / {}",
+        guarded.detail,
+        ran.detail
+    );
+    assert!(guarded.detail.contains("never recovered"), "{}", guarded.detail);
+    assert_eq!(guarded.trace.losses, ran.trace.losses, "the same history up to the jump");
+}
+
+#[test]
+fn a_guard_finding_gets_the_runners_precision_check_when_its_model_can_be_rebuilt() {
+    let p = planted_patterns()
+        .into_iter()
+        .find(|p| p.case.family() == "f16_attention")
+        .unwrap();
+    let ran = match run_model(&p.case, &*p.factory, &RunOptions::default()).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("run_model found nothing: {}", other.verdict()),
+    };
+    let case = p.case.clone();
+    let rebuild = move |dtype: DType| {
+        let varmap = candle_nn::VarMap::new();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, dtype, &Device::Cpu);
+        let model = crate::code_bugs::unscaled_attention(vb)?;
+        let case = case.clone();
+        Ok(Rebuilt::new(varmap, move |b: &Batch| case_loss(&*model, &case, b)))
+    };
+    let opts = GuardOptions::default().rebuild(rebuild);
+    let rebuilt = guarded_with(&p.case, &*p.factory, opts);
+    let (checked, expected) = (rebuilt.precision.unwrap(), ran.precision.unwrap());
+    assert_eq!(checked.verdict, expected.verdict, "{} / {}", checked.summary(), expected.summary());
+    assert_eq!(checked.reruns.len(), 2, "f32 and f64: {}", checked.summary());
+    assert!(checked.reruns.iter().all(|r| r.ran), "{}", checked.summary());
+    // Without a rebuild the guard says why it did not check.
+    let plain = guarded(&p.case, &*p.factory).precision.unwrap();
+    assert_eq!(plain.verdict, nanhunt::fidelity::Robustness::NotChecked);
+    assert!(plain.summary().contains("rebuild"), "{}", plain.summary());
+}
