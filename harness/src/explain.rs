@@ -314,6 +314,56 @@ mod tests {
 
     const INF: f32 = f32::INFINITY;
 
+    fn declared(name: &str, op: OpKind, values: &[f32], width: usize) -> Record {
+        let mut r = record(name, values, width);
+        r.op = Some(op);
+        r
+    }
+
+    #[test]
+    fn the_op_a_stage_declares_tells_the_pattern_and_a_name_is_a_marked_fallback() {
+        // What the stage read is not the record before it (a log applied to
+        // a softmax inside the stage): the values cannot tell.
+        let before = record("h", &[1.0, 2.0, 3.0], 3);
+        let out = [f32::NEG_INFINITY, -1.0];
+        let e = forward(
+            &[before.clone(), declared("z", OpKind::Log, &out, 2)],
+            1,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (e.pattern, e.by_name),
+            (Pattern::LogOfZero, false),
+            "{}",
+            e.sentence
+        );
+        let e = forward(&[before.clone(), record("log_probs", &out, 2)], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.by_name),
+            (Pattern::LogOfZero, true),
+            "{}",
+            e.sentence
+        );
+        assert!(e.sentence.contains("read from its name"), "{}", e.sentence);
+        // `logits` is no log: its name is not read as one.
+        let e = forward(&[before.clone(), record("logits", &out, 2)], 1, &[]).unwrap();
+        assert!(
+            e.pattern != Pattern::LogOfZero && !e.by_name,
+            "{}",
+            e.sentence
+        );
+        // An exp declared as such that overflows is no accumulation, whatever
+        // the record before it holds (exp(50·z) with z recorded).
+        let e = forward(
+            &[before, declared("act", OpKind::Exp, &[INF, 1.0], 2)],
+            1,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(e.pattern, Pattern::ExpOverflow, "{}", e.sentence);
+    }
+
     #[test]
     fn element_and_row_patterns_are_told_apart() {
         // Zeros in rows that are not all zeros: 0/0, not a zero norm.

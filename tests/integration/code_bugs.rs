@@ -545,4 +545,3 @@ pub(crate) fn planted_patterns() -> Vec<Planted> {
         ),
     ]
 }
-

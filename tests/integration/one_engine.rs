@@ -82,7 +82,10 @@ fn guarded_with(case: &Case, factory: &dyn ModelFactory, opts: GuardOptions) -> 
     }
     match guard.finish(&opt) {
         Err(GuardError::Unstable { finding, .. }) => *finding,
-        other => panic!("{}: the guarded loop found nothing: {other:?}", case.family()),
+        other => panic!(
+            "{}: the guarded loop found nothing: {other:?}",
+            case.family()
+        ),
     }
 }
 
@@ -104,18 +107,31 @@ fn the_runner_and_the_guard_give_the_same_finding_for_every_planted_pattern() {
         };
         let guarded = guarded(&case, &*factory);
         assert_eq!(
-            (&guarded.signature, &guarded.stage, guarded.kind, guarded.step),
+            (
+                &guarded.signature,
+                &guarded.stage,
+                guarded.kind,
+                guarded.step
+            ),
             (&ran.signature, &ran.stage, ran.kind, ran.step),
             "{name}: {} / {}",
             guarded.detail,
             ran.detail
         );
         let (e_run, e_guard) = (ran.explanation.unwrap(), guarded.explanation.unwrap());
-        assert_eq!((e_run.stage.as_str(), e_run.pattern), (stage, pattern), "{name}: {}", e_run.sentence);
+        assert_eq!(
+            (e_run.stage.as_str(), e_run.pattern),
+            (stage, pattern),
+            "{name}: {}",
+            e_run.sentence
+        );
         assert_eq!(e_guard, e_run, "{name}");
         // Both carry the precision check's verdict field (the guard's says
         // why it could not re-run: it has no rebuild here).
-        assert!(ran.precision.is_some() && guarded.precision.is_some(), "{name}");
+        assert!(
+            ran.precision.is_some() && guarded.precision.is_some(),
+            "{name}"
+        );
     }
 }
 
@@ -162,8 +178,15 @@ fn a_finite_explosion_is_the_same_finding_in_the_guard_judged_at_the_loops_end()
         guarded.detail,
         ran.detail
     );
-    assert!(guarded.detail.contains("never recovered"), "{}", guarded.detail);
-    assert_eq!(guarded.trace.losses, ran.trace.losses, "the same history up to the jump");
+    assert!(
+        guarded.detail.contains("never recovered"),
+        "{}",
+        guarded.detail
+    );
+    assert_eq!(
+        guarded.trace.losses, ran.trace.losses,
+        "the same history up to the jump"
+    );
 }
 
 #[test]
@@ -182,14 +205,31 @@ fn a_guard_finding_gets_the_runners_precision_check_when_its_model_can_be_rebuil
         let vb = candle_nn::VarBuilder::from_varmap(&varmap, dtype, &Device::Cpu);
         let model = crate::code_bugs::unscaled_attention(vb)?;
         let case = case.clone();
-        Ok(Rebuilt::new(varmap, move |b: &Batch| case_loss(&*model, &case, b)))
+        Ok(Rebuilt::new(varmap, move |b: &Batch| {
+            case_loss(&*model, &case, b)
+        }))
     };
     let opts = GuardOptions::default().rebuild(rebuild);
     let rebuilt = guarded_with(&p.case, &*p.factory, opts);
     let (checked, expected) = (rebuilt.precision.unwrap(), ran.precision.unwrap());
-    assert_eq!(checked.verdict, expected.verdict, "{} / {}", checked.summary(), expected.summary());
-    assert_eq!(checked.reruns.len(), 2, "f32 and f64: {}", checked.summary());
-    assert!(checked.reruns.iter().all(|r| r.ran), "{}", checked.summary());
+    assert_eq!(
+        checked.verdict,
+        expected.verdict,
+        "{} / {}",
+        checked.summary(),
+        expected.summary()
+    );
+    assert_eq!(
+        checked.reruns.len(),
+        2,
+        "f32 and f64: {}",
+        checked.summary()
+    );
+    assert!(
+        checked.reruns.iter().all(|r| r.ran),
+        "{}",
+        checked.summary()
+    );
     // Without a rebuild the guard says why it did not check.
     let plain = guarded(&p.case, &*p.factory).precision.unwrap();
     assert_eq!(plain.verdict, nanhunt::fidelity::Robustness::NotChecked);

@@ -68,7 +68,12 @@ impl Guard {
             ..self.opts.clone()
         };
         // The rebuilt variables in the guarded order, by name.
-        let rebuilt_vars = rebuilt.varmap.data().lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rebuilt_vars = rebuilt
+            .varmap
+            .data()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let Some(named) = self
             .names
             .iter()

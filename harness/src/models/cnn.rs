@@ -3,6 +3,7 @@
 
 use super::layers::{self, BatchNorm2d, Conv2d, Linear};
 use super::{Model, Tracer};
+use crate::finding::OpKind;
 use crate::kernels;
 use crate::spec::{Activation, CnnSpec, Pool};
 use candle_core::{Result, Tensor};
@@ -54,9 +55,14 @@ impl Model for Cnn {
         let mut x = input.clone();
         for b in &self.blocks {
             let skip = x.clone();
-            let mut y = tr.record_with(|| format!("{}.conv", b.name), b.conv.forward(&x)?)?;
+            let mut y = tr.record_with_as(
+                || format!("{}.conv", b.name),
+                OpKind::Conv,
+                b.conv.forward(&x)?,
+            )?;
             if let Some(bn) = &b.bn {
-                y = tr.record_with(|| format!("{}.bn", b.name), bn.forward(&y)?)?;
+                y =
+                    tr.record_with_as(|| format!("{}.bn", b.name), OpKind::Norm, bn.forward(&y)?)?;
             }
             // Activation and max pooling as one op where nothing comes
             // between them: the activated tensor is then never stored. A
@@ -73,25 +79,34 @@ impl Model for Cnn {
                     continue;
                 }
             }
-            y = tr.record_with(
+            y = tr.record_with_as(
                 || format!("{}.act", b.name),
+                OpKind::Activation,
                 layers::activate(&y, b.activation)?,
             )?;
             if b.residual {
-                y = tr.record_with(|| format!("{}.residual", b.name), (y + skip)?)?;
+                y = tr.record_with_as(
+                    || format!("{}.residual", b.name),
+                    OpKind::Residual,
+                    (y + skip)?,
+                )?;
             }
             y = match b.pool {
-                Pool::Max => {
-                    tr.record_with(|| format!("{}.pool", b.name), layers::max_pool2x2(&y)?)?
-                }
-                Pool::Avg => {
-                    tr.record_with(|| format!("{}.pool", b.name), layers::avg_pool2x2(&y)?)?
-                }
+                Pool::Max => tr.record_with_as(
+                    || format!("{}.pool", b.name),
+                    OpKind::Pool,
+                    layers::max_pool2x2(&y)?,
+                )?,
+                Pool::Avg => tr.record_with_as(
+                    || format!("{}.pool", b.name),
+                    OpKind::Pool,
+                    layers::avg_pool2x2(&y)?,
+                )?,
                 Pool::None => y,
             };
             x = y;
         }
-        let pooled = tr.record("head.pool", layers::global_avg_pool(&x)?)?;
-        tr.record("head.linear", self.head.forward(&pooled)?)
+        let pooled = tr.record_as("head.pool", OpKind::Pool, layers::global_avg_pool(&x)?)?;
+        tr.record_as("head.linear", OpKind::Linear, self.head.forward(&pooled)?)
     }
 }

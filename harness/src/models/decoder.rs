@@ -6,6 +6,7 @@
 
 use super::layers::{self, Linear, RmsNorm};
 use super::{Model, Tracer};
+use crate::finding::OpKind;
 use crate::kernels;
 use crate::spec::{AttentionScale, DecoderSpec};
 use candle_core::{DType, Result, Tensor};
@@ -126,28 +127,50 @@ impl Decoder {
         tr: &mut Tracer,
     ) -> Result<Tensor> {
         let (cos, sin) = tables;
-        let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
-        let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
-        let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
+        let q = tr.record_with_as(
+            || format!("{}.attn.q", l.name),
+            OpKind::Linear,
+            l.q.forward(x)?,
+        )?;
+        let k = tr.record_with_as(
+            || format!("{}.attn.k", l.name),
+            OpKind::Linear,
+            l.k.forward(x)?,
+        )?;
+        let v = tr.record_with_as(
+            || format!("{}.attn.v", l.name),
+            OpKind::Linear,
+            l.v.forward(x)?,
+        )?;
         let q = Self::rotate(&q, self.heads, cos, sin)?;
         let k = Self::rotate(&k, self.kv_heads, cos, sin)?;
         let (k, v) = (self.share_kv(&k)?, self.share_kv(&v)?);
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
-        let scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
+        let scores =
+            tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
         let scores = causal.mask.where_cond(&scores, &causal.blocked)?;
-        let probs = tr.record_with(
+        let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
+            OpKind::Softmax,
             layers::softmax(&scores)?,
         )?;
         let ctx = kernels::attention_context(&probs, &v, self.heads)?;
-        tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)
+        tr.record_with_as(
+            || format!("{}.attn.out", l.name),
+            OpKind::Linear,
+            l.o.forward(&ctx)?,
+        )
     }
 
     /// SwiGLU: down(silu(gate(x)) · up(x)).
     fn mlp(&self, l: &Block, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let h = kernels::swiglu(&l.gate.forward(x)?, &l.up.forward(x)?)?;
-        let h = tr.record_with(|| format!("{}.mlp.swiglu", l.name), h)?;
-        tr.record_with(|| format!("{}.mlp.down", l.name), l.down.forward(&h)?)
+        let h = tr.record_with_as(|| format!("{}.mlp.swiglu", l.name), OpKind::Activation, h)?;
+        tr.record_with_as(
+            || format!("{}.mlp.down", l.name),
+            OpKind::Linear,
+            l.down.forward(&h)?,
+        )
     }
 }
 
@@ -178,17 +201,25 @@ impl Model for Decoder {
         let (b, s) = input.dims2()?;
         let ids = input.to_dtype(DType::U32)?.flatten_all()?;
         let x = self.embed.embedding(&ids)?.reshape((b, s, ()))?;
-        let mut x = tr.record("embed", x)?;
+        let mut x = tr.record_as("embed", OpKind::Embedding, x)?;
         let hd = x.dim(2)? / self.heads;
         let tables = self.rope_tables(s, hd, &x)?;
         let causal = Causal::new((b, self.heads, s, s), x.dtype(), x.device())?;
         for l in &self.blocks {
-            let h = tr.record_with(|| format!("{}.ln1", l.name), l.ln1.forward(&x)?)?;
+            let h = tr.record_with_as(
+                || format!("{}.ln1", l.name),
+                OpKind::Norm,
+                l.ln1.forward(&x)?,
+            )?;
             x = (&x + self.attention(l, &h, &tables, &causal, tr)?)?;
-            let h = tr.record_with(|| format!("{}.ln2", l.name), l.ln2.forward(&x)?)?;
+            let h = tr.record_with_as(
+                || format!("{}.ln2", l.name),
+                OpKind::Norm,
+                l.ln2.forward(&x)?,
+            )?;
             x = (&x + self.mlp(l, &h, tr)?)?;
         }
-        let x = tr.record("final_norm", self.final_norm.forward(&x)?)?;
-        tr.record("head.linear", self.head.forward(&x)?)
+        let x = tr.record_as("final_norm", OpKind::Norm, self.final_norm.forward(&x)?)?;
+        tr.record_as("head.linear", OpKind::Linear, self.head.forward(&x)?)
     }
 }

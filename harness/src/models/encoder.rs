@@ -6,6 +6,7 @@
 
 use super::layers::{self, LayerNorm, Linear};
 use super::{Model, Tracer};
+use crate::finding::OpKind;
 use crate::kernels;
 use crate::spec::{AttentionScale, EncoderSpec, MaskKind};
 use candle_core::{DType, Result, Tensor};
@@ -90,7 +91,7 @@ impl Encoder {
             MaskKind::Additive { value } => {
                 // BERT's (1 - keep) · value, in the compute dtype.
                 let add = keys.affine(-1.0, 1.0)?.affine(value, 0.0)?;
-                let add = tr.record_with(|| format!("{name}.attn.mask"), add)?;
+                let add = tr.record_with_as(|| format!("{name}.attn.mask"), OpKind::Mask, add)?;
                 scores.broadcast_add(&add)
             }
             MaskKind::NegInf => {
@@ -105,18 +106,36 @@ impl Encoder {
     }
 
     fn attention(&self, l: &Block, x: &Tensor, keep: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
-        let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
-        let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
+        let q = tr.record_with_as(
+            || format!("{}.attn.q", l.name),
+            OpKind::Linear,
+            l.q.forward(x)?,
+        )?;
+        let k = tr.record_with_as(
+            || format!("{}.attn.k", l.name),
+            OpKind::Linear,
+            l.k.forward(x)?,
+        )?;
+        let v = tr.record_with_as(
+            || format!("{}.attn.v", l.name),
+            OpKind::Linear,
+            l.v.forward(x)?,
+        )?;
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
-        let scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
+        let scores =
+            tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
         let scores = self.masked(&scores, keep, tr, &l.name)?;
-        let probs = tr.record_with(
+        let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
+            OpKind::Softmax,
             layers::softmax(&scores)?,
         )?;
         let ctx = kernels::attention_context(&probs, &v, self.heads)?;
-        tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)
+        tr.record_with_as(
+            || format!("{}.attn.out", l.name),
+            OpKind::Linear,
+            l.o.forward(&ctx)?,
+        )
     }
 }
 
@@ -129,20 +148,33 @@ impl Model for Encoder {
             .embedding(&ids.flatten_all()?)?
             .reshape((b, s, ()))?
             .broadcast_add(&self.pos)?;
-        let mut x = tr.record("embed", self.embed_ln.forward(&x)?)?;
+        let mut x = tr.record_as("embed", OpKind::Norm, self.embed_ln.forward(&x)?)?;
         let keep = ids.ne(0u32)?.to_dtype(x.dtype())?;
         for l in &self.blocks {
             let a = self.attention(l, &x, &keep, tr)?;
-            x = tr.record_with(|| format!("{}.ln1", l.name), l.ln1.forward(&(&x + a)?)?)?;
-            let h = tr.record_with(
+            x = tr.record_with_as(
+                || format!("{}.ln1", l.name),
+                OpKind::Norm,
+                l.ln1.forward(&(&x + a)?)?,
+            )?;
+            let h = tr.record_with_as(
                 || format!("{}.mlp.fc1", l.name),
+                OpKind::Activation,
                 kernels::gelu(&l.fc1.forward(&x)?)?,
             )?;
-            let m = tr.record_with(|| format!("{}.mlp.fc2", l.name), l.fc2.forward(&h)?)?;
-            x = tr.record_with(|| format!("{}.ln2", l.name), l.ln2.forward(&(&x + m)?)?)?;
+            let m = tr.record_with_as(
+                || format!("{}.mlp.fc2", l.name),
+                OpKind::Linear,
+                l.fc2.forward(&h)?,
+            )?;
+            x = tr.record_with_as(
+                || format!("{}.ln2", l.name),
+                OpKind::Norm,
+                l.ln2.forward(&(&x + m)?)?,
+            )?;
         }
         // The first token's state stands for the sequence ([CLS]).
-        let first = tr.record("head.first", x.narrow(1, 0, 1)?.squeeze(1)?)?;
-        tr.record("head.linear", self.head.forward(&first)?)
+        let first = tr.record_as("head.first", OpKind::Other, x.narrow(1, 0, 1)?.squeeze(1)?)?;
+        tr.record_as("head.linear", OpKind::Linear, self.head.forward(&first)?)
     }
 }

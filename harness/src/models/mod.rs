@@ -9,8 +9,8 @@ mod decoder;
 mod encoder;
 pub mod layers;
 pub mod params;
-pub(crate) mod tracer;
 mod rnn;
+pub(crate) mod tracer;
 mod transformer;
 
 pub use params::{init_std, is_buffer, ParamStore};

@@ -4,6 +4,7 @@
 
 use super::layers::Linear;
 use super::{Model, Tracer};
+use crate::finding::OpKind;
 use crate::kernels;
 use crate::spec::{CellKind, RnnSpec};
 use candle_core::{Result, Tensor};
@@ -78,24 +79,39 @@ impl Rnn {
             let hw = l.hidden.forward(&h)?;
             match self.cell {
                 CellKind::Rnn => {
-                    let pre = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
+                    let pre = tr.record_with_as(
+                        || format!("{}.t{t}.gates", l.name),
+                        OpKind::Recurrent,
+                        (xt + hw)?,
+                    )?;
                     h = kernels::tanh(&pre)?;
                 }
                 CellKind::Lstm => {
-                    let gates = tr.record_with(|| format!("{}.t{t}.gates", l.name), (xt + hw)?)?;
+                    let gates = tr.record_with_as(
+                        || format!("{}.t{t}.gates", l.name),
+                        OpKind::Recurrent,
+                        (xt + hw)?,
+                    )?;
                     let act = kernels::lstm_activate(&gates)?;
-                    c = tr
-                        .record_with(|| format!("{}.t{t}.c", l.name), kernels::lstm_c(&act, &c)?)?;
+                    c = tr.record_with_as(
+                        || format!("{}.t{t}.c", l.name),
+                        OpKind::Recurrent,
+                        kernels::lstm_c(&act, &c)?,
+                    )?;
                     h = kernels::lstm_h(&act, &c)?;
                 }
                 CellKind::Gru => {
                     let rz = (xt.narrow(1, 0, 2 * hd)? + hw.narrow(1, 0, 2 * hd)?)?;
-                    let rz = tr.record_with(|| format!("{}.t{t}.gates", l.name), rz)?;
+                    let rz = tr.record_with_as(
+                        || format!("{}.t{t}.gates", l.name),
+                        OpKind::Recurrent,
+                        rz,
+                    )?;
                     let n = kernels::gru_n(&rz, &xt, &hw)?;
                     h = kernels::gru_h(&rz, &n, &h)?;
                 }
             }
-            h = tr.record_with(|| format!("{}.t{t}.h", l.name), h)?;
+            h = tr.record_with_as(|| format!("{}.t{t}.h", l.name), OpKind::Recurrent, h)?;
             outputs.push(h.clone());
         }
         Ok(outputs)
@@ -153,6 +169,6 @@ impl Model for Rnn {
             }
             xs.pop().expect("steps > 0")
         };
-        tr.record("head.linear", self.head.forward(&last)?)
+        tr.record_as("head.linear", OpKind::Linear, self.head.forward(&last)?)
     }
 }

@@ -4,6 +4,7 @@
 
 use super::layers::{self, LayerNorm, Linear};
 use super::{Model, Tracer};
+use crate::finding::OpKind;
 use crate::kernels;
 use crate::spec::{AttentionScale, HeadKind, NormPlacement, TokenOrContinuous, TransformerSpec};
 use candle_core::{DType, Result, Tensor};
@@ -115,11 +116,24 @@ impl Transformer {
 
     fn attention(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let s = x.dim(1)?;
-        let q = tr.record_with(|| format!("{}.attn.q", l.name), l.q.forward(x)?)?;
-        let k = tr.record_with(|| format!("{}.attn.k", l.name), l.k.forward(x)?)?;
-        let v = tr.record_with(|| format!("{}.attn.v", l.name), l.v.forward(x)?)?;
+        let q = tr.record_with_as(
+            || format!("{}.attn.q", l.name),
+            OpKind::Linear,
+            l.q.forward(x)?,
+        )?;
+        let k = tr.record_with_as(
+            || format!("{}.attn.k", l.name),
+            OpKind::Linear,
+            l.k.forward(x)?,
+        )?;
+        let v = tr.record_with_as(
+            || format!("{}.attn.v", l.name),
+            OpKind::Linear,
+            l.v.forward(x)?,
+        )?;
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
-        let mut scores = tr.record_with(|| format!("{}.attn.scores", l.name), scores)?;
+        let mut scores =
+            tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
         if self.causal {
             let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
             let blocked = Tensor::new(f32::NEG_INFINITY, x.device())?
@@ -127,21 +141,31 @@ impl Transformer {
                 .broadcast_as(scores.shape())?;
             scores = mask.where_cond(&scores, &blocked)?;
         }
-        let probs = tr.record_with(
+        let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
+            OpKind::Softmax,
             layers::softmax(&scores)?,
         )?;
         let ctx = kernels::attention_context(&probs, &v, self.heads)?;
-        let out = tr.record_with(|| format!("{}.attn.out", l.name), l.o.forward(&ctx)?)?;
+        let out = tr.record_with_as(
+            || format!("{}.attn.out", l.name),
+            OpKind::Linear,
+            l.o.forward(&ctx)?,
+        )?;
         Ok(out)
     }
 
     fn mlp(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let h = tr.record_with(
+        let h = tr.record_with_as(
             || format!("{}.mlp.fc1", l.name),
+            OpKind::Activation,
             kernels::gelu(&l.fc1.forward(x)?)?,
         )?;
-        let out = tr.record_with(|| format!("{}.mlp.fc2", l.name), l.fc2.forward(&h)?)?;
+        let out = tr.record_with_as(
+            || format!("{}.mlp.fc2", l.name),
+            OpKind::Linear,
+            l.fc2.forward(&h)?,
+        )?;
         Ok(out)
     }
 
@@ -152,7 +176,7 @@ impl Transformer {
         tr: &mut Tracer,
     ) -> Result<Tensor> {
         match ln {
-            Some(ln) => tr.record_with(name, ln.forward(x)?),
+            Some(ln) => tr.record_with_as(name, OpKind::Norm, ln.forward(x)?),
             None => Ok(x.clone()),
         }
     }
@@ -168,7 +192,7 @@ impl Model for Transformer {
             }
             Embed::Continuous(lin) => lin.forward(input)?,
         };
-        let mut x = tr.record("embed", x.broadcast_add(&self.pos)?)?;
+        let mut x = tr.record_as("embed", OpKind::Embedding, x.broadcast_add(&self.pos)?)?;
         for l in &self.layers {
             x = match self.norm {
                 NormPlacement::Pre => {
@@ -188,11 +212,11 @@ impl Model for Transformer {
         let x = Self::norm(&self.final_ln, &x, || "final_ln".to_string(), tr)?;
         let out = match self.head_kind {
             HeadKind::Classify => {
-                let pooled = tr.record("head.pool", x.mean(1)?)?;
+                let pooled = tr.record_as("head.pool", OpKind::Pool, x.mean(1)?)?;
                 self.head.forward(&pooled)?
             }
             HeadKind::PerToken => self.head.forward(&x)?,
         };
-        tr.record("head.linear", out)
+        tr.record_as("head.linear", OpKind::Linear, out)
     }
 }

@@ -212,7 +212,9 @@ impl<'a> Session<'a> {
         let mark = self.trace.mark();
         let mut tracer = Tracer::off().with_intervention(self.intervention.clone());
         // A guarded stage is reached from any depth of the user's code too.
-        let shared = tracer.active().then(|| crate::models::tracer::share(&tracer));
+        let shared = tracer
+            .active()
+            .then(|| crate::models::tracer::share(&tracer));
         let inner = self.step_inner(step, lr, &mut tracer, false);
         drop(shared);
         let failure = match inner? {
