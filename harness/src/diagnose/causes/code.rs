@@ -5,11 +5,10 @@
 //! finding without an explanation has no stage to guard, and a stage a
 //! declared knob acts on is the knob's to repair.
 
-use super::knob::at_knob_stage;
-use super::{CauseKind, Context, Relevance, Rule, Runs};
+use super::{at_knob_stage, code_evidence, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::{Cause, Fix};
 use crate::error::Result;
-use crate::finding::{Finding, Outcome, Pattern};
+use crate::finding::{Outcome, Pattern};
 use crate::intervention::Intervention;
 use crate::spec::ModelSpec;
 
@@ -50,7 +49,7 @@ impl Rule for CodeBug {
             CauseKind::CodeBug,
             title,
             None,
-            evidence(finding),
+            code_evidence(finding),
             vec![fix],
             relevance,
         );
@@ -94,13 +93,5 @@ fn guarded_run(ctx: &Context, runs: &mut Runs, intervention: Intervention, repai
         verified,
         result,
         intervention: Some(intervention),
-    }
-}
-
-/// The code-bug cause's evidence: the explanation and the repair.
-pub(super) fn evidence(finding: &Finding) -> Vec<String> {
-    match finding.explanation.as_deref() {
-        Some(e) => vec![e.sentence.clone(), format!("the repair: {}", e.repair)],
-        None => Vec::new(),
     }
 }

@@ -1,7 +1,7 @@
 //! A knob the model declares (step 4): values across its range, each a
 //! verified fix or not; the knob at the failing stage fits it best.
 
-use super::{tried, CauseKind, Context, Relevance, Rule, Runs};
+use super::{at_knob_stage, code_evidence, tried, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::context::variant;
 use crate::diagnose::Cause;
 use crate::error::Result;
@@ -35,7 +35,7 @@ impl Rule for ModelKnob {
             }
             let mut evidence = evidence(name, knob, ctx.finding);
             if at_knob_stage(knob, ctx.finding) {
-                evidence.extend(super::code::evidence(ctx.finding));
+                evidence.extend(code_evidence(ctx.finding));
             }
             let title = format!("the model knob `{name}`");
             let mut cause = Cause::new(
@@ -51,14 +51,6 @@ impl Rule for ModelKnob {
         }
         Ok(causes)
     }
-}
-
-/// Whether the finding is at the stage (or under the stage prefix) the knob
-/// declares it acts on.
-pub(super) fn at_knob_stage(knob: &KnobSpec, f: &Finding) -> bool {
-    knob.stage
-        .as_deref()
-        .is_some_and(|s| crate::models::params::matches_path(&f.stage, s))
 }
 
 /// A knob explains a finding at the stage it declares it acts on, an eps

@@ -29,6 +29,8 @@ use super::context::{Context, Runs, Variant};
 use super::rank::Relevance;
 use super::{Cause, Fix};
 use crate::error::Result;
+use crate::finding::Finding;
+use crate::spec::KnobSpec;
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -165,5 +167,21 @@ pub(super) fn at_site(ctx: &Context, relevance: Relevance) -> Vec<String> {
         vec![ctx.at()]
     } else {
         Vec::new()
+    }
+}
+
+/// Whether the finding is at the stage (or under the stage prefix) the knob
+/// declares it acts on.
+pub(super) fn at_knob_stage(knob: &KnobSpec, f: &Finding) -> bool {
+    knob.stage
+        .as_deref()
+        .is_some_and(|s| crate::models::params::matches_path(&f.stage, s))
+}
+
+/// The code-bug cause's evidence: the explanation and the repair.
+pub(super) fn code_evidence(finding: &Finding) -> Vec<String> {
+    match finding.explanation.as_deref() {
+        Some(e) => vec![e.sentence.clone(), format!("the repair: {}", e.repair)],
+        None => Vec::new(),
     }
 }
