@@ -24,7 +24,7 @@ LAYERS = [
     ("checks and models", ["checks", "intervention", "models", "losses", "state"]),
     ("reading records", ["explain", "coverage", "trace"]),
     ("localization", ["localize"]),
-    ("scenes", ["dump", "repro", "record"]),
+    ("scenes", ["scene", "dump", "repro", "record"]),
     ("drivers of a step", ["runner", "guard"]),
     ("whole runs", ["fidelity", "training"]),
     ("drivers of many runs", ["replay", "differential", "gradcheck", "minimize", "strategy",

@@ -51,6 +51,7 @@ pub mod repro;
 pub mod rng;
 pub mod runner;
 pub mod scaler;
+pub mod scene;
 pub mod spec;
 pub mod state;
 pub mod strategy;

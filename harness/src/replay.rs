@@ -2,83 +2,15 @@
 //! reproducer's case from the start, and say whether the recorded signature
 //! comes back.
 
-use crate::dump::Dump;
 use crate::error::{Error, Result};
-use crate::finding::{Finding, Outcome, Signature};
+use crate::finding::Outcome;
+pub use crate::finding::{ReplayReport, ReplayVerdict};
 use crate::models::{factory_for, BuiltinFactory, ModelFactory};
 use crate::repro::Reproducer;
 use crate::runner::{RunOptions, Session, Snapshot};
+use crate::scene::{OptimizerRecord, SavedScene};
 use crate::training::run_model;
-use serde::Serialize;
 use std::path::Path;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplayVerdict {
-    /// The recorded signature came back.
-    Reproduced,
-    /// The case now trains stably: whatever caused the failure is fixed.
-    Fixed,
-    /// It still fails, but differently.
-    Different,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ReplayReport {
-    pub verdict: ReplayVerdict,
-    /// The recorded signature; `None` for a healthy step's dump.
-    pub expected: Option<Signature>,
-    pub expected_step: usize,
-    /// The failure seen now, if any.
-    pub actual: Option<Finding>,
-    /// Dumps only: whether the failing step's loss has the recorded bits.
-    pub bit_identical: Option<bool>,
-    pub message: String,
-}
-
-impl ReplayReport {
-    fn new(
-        expected: Option<Signature>,
-        expected_step: usize,
-        actual: Option<Finding>,
-        bit_identical: Option<bool>,
-    ) -> Self {
-        let verdict = match (&expected, &actual) {
-            (None, None) => ReplayVerdict::Reproduced,
-            (Some(_), None) => ReplayVerdict::Fixed,
-            (Some(e), Some(f)) if f.signature == *e && f.step == expected_step => {
-                ReplayVerdict::Reproduced
-            }
-            (_, Some(_)) => ReplayVerdict::Different,
-        };
-        let recorded = expected
-            .as_ref()
-            .map_or_else(|| "a healthy step".to_string(), |e| e.to_string());
-        let message = match (&verdict, &actual) {
-            (ReplayVerdict::Reproduced, _) => format!("reproduced: {recorded} at step {expected_step}"),
-            (ReplayVerdict::Fixed, _) => format!(
-                "no longer fails: expected {recorded} at step {expected_step}, but training stayed stable (fixed?)"
-            ),
-            (_, Some(f)) => format!(
-                "fails differently: expected {recorded} at step {expected_step}, got {} at step {}",
-                f.signature, f.step
-            ),
-            (_, None) => unreachable!("a different failure has a finding"),
-        };
-        ReplayReport {
-            verdict,
-            expected,
-            expected_step,
-            actual,
-            bit_identical,
-            message,
-        }
-    }
-
-    pub fn reproduced(&self) -> bool {
-        self.verdict == ReplayVerdict::Reproduced && self.bit_identical != Some(false)
-    }
-}
 
 /// Replays a dump directory or a reproducer file (built-in families).
 pub fn replay_path(path: &Path) -> Result<ReplayReport> {
@@ -94,28 +26,37 @@ pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Resu
     }
 }
 
-/// Restores a dump's saved state and re-runs only the failing step, on
-/// the batch the dump saved (no data file or generator is needed; dumps
-/// from before batches were saved regenerate it).
+/// Restores a scene's saved state and re-runs only its step, on the batch
+/// the scene saved (no data file or generator is needed; dumps from before
+/// batches were saved regenerate it). The scene and the judgement are the
+/// guard's too ([`SavedScene`]); only the driver differs.
 pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
-    let dump = Dump::load(dir, &candle_core::Device::Cpu)?;
-    let builtin = BuiltinFactory::new(&dump.case.model);
-    let factory = factory_for(&dump.case, factory, &builtin)?;
+    let saved = SavedScene::load(dir)?;
+    let case = saved.case.clone().ok_or_else(|| {
+        Error::malformed(
+            crate::error::Document::Dump,
+            &dir.join(crate::scene::CASE_FILE),
+            "missing: this is the scene of a user's own loop; replay it with `nanhunt::guard::replay` and the model"
+                .to_string(),
+        )
+    })?;
+    let builtin = BuiltinFactory::new(&case.model);
+    let factory = factory_for(&case, factory, &builtin)?;
     let opts = RunOptions::default();
-    let mut session = match dump.saved_batch()? {
+    let mut session = match saved.source_batch(&case)? {
         Some(batch) => {
-            let saved = crate::data::Saved {
-                step: dump.stats.step,
+            let source = crate::data::Saved {
+                step: saved.scene.step,
                 batch,
             };
-            Session::with_source(&dump.case, factory, &opts, Box::new(saved))?
+            Session::with_source(&case, factory, &opts, Box::new(source))?
         }
-        None => Session::new(&dump.case, factory, &opts)?,
+        None => Session::new(&case, factory, &opts)?,
     };
-    let snapshot = snapshot_of(&dump, &session)?;
-    session.set_history(dump.stats.resume.trace.clone());
+    let snapshot = snapshot_of(&saved, &session)?;
+    session.set_history(saved.scene.history.clone());
     session.restore(&snapshot)?;
-    let step = dump.stats.step;
+    let step = saved.scene.step;
     let actual = match session.step(step)? {
         Some(f) => Some(f),
         // On an accelerator the step's update is checked at the next copy.
@@ -125,48 +66,43 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
             None => session.jump_finding().filter(|f| f.step == step),
         },
     };
-    let trace = actual.as_ref().map_or(session.trace(), |f| &f.trace);
-    let bit_identical = match (trace.losses.last(), dump.stats.recent_losses.last()) {
-        (Some(now), Some(recorded)) => Some(now.to_bits() == recorded.to_bits()),
-        _ => None,
-    };
-    Ok(ReplayReport::new(
-        dump.stats.finding.as_ref().map(|f| f.signature.clone()),
-        step,
-        actual,
-        bit_identical,
-    ))
+    Ok(saved.report(actual, session.trace()))
 }
 
-/// The session state saved in a dump.
-fn snapshot_of(dump: &Dump, session: &Session) -> Result<Snapshot> {
+/// The session state saved in a scene.
+fn snapshot_of(saved: &SavedScene, session: &Session) -> Result<Snapshot> {
     let (names, vars) = session.vars();
     let mut params = Vec::with_capacity(names.len());
-    // Dumps load on the CPU; the state moves to the session's device.
+    // Scenes load on the CPU; the state moves to the session's device.
     let device = session.params().device().clone();
     let mut state = std::collections::HashMap::new();
     for (name, var) in names.iter().zip(vars) {
-        let t = dump.tensor(&format!("param/{name}"), var.as_tensor())?;
+        let t = saved.tensor(&format!("param/{name}"), var.as_tensor())?;
         params.push(t.to_device(&device)?);
         // The optimizer's state of a parameter has the parameter's shape and dtype.
-        for kind in crate::optim::STATE_KINDS {
+        for (kind, _) in saved.optimizer_state(name) {
             let key = format!("{kind}.{name}");
-            if dump.tensors.contains_key(&format!("optimizer/{key}")) {
-                let t = dump.tensor(&format!("optimizer/{key}"), var.as_tensor())?;
-                state.insert(key, t.to_device(&device)?);
-            }
+            let t = saved.tensor(&format!("optimizer/{key}"), var.as_tensor())?;
+            state.insert(key, t.to_device(&device)?);
         }
     }
-    let mut optimizer = crate::optim::Optimizer::new(&session.case().optimizer, names.len());
-    optimizer.restore(dump.stats.resume.optimizer_steps, names, |n| {
-        state.remove(n)
-    });
+    let case = session.case();
+    let steps = match &saved.scene.optimizer {
+        OptimizerRecord::Saved { steps, .. } => *steps,
+        OptimizerRecord::NotAvailable { .. } => 0,
+    };
+    let mut optimizer = crate::optim::Optimizer::new(&case.optimizer, names.len());
+    optimizer.restore(steps, names, |n| state.remove(n));
     Ok(Snapshot {
         params,
         optimizer,
-        scaler: dump.stats.resume.scaler.clone(),
-        tracker: dump.stats.resume.tracker.clone(),
-        history: dump.stats.resume.trace.mark(),
+        scaler: saved
+            .scene
+            .scaler
+            .clone()
+            .unwrap_or_else(|| crate::scaler::LossScaler::new(case.precision.loss_scaling())),
+        tracker: saved.scene.tracker.clone(),
+        history: saved.scene.history.mark(),
     })
 }
 

@@ -281,8 +281,10 @@ fn a_dump_replays_its_saved_batch_without_the_data_file() {
         stdout(&replay),
         stderr(&replay)
     );
+    // A data fault stops the step before any loss: nothing to compare bit
+    // for bit, and the replay does not claim it.
     assert!(
-        stdout(&replay).contains("bit-identical"),
+        stdout(&replay).contains("reproduced:") && !stdout(&replay).contains("bit-identical"),
         "{}",
         stdout(&replay)
     );

@@ -157,7 +157,7 @@ fn the_cli_prints_the_steps_and_the_ranked_causes() {
     ] {
         assert!(text.contains(needle), "`{needle}` missing:\n{text}");
     }
-    assert!(dump.join("state.safetensors").is_file());
+    assert!(dump.join("scene.safetensors").is_file());
     let out = nanhunt(&["diagnose", cases("valid/rnn.json").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("nothing to diagnose"));

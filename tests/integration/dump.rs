@@ -2,8 +2,8 @@
 //! replayed bit for bit from the saved state; reproducers replayed from scratch.
 
 use crate::support::*;
-use nanhunt::dump::Dump;
 use nanhunt::repro::{Expected, Provenance, Reproducer, REPRO_FORMAT};
+use nanhunt::scene::{OptimizerRecord, SavedScene};
 use nanhunt::spec::*;
 
 /// Adam with lr 2 on the default CNN: diverges at step 21, after Adam's
@@ -44,7 +44,7 @@ fn dump_diverging(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 #[test]
 fn a_dump_replays_bit_for_bit_from_its_saved_state() {
     let (dir, dump) = dump_diverging("dump-replay");
-    for file in ["case.json", "state.safetensors", "stats.json"] {
+    for file in ["case.json", "scene.safetensors", "scene.json"] {
         assert!(dump.join(file).is_file(), "{file} missing");
     }
     // Nothing but the dump itself is left behind (the temp dir was renamed).
@@ -54,14 +54,21 @@ fn a_dump_replays_bit_for_bit_from_its_saved_state() {
         .collect();
     assert_eq!(entries.len(), 2, "{entries:?}");
 
-    let loaded = Dump::load(&dump, &candle_core::Device::Cpu).unwrap();
-    assert_eq!(loaded.stats.step, 21);
-    assert_eq!(loaded.stats.recent_losses.len(), 20);
+    let loaded = SavedScene::load(&dump).unwrap();
+    assert_eq!(loaded.scene.step, 21);
+    assert_eq!(loaded.scene.recent_losses.len(), 20);
     assert!(loaded
         .tensors
         .contains_key("optimizer/m.block0.conv.weight"));
     assert!(loaded.tensors.contains_key("batch/inputs"));
-    assert_eq!(loaded.stats.resume.optimizer_steps, 21);
+    assert!(
+        matches!(
+            loaded.scene.optimizer,
+            OptimizerRecord::Saved { steps: 21, .. }
+        ),
+        "{:?}",
+        loaded.scene.optimizer
+    );
 
     let out = nanhunt(&["replay", dump.to_str().unwrap()]);
     let text = stdout(&out);
@@ -111,8 +118,8 @@ fn pythons_safetensors_loads_the_state() {
     let script = r#"
 import json, sys
 from safetensors.numpy import load_file
-state = load_file(sys.argv[1] + "/state.safetensors")
-stats = json.load(open(sys.argv[1] + "/stats.json"))
+state = load_file(sys.argv[1] + "/scene.safetensors")
+stats = json.load(open(sys.argv[1] + "/scene.json"))
 for name, t in sorted(state.items()):
     assert list(t.shape) == stats["tensors"][name]["shape"], name
 x = state["batch/inputs"]
@@ -199,7 +206,7 @@ fn dump_of_diverging_case(
 ) {
     let (_, dump) = dump_diverging(name);
     let tensors =
-        candle_core::safetensors::load(dump.join("state.safetensors"), &candle_core::Device::Cpu)
+        candle_core::safetensors::load(dump.join("scene.safetensors"), &candle_core::Device::Cpu)
             .unwrap();
     (dump, tensors)
 }
@@ -217,7 +224,7 @@ fn replay_fails_with(dump: &std::path::Path, fragments: &[&str]) {
 #[test]
 fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_named() {
     let (dump, tensors) = dump_of_diverging_case("dump-incomplete");
-    let state = dump.join("state.safetensors");
+    let state = dump.join("scene.safetensors");
     // Adam's second moment of one parameter is gone.
     let mut fewer = tensors.clone();
     fewer.remove("optimizer/v.block0.conv.weight").unwrap();
@@ -226,7 +233,7 @@ fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_nam
         &dump,
         &[
             "cannot parse dump",
-            "state.safetensors",
+            "scene.safetensors",
             "`optimizer/v.block0.conv.weight`",
             "missing",
         ],
@@ -252,20 +259,20 @@ fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_nam
     replay_fails_with(&dump, &["`optimizer/m.block0.conv.weight`", "shape"]);
     // Not safetensors at all.
     std::fs::write(&state, b"not a safetensors file").unwrap();
-    replay_fails_with(&dump, &["cannot parse dump", "state.safetensors"]);
+    replay_fails_with(&dump, &["cannot parse dump", "scene.safetensors"]);
 }
 
 #[test]
 fn a_dump_whose_step_lies_outside_its_case_is_refused() {
     let (dump, _) = dump_of_diverging_case("dump-step");
-    let stats_path = dump.join("stats.json");
+    let stats_path = dump.join("scene.json");
     let mut stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats_path).unwrap()).unwrap();
     stats["step"] = serde_json::json!(1_000_000);
     std::fs::write(&stats_path, stats.to_string()).unwrap();
     replay_fails_with(
         &dump,
-        &["stats.json", "failing step 1000000", "outside the case's"],
+        &["scene.json", "failing step 1000000", "outside the case's"],
     );
 }
 
@@ -292,16 +299,16 @@ fn dump_at_writes_a_healthy_steps_scene_with_mixups_lambda() {
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(text.contains("scene of step 3"), "{text}");
 
-    let loaded = Dump::load(&dump, &candle_core::Device::Cpu).unwrap();
-    assert_eq!(loaded.stats.step, 3);
-    assert!(loaded.stats.finding.is_none());
+    let loaded = SavedScene::load(&dump).unwrap();
+    assert_eq!(loaded.scene.step, 3);
+    assert!(loaded.scene.finding.is_none());
     assert_eq!(
-        loaded.stats.recent_losses.len(),
+        loaded.scene.recent_losses.len(),
         4,
         "the dumped step's loss is included"
     );
     let lambda = loaded
-        .stats
+        .scene
         .mix_lambda
         .expect("a mixed batch records its lambda");
     let saved: Vec<f64> = loaded.tensors["batch/mix_lambda"].to_vec1().unwrap();
@@ -367,4 +374,43 @@ fn dump_at_writes_a_healthy_steps_scene_with_mixups_lambda() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(stderr(&out).contains("dump_at"), "{}", stderr(&out));
+}
+
+/// A dump written by an earlier release (`stats.json` and
+/// `state.safetensors`, the op a plain name) still loads and replays.
+#[test]
+fn a_dump_of_the_earlier_layout_still_replays() {
+    let (_, dump) = dump_diverging("dump-legacy");
+    let scene: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dump.join("scene.json")).unwrap()).unwrap();
+    let optimizer_steps = scene["optimizer"]["steps"].clone();
+    let mut finding = scene["finding"].clone();
+    finding["op"] = serde_json::json!("trend");
+    let legacy = serde_json::json!({
+        "nanhunt_version": "0.1.0",
+        "step": scene["step"],
+        "finding": finding,
+        "recent_losses": scene["recent_losses"],
+        "grad_norms": scene["grad_norms"],
+        "tensors": scene["tensors"],
+        "environment": scene["environment"],
+        "resume": {
+            "optimizer_steps": optimizer_steps,
+            "scaler": scene["scaler"],
+            "tracker": scene["tracker"],
+            "trace": scene["history"],
+        },
+    });
+    std::fs::write(dump.join("stats.json"), legacy.to_string()).unwrap();
+    std::fs::rename(
+        dump.join("scene.safetensors"),
+        dump.join("state.safetensors"),
+    )
+    .unwrap();
+    std::fs::remove_file(dump.join("scene.json")).unwrap();
+    let out = nanhunt(&["replay", dump.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(text.contains("reproduced: divergence in update"), "{text}");
+    assert!(text.contains("bit-identical"), "{text}");
 }

@@ -235,3 +235,87 @@ fn a_guard_finding_gets_the_runners_precision_check_when_its_model_can_be_rebuil
     assert_eq!(plain.verdict, nanhunt::fidelity::Robustness::NotChecked);
     assert!(plain.summary().contains("rebuild"), "{}", plain.summary());
 }
+
+/// The planted model in a guarded loop over a `VarMap` (candle's own
+/// variables, as users have them), writing its scene to `dir`.
+fn guarded_scene(case: &Case, factory: &dyn ModelFactory, dir: &std::path::Path) -> Finding {
+    let batches = Session::new(case, factory, &RunOptions::default()).unwrap();
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = factory.build(vb).unwrap();
+    let opts = GuardOptions::default().named(case.family()).dump_to(dir);
+    let mut guard = Guard::new(&varmap, opts).unwrap();
+    let mut opt = guard.optimizer(case.optimizer.clone()).unwrap();
+    for step in 0..case.steps {
+        let b = batch_of(&batches.batch(step).unwrap().unwrap(), case);
+        if let Err(GuardError::Unstable { finding, .. }) =
+            guard.step(step, &b, &mut opt, |b| case_loss(&*model, case, b))
+        {
+            return *finding;
+        }
+    }
+    panic!("{}: no finding", case.family());
+}
+
+#[test]
+fn diagnose_takes_a_guards_scene_and_the_users_closure() {
+    use nanhunt::diagnose::{diagnose_scene, CauseKind};
+    let p = planted_patterns()
+        .into_iter()
+        .find(|p| p.case.family() == "rownorm")
+        .unwrap();
+    let dir = crate::support::scratch("scene-diagnose").join("scene");
+    let found = guarded_scene(&p.case, &*p.factory, &dir);
+    // A fresh model of the same shape replays the scene, fix by fix.
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = p.factory.build(vb).unwrap();
+    let d = diagnose_scene(&dir, &varmap, |b| case_loss(&*model, &p.case, b)).unwrap();
+    assert_eq!(d.finding.as_ref().unwrap().signature, found.signature);
+    let top = &d.causes[0];
+    assert_eq!(top.kind, CauseKind::CodeBug, "{:?}", d.causes);
+    assert!(top.verified(), "{:?}", top.fixes);
+    assert!(top.title.contains("rownorm"), "{}", top.title);
+
+    // Adam with eps 0 on a parameter whose gradient is exactly 0: the eps
+    // is the verified fix; no lower learning rate repairs 0/0.
+    let mut case = p.case.clone();
+    case.optimizer = nanhunt::spec::OptimizerSpec::Adam {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 0.0,
+        weight_decay: 0.0,
+    };
+    case.data.pathologies.clear();
+    let gated = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        struct Gated(candle_nn::Linear, Tensor);
+        impl Model for Gated {
+            fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+                let y = candle_core::Module::forward(&self.0, x)?;
+                y.broadcast_add(&self.1.broadcast_mul(&self.1.zeros_like()?)?)
+            }
+        }
+        let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
+        Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
+    };
+    let dir = crate::support::scratch("scene-diagnose-eps").join("scene");
+    let found = guarded_scene(&case, &gated, &dir);
+    assert_eq!(
+        (found.phase, found.stage.as_str()),
+        (nanhunt::Phase::Update, "param.gate")
+    );
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = gated(vb).unwrap();
+    let d = diagnose_scene(&dir, &varmap, |b| case_loss(&*model, &case, b)).unwrap();
+    let top = &d.causes[0];
+    assert_eq!(top.kind, CauseKind::OptimizerEps, "{:?}", d.causes);
+    assert!(top.verified(), "{:?}", top.fixes);
+    let lr = d
+        .causes
+        .iter()
+        .find(|c| c.kind == CauseKind::LearningRate)
+        .unwrap();
+    assert!(!lr.verified(), "{:?}", lr.fixes);
+}

@@ -1,12 +1,12 @@
 //! `nanhunt inspect DIR`: the scene of any dump in a terminal — a guard's
-//! (`scene.json`) or a case run's (`stats.json`): the finding, the recent
-//! losses, gradient norms, tensor statistics and the environment.
+//! or a case run's (one format; a run's dump adds its case): the finding,
+//! the optimizer, the recent losses, gradient norms, the batch, tensor
+//! statistics, warnings and the environment.
 
 use super::Exit;
-use nanhunt::dump::{Dump, Environment};
-use nanhunt::guard::{GuardScene, OptimizerRecord, SCENE_FILE};
-use nanhunt::outcome::Finding;
+use nanhunt::finding::Finding;
 use nanhunt::probe::TensorStats;
+use nanhunt::scene::{Environment, OptimizerRecord, SavedScene};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -17,57 +17,53 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    if args.dir.join(SCENE_FILE).is_file() {
-        let (scene, _) = GuardScene::load(&args.dir)?;
-        println!("guard scene: {}", args.dir.display());
-        finding(&scene.finding);
-        match &scene.optimizer {
-            OptimizerRecord::Saved { spec, steps } => println!(
-                "optimizer: {} (lr {:e}), {steps} steps, state saved",
-                spec.name(),
-                spec.lr()
-            ),
-            OptimizerRecord::NotAvailable { name } => {
-                println!("optimizer: {name}, state not available (private to it)")
-            }
+    let saved = SavedScene::load(&args.dir).map_err(super::in_file(&args.dir))?;
+    let scene = &saved.scene;
+    match &saved.case {
+        Some(case) => {
+            println!("dump: {}", args.dir.display());
+            println!(
+                "case: {} / {} / {} / {}, {} steps, batch {}",
+                case.family(),
+                case.loss.name(),
+                case.optimizer.name(),
+                case.precision.name(),
+                case.steps,
+                case.batch_size
+            );
         }
-        history(&scene.recent_losses, &scene.grad_norms);
-        println!("batch:");
-        for p in &scene.batch {
-            println!("  {:<24} {:<5} {}", p.name, p.dtype, stats(&p.stats));
-        }
-        tensors(&scene.tensors);
-        for w in &scene.warnings {
-            println!("warning: {w}");
-        }
-        if !scene.omitted.is_empty() {
-            println!("left out of the scene: {}", scene.omitted.join(", "));
-        }
-        environment(&scene.environment);
-    } else {
-        let dump =
-            Dump::load(&args.dir, &candle_core::Device::Cpu).map_err(super::in_file(&args.dir))?;
-        println!("dump: {}", args.dir.display());
-        println!(
-            "case: {} / {} / {} / {}, {} steps, batch {}",
-            dump.case.family(),
-            dump.case.loss.name(),
-            dump.case.optimizer.name(),
-            dump.case.precision.name(),
-            dump.case.steps,
-            dump.case.batch_size
-        );
-        match &dump.stats.finding {
-            Some(f) => finding(f),
-            None => println!("step {}: healthy (dumped on request)", dump.stats.step),
-        }
-        if let Some(lambda) = dump.stats.mix_lambda {
-            println!("  mixed batch: lambda {lambda}");
-        }
-        history(&dump.stats.recent_losses, &dump.stats.grad_norms);
-        tensors(&dump.stats.tensors);
-        environment(&dump.stats.environment);
+        None => println!("guard scene: {}", args.dir.display()),
     }
+    match &scene.finding {
+        Some(f) => finding(f),
+        None => println!("step {}: healthy (dumped on request)", scene.step),
+    }
+    match &scene.optimizer {
+        OptimizerRecord::Saved { spec, steps } => println!(
+            "optimizer: {} (lr {:e}), {steps} steps, state saved",
+            spec.name(),
+            spec.lr()
+        ),
+        OptimizerRecord::NotAvailable { name } => {
+            println!("optimizer: {name}, state not available (private to it)")
+        }
+    }
+    if let Some(lambda) = scene.mix_lambda {
+        println!("  mixed batch: lambda {lambda}");
+    }
+    history(&scene.recent_losses, &scene.grad_norms);
+    println!("batch:");
+    for p in &scene.batch {
+        println!("  {:<24} {:<5} {}", p.name, p.dtype, stats(&p.stats));
+    }
+    tensors(&scene.tensors);
+    for w in &scene.warnings {
+        println!("warning: {w}");
+    }
+    if !scene.omitted.is_empty() {
+        println!("left out of the scene: {}", scene.omitted.join(", "));
+    }
+    environment(&scene.environment);
     Ok(Exit::Clean)
 }
 

@@ -17,10 +17,12 @@ mod batch;
 mod causes;
 mod context;
 mod rank;
+mod scene;
 
 pub use crate::spec::{case_diff, FieldChange};
 pub use batch::{BatchScan, EXTREME};
 pub use causes::{stable_loss, CauseKind, KNOB_CANDIDATES, LR_SEARCH_DECADES};
+pub use scene::diagnose_scene;
 
 use crate::differential::{compare, Arms, Differential, Tolerance};
 use crate::error::Result;

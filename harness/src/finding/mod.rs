@@ -13,6 +13,7 @@ mod history;
 mod jump;
 mod op;
 mod precision;
+mod replay;
 mod signature;
 
 pub use coverage::{FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
@@ -22,6 +23,7 @@ pub use history::{Trace, TraceMark};
 pub use jump::{Grew, Jump};
 pub use op::{OpKind, OpSource, StageOp};
 pub use precision::{PrecisionCheck, Rerun, Robustness};
+pub use replay::{ReplayReport, ReplayVerdict};
 pub use signature::{replace_indices, stage_key, user_stage_key, Signature, StageKeys, Subject};
 
 use crate::probe::TensorStats;

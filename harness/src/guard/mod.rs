@@ -27,14 +27,15 @@ mod options;
 mod phases;
 mod precision;
 mod replay;
-mod scene;
 mod state;
 mod stop;
 
+/// The scene a guard writes: the one scene format ([`crate::scene`]).
+pub use crate::scene::{Scene as GuardScene, SCENE_FILE, SCENE_TENSORS};
 pub use optim::{GuardOptimizer, NanhuntOptimizer, OptimizerRecord, SavedOptimizer};
 pub use options::{GuardOptions, LossFn, Rebuild, Rebuilt};
 pub use replay::{replay, GuardReplay};
-pub use scene::{GuardScene, SCENE_FILE, SCENE_TENSORS};
+pub(crate) use replay::{replay_changed, Changes};
 
 /// A half-precision gradient within this factor of its dtype's largest
 /// value is warned about (the shared check's margin).
@@ -133,6 +134,8 @@ pub struct Guard {
     /// Non-trainable state a forward pass may change (batch-norm running
     /// statistics in training mode): restored with the step.
     buffers: Vec<Var>,
+    /// A stage guarded every step (diagnose's interventions on a scene).
+    intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
 
 impl Guard {
@@ -193,6 +196,7 @@ impl Guard {
             init_norm,
             jump: None,
             buffers: Vec::new(),
+            intervention: None,
         })
     }
 
@@ -239,6 +243,17 @@ impl Guard {
             },
             keys: StageKeys::User,
         }
+    }
+
+    /// The tracer a step's loss runs under: the intervention's stage
+    /// guarded, recording when `on` (a traced re-run).
+    fn tracer(&self, on: bool) -> crate::models::Tracer {
+        let t = if on {
+            crate::models::Tracer::on()
+        } else {
+            crate::models::Tracer::off()
+        };
+        t.with_intervention(self.intervention.clone())
     }
 
     /// Whether the loop computes in a half-precision format.

@@ -5,10 +5,10 @@
 //! dump says so).
 
 use crate::optim::Optimizer;
+pub use crate::scene::OptimizerRecord;
 use crate::spec::OptimizerSpec;
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
-use serde::{Deserialize, Serialize};
 
 /// An optimizer's state as a dump saves it.
 #[derive(Clone, Debug)]
@@ -20,16 +20,24 @@ pub struct SavedOptimizer {
     pub tensors: Vec<(String, Tensor)>,
 }
 
-/// What a dump records of the optimizer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum OptimizerRecord {
-    /// nanhunt's optimizer: its spec and step count; the moments are in
-    /// `scene.safetensors` under `optimizer/`.
-    Saved { spec: OptimizerSpec, steps: usize },
-    /// An optimizer whose state cannot be read (candle-nn's): a replay
-    /// starts it fresh.
-    NotAvailable { name: String },
+impl SavedOptimizer {
+    /// The state as `<kind>.<name>`, its variables named by `names` (in
+    /// the optimizer's order): `m.3` → `m.<names[3]>`.
+    pub fn named_state(&self, names: &[String]) -> Vec<(String, Tensor)> {
+        self.tensors
+            .iter()
+            .map(|(key, t)| {
+                let (kind, index) = key.split_once('.').unwrap_or((key, ""));
+                let name = index
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| names.get(i))
+                    .cloned()
+                    .unwrap_or_else(|| index.to_string());
+                (format!("{kind}.{name}"), t.clone())
+            })
+            .collect()
+    }
 }
 
 /// What a guard needs of an optimizer: a step, and its state if it can.

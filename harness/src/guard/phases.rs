@@ -71,7 +71,13 @@ impl Guard {
         batch: &Batch,
         loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
     ) -> Phased<(Tensor, f64)> {
-        let loss = loss_of(batch)?;
+        let tracer = self.tracer(false);
+        let shared = tracer
+            .active()
+            .then(|| crate::models::tracer::share(&tracer));
+        let loss = loss_of(batch);
+        drop(shared);
+        let loss = loss?;
         let value = scalar(&loss)?;
         self.trace.losses.push(value);
         match checks::loss(value, self.half(), "loss", || {

@@ -1,39 +1,22 @@
 //! Replaying a guard's scene: the state from before the failing step goes
 //! back into the user's variables, the optimizer is rebuilt from its saved
 //! state, and the step runs again on the saved batch through the user's own
-//! loss closure. On the CPU the finding and its loss come back bit for bit;
-//! a user's `cargo test` can assert it.
+//! loss closure. The scene and the judgement are the runner's
+//! ([`crate::scene::SavedScene`]); only the driver differs. On the CPU the
+//! finding and its loss come back bit for bit; a user's `cargo test` can
+//! assert it.
 
-use super::optim::{OptimizerRecord, SavedOptimizer};
-use super::{Batch, Guard, GuardError, GuardOptions, GuardScene};
+use super::optim::SavedOptimizer;
+use super::{Batch, Guard, GuardError, GuardOptions, NanhuntOptimizer};
 use crate::error::{Error, Result};
-use crate::finding::{Finding, FindingKind, Phase, Signature};
+use crate::finding::{FindingKind, Phase, ReplayReport};
+use crate::scene::{OptimizerRecord, SavedScene};
 use crate::spec::OptimizerSpec;
 use candle_core::Tensor;
 use std::path::Path;
 
-/// What a replay of a guard's scene found.
-#[derive(Clone, Debug)]
-pub struct GuardReplay {
-    pub expected: Signature,
-    pub expected_step: usize,
-    /// The failure seen now, if any.
-    pub actual: Option<Finding>,
-    /// Whether the failing step's loss has the recorded bits (when both
-    /// runs computed one).
-    pub bit_identical: Option<bool>,
-    pub message: String,
-}
-
-impl GuardReplay {
-    /// The recorded signature came back at its step (bit-identical where known).
-    pub fn reproduced(&self) -> bool {
-        self.actual
-            .as_ref()
-            .is_some_and(|f| f.signature == self.expected && f.step == self.expected_step)
-            && self.bit_identical != Some(false)
-    }
-}
+/// What a replay of a guard's scene found (the one replay report).
+pub type GuardReplay = ReplayReport;
 
 /// Re-runs the failing step of the scene in `dir` with the variables of
 /// `varmap` (the user's model, built as when the scene was written) and
@@ -42,12 +25,48 @@ pub fn replay(
     dir: &Path,
     varmap: &candle_nn::VarMap,
     loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
-) -> Result<GuardReplay> {
-    let (scene, tensors) = GuardScene::load(dir)?;
-    let expected = scene.finding.signature.clone();
-    let opts = GuardOptions::default().named(expected.family.clone());
+) -> Result<ReplayReport> {
+    replay_changed(dir, varmap, &Changes::default(), loss_of)
+}
+
+/// A change to a scene's step, to test a fix on it (diagnose's).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Changes {
+    /// The optimizer's learning rate.
+    pub lr: Option<f64>,
+    /// The optimizer's eps (Adam, AdamW, RMSprop).
+    pub eps: Option<f64>,
+    /// Variables (or module prefixes) declared frozen.
+    pub frozen: Vec<String>,
+    /// A stage guarded through the tracer.
+    pub intervention: Option<crate::intervention::Intervention>,
+    /// Batch rows left out.
+    pub drop_rows: Vec<usize>,
+}
+
+/// [`replay`] with `changes` applied to the step.
+pub(crate) fn replay_changed(
+    dir: &Path,
+    varmap: &candle_nn::VarMap,
+    changes: &Changes,
+    loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
+) -> Result<ReplayReport> {
+    let saved = SavedScene::load(dir)?;
+    let scene = &saved.scene;
+    let family = scene
+        .finding
+        .as_ref()
+        .map_or_else(|| "user".to_string(), |f| f.signature.family.clone());
+    let opts = GuardOptions::default()
+        .named(family)
+        .frozen(changes.frozen.clone());
     let mut guard = Guard::new(varmap, opts)?;
-    if guard.names() != scene.vars.as_slice() {
+    let expected: Vec<&String> = scene
+        .vars
+        .iter()
+        .filter(|n| !crate::coverage::declared_frozen(n, &changes.frozen))
+        .collect();
+    if guard.names().iter().collect::<Vec<_>>() != expected {
         return Err(Error::option(
             "varmap",
             format!(
@@ -57,115 +76,101 @@ pub fn replay(
             ),
         ));
     }
-    let saved = |name: &str| {
-        tensors.get(name).ok_or_else(|| {
-            Error::option(
-                "scene",
-                format!(
-                    "{} holds no `{name}` (left out by the guard's `include`?)",
-                    dir.display()
-                ),
-            )
-        })
-    };
     for (name, var) in guard.names().iter().zip(guard.vars()) {
-        let t = saved(&format!("param/{name}"))?;
-        if t.dims() != var.dims() || t.dtype() != var.dtype() {
-            return Err(Error::option(
-                "varmap",
-                format!(
-                    "variable `{name}` is {:?} {:?}, the scene's {:?} {:?}",
-                    var.dtype(),
-                    var.dims(),
-                    t.dtype(),
-                    t.dims()
-                ),
-            ));
-        }
+        let t = saved.tensor(&format!("param/{name}"), var.as_tensor())?;
         var.set(&t.to_device(var.device())?)?;
     }
-    let mut opt = match &scene.optimizer {
+    let mut opt = optimizer(&saved, &guard, changes)?;
+    guard.tracker = scene.tracker.clone();
+    guard.trace = scene.history.clone();
+    guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
+    guard.intervention = changes.intervention.clone().map(std::sync::Arc::new);
+    let batch = without_rows(saved.batch_parts()?, &changes.drop_rows)?;
+    let actual = match guard.step(scene.step, &batch, &mut opt, loss_of) {
+        Ok(_) => None,
+        Err(GuardError::Unstable { finding, .. }) => Some(*finding),
+        Err(GuardError::Invalid(e)) => return Err(e),
+    };
+    Ok(saved.report(actual, &guard.trace))
+}
+
+/// The batch without rows `drop` (of every part whose first dimension is
+/// the batch's).
+fn without_rows(parts: Vec<(String, Tensor)>, drop: &[usize]) -> Result<Batch> {
+    let Some(rows) = parts
+        .first()
+        .map(|(_, t)| t.dims().first().copied().unwrap_or(0))
+    else {
+        return Ok(Batch::new(parts));
+    };
+    if drop.is_empty() {
+        return Ok(Batch::new(parts));
+    }
+    let keep: Vec<u32> = (0..rows as u32)
+        .filter(|r| !drop.contains(&(*r as usize)))
+        .collect();
+    let device = parts[0].1.device().clone();
+    let index = Tensor::from_vec(keep.clone(), keep.len(), &device)?;
+    let parts = parts
+        .into_iter()
+        .map(|(n, t)| {
+            let t = if t.dims().first() == Some(&rows) {
+                t.index_select(&index, 0)?
+            } else {
+                t
+            };
+            Ok((n, t))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Batch::new(parts))
+}
+
+/// The optimizer of the scene: nanhunt's, restored from its saved state;
+/// or, when its state was private, any (only a failure before the update
+/// can be replayed then).
+fn optimizer(saved: &SavedScene, guard: &Guard, changes: &Changes) -> Result<NanhuntOptimizer> {
+    match &saved.scene.optimizer {
         OptimizerRecord::Saved { spec, steps } => {
+            let mut spec = spec.clone();
+            if let Some(lr) = changes.lr {
+                spec.set_lr(lr);
+            }
+            if let (Some(eps), Some(e)) = (changes.eps, spec.eps_mut()) {
+                *e = eps;
+            }
             let mut opt = guard.optimizer(spec.clone())?;
-            let mut state = Vec::new();
-            for (key, t) in &tensors {
-                let Some(rest) = key.strip_prefix("optimizer/") else {
-                    continue;
-                };
-                let (kind, name) = rest.split_once('.').unwrap_or((rest, ""));
-                if let Some(i) = guard.names().iter().position(|n| n == name) {
-                    state.push((format!("{kind}.{i}"), t.clone()));
+            let mut tensors = Vec::new();
+            for (i, name) in guard.names().iter().enumerate() {
+                for (kind, t) in saved.optimizer_state(name) {
+                    tensors.push((format!("{kind}.{i}"), t.clone()));
                 }
             }
-            super::GuardOptimizer::restore(
-                &mut opt,
-                &SavedOptimizer {
-                    spec: spec.clone(),
-                    steps: *steps,
-                    tensors: state,
-                },
-            )?;
-            opt
+            let state = SavedOptimizer {
+                spec,
+                steps: *steps,
+                tensors,
+            };
+            super::GuardOptimizer::restore(&mut opt, &state)?;
+            Ok(opt)
         }
         OptimizerRecord::NotAvailable { name } => {
-            let updates = scene.finding.phase == Phase::Update
-                || scene.finding.kind == FindingKind::Divergence;
+            let updates = saved
+                .scene
+                .finding
+                .as_ref()
+                .is_some_and(|f| f.phase == Phase::Update || f.kind == FindingKind::Divergence);
             if updates {
                 return Err(Error::option(
                     "scene",
                     format!("the failure is in the update, but {name} keeps its state private, so the scene has none: guard nanhunt's optimizers (Guard::optimizer) to replay it"),
                 ));
             }
-            // The failure comes before the update: any optimizer does.
-            guard.optimizer(OptimizerSpec::Sgd {
+            Ok(guard.optimizer(OptimizerSpec::Sgd {
                 lr: 0.0,
                 momentum: 0.0,
                 nesterov: false,
                 weight_decay: 0.0,
-            })?
+            })?)
         }
-    };
-    guard.tracker = scene.tracker.clone();
-    guard.trace = scene.history.clone();
-    guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
-    let batch = Batch::new(
-        scene
-            .batch
-            .iter()
-            .map(|p| Ok((p.name.clone(), saved(&format!("batch/{}", p.name))?.clone())))
-            .collect::<Result<Vec<_>>>()?,
-    );
-    let actual = match guard.step(scene.step, &batch, &mut opt, loss_of) {
-        Ok(_) => None,
-        Err(GuardError::Unstable { finding, .. }) => Some(*finding),
-        Err(GuardError::Invalid(e)) => return Err(e),
-    };
-    let bit_identical = match (&actual, scene.recent_losses.last()) {
-        (Some(f), Some(recorded)) if f.trace.losses.len() > scene.history.losses.len() => f
-            .trace
-            .losses
-            .last()
-            .map(|l| l.to_bits() == recorded.to_bits()),
-        _ => None,
-    };
-    let message = match &actual {
-        Some(f) if f.signature == expected && f.step == scene.step => {
-            format!("reproduced: {expected} at step {}", scene.step)
-        }
-        Some(f) => format!(
-            "fails differently: expected {expected} at step {}, got {} at step {}",
-            scene.step, f.signature, f.step
-        ),
-        None => format!(
-            "no longer fails: expected {expected} at step {}, but the step passed (fixed?)",
-            scene.step
-        ),
-    };
-    Ok(GuardReplay {
-        expected,
-        expected_step: scene.step,
-        actual,
-        bit_identical,
-        message,
-    })
+    }
 }

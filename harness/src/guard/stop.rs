@@ -5,11 +5,12 @@
 
 use super::optim::opt_var_names;
 use super::state::Before;
-use super::{scene, Batch, Guard, GuardError, GuardOptimizer};
+use super::{Batch, Guard, GuardError, GuardOptimizer};
 use crate::checks;
 use crate::error::Result;
 use crate::finding::{Failure, Finding, FindingKind, Phase};
 use crate::localize;
+use crate::scene::OptimizerRecord;
 use candle_core::{Result as CandleResult, Tensor};
 use std::path::PathBuf;
 
@@ -68,20 +69,41 @@ impl Guard {
             return Ok(None);
         };
         let params: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().clone()).collect();
-        let saved = scene::Scene {
-            names: &self.names,
-            before_params: &params,
-            optimizer: before.optimizer.as_ref(),
-            optimizer_name: opt.name(),
-            optimizer_vars: opt_var_names(opt, &self.vars, &self.names),
+        let optimizer_vars = opt_var_names(opt, &self.vars, &self.names);
+        let (optimizer, optimizer_state) = match &before.optimizer {
+            Some(o) => (
+                OptimizerRecord::Saved {
+                    spec: o.spec.clone(),
+                    steps: o.steps,
+                },
+                o.named_state(&optimizer_vars),
+            ),
+            None => (
+                OptimizerRecord::NotAvailable { name: opt.name() },
+                Vec::new(),
+            ),
+        };
+        let saved = crate::scene::SceneParts {
+            case: None,
+            step: finding.step,
+            finding: Some(finding),
+            trace: &finding.trace,
+            history: before.history.clone(),
+            vars: &self.names,
+            params,
+            optimizer,
+            optimizer_state,
+            optimizer_vars,
             tracker: &before.tracker,
-            history: &before.history,
-            batch,
-            finding,
+            scaler: None,
+            batch: batch.parts().to_vec(),
+            extra: Vec::new(),
+            mix_lambda: None,
             include: &self.opts.include,
             warnings: &self.warnings,
+            device: finding.signature.device.to_string(),
         };
-        scene::write(dir, &saved)?;
+        crate::scene::write(dir, &saved)?;
         Ok(Some(dir.clone()))
     }
 
@@ -97,7 +119,10 @@ impl Guard {
         if !matches!(first.phase, Phase::Loss | Phase::Backward) {
             return Ok(first);
         }
-        let (loss, tracer) = crate::trace::traced(|| loss_of(batch));
+        let tracer = self.tracer(true);
+        let shared = crate::models::tracer::share(&tracer);
+        let loss = loss_of(batch);
+        drop(shared);
         let loss = loss?;
         let records = tracer.records();
         if first.kind == FindingKind::NoGradient {

@@ -240,3 +240,41 @@ fn bad_samples(values: &[f32], dims: &[usize], bad: impl Fn(f32) -> bool) -> Vec
         .map(|(i, _)| i)
         .collect()
 }
+
+/// A host batch as named CPU tensors, as a scene saves it: `inputs`,
+/// `targets`, `labels`, `samples` (dataset indices, when drawn from a
+/// dataset), and a mixed batch's `mix_targets` and `mix_lambda` (one f64).
+pub(super) fn tensors(batch: &HostBatch) -> Result<Vec<(String, Tensor)>> {
+    let cpu = candle_core::Device::Cpu;
+    let input = match &batch.input {
+        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &cpu)?,
+        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &cpu)?,
+    };
+    let shape = (batch.rows(), batch.classes);
+    let mut out = vec![
+        ("inputs".to_string(), input),
+        (
+            "targets".into(),
+            Tensor::from_slice(&batch.targets, shape, &cpu)?,
+        ),
+        (
+            "labels".into(),
+            Tensor::from_slice(&batch.labels, batch.rows(), &cpu)?,
+        ),
+    ];
+    if !batch.samples.is_empty() {
+        let samples: Vec<i64> = batch.samples.iter().map(|&s| s as i64).collect();
+        out.push((
+            "samples".into(),
+            Tensor::from_slice(&samples, samples.len(), &cpu)?,
+        ));
+    }
+    if let Some((lambda, t2)) = &batch.mix {
+        out.push(("mix_targets".into(), Tensor::from_slice(t2, shape, &cpu)?));
+        out.push((
+            "mix_lambda".into(),
+            Tensor::from_slice(&[*lambda], 1, &cpu)?,
+        ));
+    }
+    Ok(out)
+}

@@ -6,7 +6,6 @@
 //! (to the end, with its precision check and dump) is [`crate::training`].
 
 use crate::device;
-use crate::dump;
 use crate::error::{Error, Result};
 use crate::finding::{Finding, FindingKind, Subject, Trace};
 use crate::losses::UserLoss;
@@ -208,8 +207,11 @@ impl<'a> Session<'a> {
         let case = &self.case;
         let lr = optim::lr_at(&case.schedule, case.optimizer.lr(), step, case.steps);
         let before = self.probe.then(|| self.snapshot()).transpose()?;
-        let (grad_norms, param_norms) = (self.trace.grad_norms.len(), self.trace.param_norms.len());
-        let mark = self.trace.mark();
+        let seen = (
+            self.trace.grad_norms.len(),
+            self.trace.param_norms.len(),
+            self.trace.mark(),
+        );
         let mut tracer = Tracer::off().with_intervention(self.intervention.clone());
         // A guarded stage is reached from any depth of the user's code too.
         let shared = tracer
@@ -218,24 +220,7 @@ impl<'a> Session<'a> {
         let inner = self.step_inner(step, lr, &mut tracer, false);
         drop(shared);
         let failure = match inner? {
-            None => {
-                let previous = match self.readback {
-                    Readback::Deferred => self.unchecked.take().map(|p| p.2),
-                    Readback::InPlace => None,
-                };
-                let seen = StepSeen {
-                    grad_norms,
-                    param_norms,
-                    mark,
-                    before: before.as_ref(),
-                    previous,
-                };
-                self.watch_jumps(step, seen)?;
-                if self.readback == Readback::Deferred {
-                    self.unchecked = before.map(|b| (step, lr, b));
-                }
-                return Ok(None);
-            }
+            None => return self.healthy(step, lr, before, seen).map(|()| None),
             Some(Failed::ThisStep(failure)) => failure,
             // The previous step's update failed; this step's copy saw it.
             Some(Failed::PreviousUpdate(failure)) => return self.previous_update_failed(*failure),
@@ -245,6 +230,34 @@ impl<'a> Session<'a> {
             None => *failure,
         };
         Ok(Some(self.finding(step, failure)))
+    }
+
+    /// After a healthy step: the jump check, and (deferred readback) the
+    /// state before it kept until the next step's copy checks its update.
+    /// `seen` are the norms' counts and the history's mark before the step.
+    fn healthy(
+        &mut self,
+        step: usize,
+        lr: f64,
+        before: Option<Snapshot>,
+        (grad_norms, param_norms, mark): (usize, usize, crate::finding::TraceMark),
+    ) -> Result<()> {
+        let previous = match self.readback {
+            Readback::Deferred => self.unchecked.take().map(|p| p.2),
+            Readback::InPlace => None,
+        };
+        let seen = StepSeen {
+            grad_norms,
+            param_norms,
+            mark,
+            before: before.as_ref(),
+            previous,
+        };
+        self.watch_jumps(step, seen)?;
+        if self.readback == Readback::Deferred {
+            self.unchecked = before.map(|b| (step, lr, b));
+        }
+        Ok(())
     }
 
     /// Deferred readback saw the previous step's update fail: the finding
@@ -347,17 +360,40 @@ impl<'a> Session<'a> {
         finding: Option<&Finding>,
     ) -> Result<()> {
         let trace = finding.map_or(&self.trace, |f| &f.trace);
-        dump::write(
+        let batch = self.batch_unchecked(step)?;
+        let names = &self.names;
+        crate::scene::write(
             dir,
-            &dump::Scene {
-                case: &self.case,
-                names: &self.names,
+            &crate::scene::SceneParts {
+                case: Some(&self.case),
                 step,
-                before,
-                trace,
-                batch: self.batch_unchecked(step)?,
-                raw: self.raw_batch(step)?,
                 finding,
+                trace,
+                history: trace.upto(before.history),
+                vars: names,
+                params: before.params.clone(),
+                optimizer: crate::scene::OptimizerRecord::Saved {
+                    spec: self.case.optimizer.clone(),
+                    steps: before.optimizer.steps(),
+                },
+                optimizer_state: before.optimizer.state(names),
+                optimizer_vars: names.clone(),
+                tracker: &before.tracker,
+                scaler: Some(&before.scaler),
+                mix_lambda: batch.mix.as_ref().map(|(lambda, _)| *lambda),
+                // The dataset indices go with the source's batch only.
+                batch: batch::tensors(&batch)?
+                    .into_iter()
+                    .filter(|(n, _)| n != "samples")
+                    .collect(),
+                extra: batch::tensors(&self.raw_batch(step)?)?
+                    .into_iter()
+                    .filter(|(n, _)| !n.starts_with("mix_"))
+                    .map(|(n, t)| (format!("source/{n}"), t))
+                    .collect(),
+                include: &[],
+                warnings: &[],
+                device: self.case.device.to_string(),
             },
         )
     }

@@ -8,7 +8,7 @@
 use super::{at_knob_stage, code_evidence, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::{Cause, Fix};
 use crate::error::Result;
-use crate::finding::{Outcome, Pattern};
+use crate::finding::{Explanation, Outcome, Pattern};
 use crate::intervention::Intervention;
 use crate::spec::ModelSpec;
 
@@ -29,22 +29,10 @@ impl Rule for CodeBug {
         if knob_at_stage {
             return Ok(Vec::new());
         }
-        let intervention = Intervention {
-            stage: e.stage.clone(),
-            input: e.input.clone(),
-            // An overflowing exp's repair is a clamp of its input: saturation.
-            saturate: e.pattern == Pattern::ExpOverflow,
-        };
+        let intervention = intervention(e);
         let fix = guarded_run(ctx, runs, intervention, &e.repair);
-        let relevance = match e.pattern {
-            Pattern::Unexplained => Relevance::Suspect(30),
-            _ => Relevance::AtSite(25),
-        };
-        let title = format!(
-            "a numerical bug in the model's code: {} at `{}`",
-            e.pattern.as_str(),
-            e.stage
-        );
+        let relevance = relevance(e);
+        let title = title(e);
         let cause = Cause::new(
             CauseKind::CodeBug,
             title,
@@ -54,6 +42,33 @@ impl Rule for CodeBug {
             relevance,
         );
         Ok(vec![cause])
+    }
+}
+
+/// An explained pattern at the stage that produced the failure outranks
+/// what only removes its trigger (a lower LR, a smaller init).
+pub(in crate::diagnose) fn relevance(e: &Explanation) -> Relevance {
+    match e.pattern {
+        Pattern::Unexplained => Relevance::Suspect(30),
+        _ => Relevance::AtSite(25),
+    }
+}
+
+pub(in crate::diagnose) fn title(e: &Explanation) -> String {
+    format!(
+        "a numerical bug in the model's code: {} at `{}`",
+        e.pattern.as_str(),
+        e.stage
+    )
+}
+
+/// The intervention that stands in for the repair of `e`'s stage.
+pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
+    Intervention {
+        stage: e.stage.clone(),
+        input: e.input.clone(),
+        // An overflowing exp's repair is a clamp of its input: saturation.
+        saturate: e.pattern == Pattern::ExpOverflow,
     }
 }
 

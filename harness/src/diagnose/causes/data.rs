@@ -17,11 +17,20 @@ pub(in crate::diagnose) struct Data;
 impl Rule for Data {
     fn causes(&self, ctx: &Context, runs: &mut Runs) -> Result<Vec<Cause>> {
         let fixes = tried(CauseKind::Data, candidates(ctx), ctx, runs)?;
-        let relevance = match ctx.finding.phase {
-            Phase::Data => Relevance::AtSite(10),
-            _ => Relevance::Unrelated,
-        };
-        Ok(cause(CauseKind::Data, fixes, evidence(ctx), relevance))
+        Ok(cause(
+            CauseKind::Data,
+            fixes,
+            evidence(ctx),
+            relevance(ctx.finding),
+        ))
+    }
+}
+
+/// A failure in the data phase is the data's to explain.
+pub(in crate::diagnose) fn relevance(f: &crate::finding::Finding) -> Relevance {
+    match f.phase {
+        Phase::Data => Relevance::AtSite(10),
+        _ => Relevance::Unrelated,
     }
 }
 

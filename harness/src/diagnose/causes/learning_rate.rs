@@ -6,7 +6,7 @@
 use super::{cause, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::{growth_phrase, Cause, Fix};
 use crate::error::Result;
-use crate::finding::{FindingKind, Outcome, Phase};
+use crate::finding::{Finding, FindingKind, Outcome, Phase};
 use crate::spec::{case_diff, round1};
 
 /// Decades the learning-rate search goes down at most.
@@ -22,18 +22,23 @@ impl Rule for LearningRate {
             return Ok(Vec::new());
         }
         let fixes = lr_search(ctx, runs)?;
-        let relevance = match (f.kind, f.phase) {
-            (FindingKind::Divergence, _) => Relevance::AtSite(10),
-            (FindingKind::Explosion, _) => Relevance::AtSite(8),
-            (_, Phase::Update) => Relevance::Suspect(25),
-            _ => Relevance::Suspect(10),
-        };
         Ok(cause(
             CauseKind::LearningRate,
             fixes,
             trend_evidence(ctx),
-            relevance,
+            relevance(f),
         ))
+    }
+}
+
+/// A divergence or an explosion is the learning rate's to explain; a
+/// failure of the update is a suspect's.
+pub(in crate::diagnose) fn relevance(f: &Finding) -> Relevance {
+    match (f.kind, f.phase) {
+        (FindingKind::Divergence, _) => Relevance::AtSite(10),
+        (FindingKind::Explosion, _) => Relevance::AtSite(8),
+        (_, Phase::Update) => Relevance::Suspect(25),
+        _ => Relevance::Suspect(10),
     }
 }
 

@@ -8,17 +8,17 @@
 mod attention;
 mod augmentation;
 mod clipping;
-mod code;
-mod data;
+pub(super) mod code;
+pub(super) mod data;
 mod hardware;
 mod init;
 mod knob;
-mod learning_rate;
+pub(super) mod learning_rate;
 mod loss;
-mod no_backward;
+pub(super) mod no_backward;
 mod norm_eps;
-mod optimizer_eps;
-mod precision;
+pub(super) mod optimizer_eps;
+pub(super) mod precision;
 
 pub use data::INPUT_SCALE;
 pub use knob::KNOB_CANDIDATES;

@@ -30,15 +30,20 @@ impl Rule for NoBackward {
             },
         );
         let fixes = tried(CauseKind::NoBackward, vec![v], ctx, runs)?;
-        let relevance = match ctx.finding.kind {
-            FindingKind::NoGradient => Relevance::AtSite(40),
-            _ => Relevance::Unrelated,
-        };
+        let relevance = relevance(ctx.finding);
         Ok(cause(
             CauseKind::NoBackward,
             fixes,
             vec![cov.summary()],
             relevance,
         ))
+    }
+}
+
+/// Only the cut explains tensors without a gradient.
+pub(in crate::diagnose) fn relevance(f: &crate::finding::Finding) -> Relevance {
+    match f.kind {
+        FindingKind::NoGradient => Relevance::AtSite(40),
+        _ => Relevance::Unrelated,
     }
 }

@@ -5,7 +5,7 @@ use super::{cause, tried, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::context::variant;
 use crate::diagnose::Cause;
 use crate::error::Result;
-use crate::finding::FindingKind;
+use crate::finding::{Finding, FindingKind};
 use crate::spec::{HalfType, LossScaling, Precision as Spec};
 
 pub(in crate::diagnose) struct Precision;
@@ -32,16 +32,26 @@ impl Rule for Precision {
         }
         let fixes = tried(CauseKind::Precision, variants, ctx, runs)?;
         let f = ctx.finding;
-        let overflow = matches!(f.kind, FindingKind::Overflow | FindingKind::ScaleCollapse);
-        let relevance = match (overflow, f.signature.precision.is_half()) {
-            (true, _) => Relevance::AtSite(9),
-            (false, true) => Relevance::Suspect(30),
-            (false, false) => Relevance::Unrelated,
-        };
         let mut evidence = vec![format!("precision {}", ctx.case.precision.name())];
-        if overflow {
+        if overflowed(f) {
             evidence.push(ctx.at());
         }
+        let relevance = relevance(f);
         Ok(cause(CauseKind::Precision, fixes, evidence, relevance))
+    }
+}
+
+/// An overflow of the format (or a collapsing loss scale).
+pub(in crate::diagnose) fn overflowed(f: &Finding) -> bool {
+    matches!(f.kind, FindingKind::Overflow | FindingKind::ScaleCollapse)
+}
+
+/// An overflow is the precision's to explain; any failure in half
+/// precision makes it a suspect.
+pub(in crate::diagnose) fn relevance(f: &Finding) -> Relevance {
+    match (overflowed(f), f.signature.precision.is_half()) {
+        (true, _) => Relevance::AtSite(9),
+        (false, true) => Relevance::Suspect(30),
+        (false, false) => Relevance::Unrelated,
     }
 }

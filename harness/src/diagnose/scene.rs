@@ -1,0 +1,272 @@
+//! Diagnose's second driver: the scene of a user's own guarded loop, with
+//! the user's variables and loss closure instead of a case and a factory.
+//!
+//! There is no case to change and train again, so each candidate fix is
+//! tried on the failing step itself: the step replayed from the scene with
+//! the change (a guarded stage, the flagged batch rows left out, a larger
+//! optimizer eps, a lower learning rate, the tensors without a gradient
+//! declared frozen), and "verified" means that the step then passes every
+//! check. The precision cause reads the finding's precision check. The
+//! causes' relevance, titles and evidence are the case diagnosis's own
+//! ([`super::causes`]), and they are ranked by the same rule.
+
+use super::causes::{self, CauseKind};
+use super::rank::{rank, Relevance};
+use super::{Cause, Diagnosis, Fix};
+use crate::checks;
+use crate::error::{Error, Result};
+use crate::finding::{Finding, FindingKind, Phase, ReplayVerdict, Robustness};
+use crate::guard::{replay_changed, Batch, Changes};
+use crate::probe::scan_all;
+use crate::scene::{OptimizerRecord, SavedScene};
+use candle_core::Tensor;
+use std::path::Path;
+
+/// Diagnoses the failing step of a guard's scene in `dir`, replaying it
+/// with the variables of `varmap` (the user's model, built as when the
+/// scene was written) and the user's loss closure.
+pub fn diagnose_scene(
+    dir: &Path,
+    varmap: &candle_nn::VarMap,
+    mut loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
+) -> Result<Diagnosis> {
+    let saved = SavedScene::load(dir)?;
+    let finding = saved.scene.finding.clone().ok_or_else(|| {
+        Error::option(
+            "scene",
+            "the scene is of a healthy step: nothing to diagnose",
+        )
+    })?;
+    let mut runs = 0;
+    let mut try_fix = |description: String, changes: Changes| -> Result<Fix> {
+        runs += 1;
+        let report = replay_changed(dir, varmap, &changes, &mut loss_of)?;
+        let verified = report.verdict == ReplayVerdict::Fixed;
+        let result = match &report.actual {
+            None => "the step passes every check".to_string(),
+            Some(f) => format!("unstable: {}", f.signature.slug()),
+        };
+        let intervention = changes.intervention.clone();
+        Ok(Fix {
+            description,
+            changes: Vec::new(),
+            verified,
+            result,
+            intervention,
+        })
+    };
+    let mut all = Vec::new();
+    all.extend(code_bug(&finding, &mut try_fix)?);
+    all.extend(data(&saved, &finding, &mut try_fix)?);
+    all.extend(optimizer(&saved, &finding, &mut try_fix)?);
+    all.extend(no_backward(&finding, &mut try_fix)?);
+    all.extend(precision(&finding));
+    let supported = rank(&mut all);
+    Ok(Diagnosis {
+        finding: Some(finding),
+        batch_raw: None,
+        batch_augmented: None,
+        dataset: None,
+        grad_norm_growth: None,
+        causes: all,
+        supported,
+        hardware: None,
+        runs,
+    })
+}
+
+type TryFix<'a> = dyn FnMut(String, Changes) -> Result<Fix> + 'a;
+
+/// The explained stage guarded (the code's own bug).
+fn code_bug(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
+    let Some(e) = f.explanation.as_deref() else {
+        return Ok(None);
+    };
+    let intervention = causes::code::intervention(e);
+    let description = format!(
+        "{} (an intervention standing in for the repair: {}), on the failing step",
+        intervention.describe(),
+        e.repair
+    );
+    let changes = Changes {
+        intervention: Some(intervention),
+        ..Changes::default()
+    };
+    let fix = try_fix(description, changes)?;
+    let evidence = causes::code_evidence(f);
+    let relevance = causes::code::relevance(e);
+    let title = causes::code::title(e);
+    Ok(Some(Cause::new(
+        CauseKind::CodeBug,
+        title,
+        None,
+        evidence,
+        vec![fix],
+        relevance,
+    )))
+}
+
+/// A data failure: the batch rows the data check flags, left out.
+fn data(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
+    if f.phase != Phase::Data {
+        return Ok(None);
+    }
+    let mut rows = Vec::new();
+    for (_, t) in saved.batch_parts()? {
+        if !t.dtype().is_float() || t.rank() == 0 {
+            continue;
+        }
+        for (r, row) in (0..t.dim(0)?).zip(t.chunk(t.dim(0)?, 0)?) {
+            let bad = checks::batch_values(&scan_all(&[&row])?[0], t.dtype()).is_some();
+            if bad && !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let description = format!(
+        "the batch without the {} rows the data check flags ({rows:?})",
+        rows.len()
+    );
+    let changes = Changes {
+        drop_rows: rows,
+        ..Changes::default()
+    };
+    let fix = try_fix(description, changes)?;
+    let evidence = vec![format!(
+        "the failure is {} in {} at `{}`",
+        f.kind.as_str(),
+        f.phase.as_str(),
+        f.stage
+    )];
+    let relevance = causes::data::relevance(f);
+    Ok(Some(Cause::new(
+        CauseKind::Data,
+        CauseKind::Data.title().into(),
+        None,
+        evidence,
+        vec![fix],
+        relevance,
+    )))
+}
+
+/// The update: a larger eps, and lower learning rates, each on the step.
+fn optimizer(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Vec<Cause>> {
+    let OptimizerRecord::Saved { spec, .. } = &saved.scene.optimizer else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let half = f.signature.precision.is_half();
+    let safe = causes::optimizer_eps::safe_eps(half);
+    if let Some(eps) = spec.eps().filter(|&e| e < safe) {
+        let changes = Changes {
+            eps: Some(safe),
+            ..Changes::default()
+        };
+        let fix = try_fix(
+            format!("optimizer eps {eps:e} -> {safe:e}, on the failing step"),
+            changes,
+        )?;
+        let relevance = causes::optimizer_eps::relevance(f);
+        out.push(Cause::new(
+            CauseKind::OptimizerEps,
+            CauseKind::OptimizerEps.title().into(),
+            None,
+            Vec::new(),
+            vec![fix],
+            relevance,
+        ));
+    }
+    // One step can show a lower rate's update staying finite; divergence
+    // and explosions need the steps after it, which a scene does not hold.
+    let trend = matches!(f.kind, FindingKind::Divergence | FindingKind::Explosion);
+    if f.phase == Phase::Update && !trend {
+        let lr = spec.lr();
+        let mut fixes = Vec::new();
+        for decade in 1..=3 {
+            let to = lr / 10f64.powi(decade);
+            let changes = Changes {
+                lr: Some(to),
+                ..Changes::default()
+            };
+            fixes.push(try_fix(
+                format!("learning rate {lr:e} -> {to:e}, on the failing step"),
+                changes,
+            )?);
+        }
+        let evidence = vec![format!("learning rate {lr:e}")];
+        let relevance = causes::learning_rate::relevance(f);
+        out.push(Cause::new(
+            CauseKind::LearningRate,
+            CauseKind::LearningRate.title().into(),
+            None,
+            evidence,
+            fixes,
+            relevance,
+        ));
+    }
+    Ok(out)
+}
+
+/// Tensors without a gradient: declared frozen, the step trains the rest.
+fn no_backward(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
+    let Some(cov) = &f.coverage else {
+        return Ok(None);
+    };
+    let frozen = cov.frozen_names();
+    let description = format!(
+        "train only what the gradient reaches: declare the {} tensors without one frozen (a workaround; replacing the op trains them all)",
+        frozen.len()
+    );
+    let changes = Changes {
+        frozen,
+        ..Changes::default()
+    };
+    let fix = try_fix(description, changes)?;
+    let relevance = causes::no_backward::relevance(f);
+    Ok(Some(Cause::new(
+        CauseKind::NoBackward,
+        CauseKind::NoBackward.title().into(),
+        None,
+        vec![cov.summary()],
+        vec![fix],
+        relevance,
+    )))
+}
+
+/// Half precision, from the finding's precision check: verified when the
+/// step re-run at a higher precision passed.
+fn precision(f: &Finding) -> Option<Cause> {
+    let check = f.precision.as_deref()?;
+    if !f.signature.precision.is_half() || check.verdict == Robustness::NotChecked {
+        return None;
+    }
+    let fixes = check
+        .reruns
+        .iter()
+        .filter(|r| r.ran)
+        .map(|r| Fix {
+            description: format!("the step in {} (the precision check's re-run)", r.precision),
+            changes: Vec::new(),
+            verified: !r.reproduced,
+            result: r.note.clone(),
+            intervention: None,
+        })
+        .collect();
+    let evidence = vec![
+        format!("precision {}", f.signature.precision),
+        check.summary(),
+    ];
+    let relevance = causes::precision::relevance(f);
+    Some(Cause::new(
+        CauseKind::Precision,
+        CauseKind::Precision.title().into(),
+        None,
+        evidence,
+        fixes,
+        relevance,
+    ))
+    .filter(|c: &Cause| !c.fixes.is_empty() || relevance != Relevance::Unrelated)
+}

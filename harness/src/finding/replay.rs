@@ -1,0 +1,76 @@
+//! What a replay found: a scene's step or a reproducer's case run again,
+//! against the signature it recorded.
+
+use super::{Finding, Signature};
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayVerdict {
+    /// The recorded signature came back.
+    Reproduced,
+    /// The case now trains stably: whatever caused the failure is fixed.
+    Fixed,
+    /// It still fails, but differently.
+    Different,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    pub verdict: ReplayVerdict,
+    /// The recorded signature; `None` for a healthy step's dump.
+    pub expected: Option<Signature>,
+    pub expected_step: usize,
+    /// The failure seen now, if any.
+    pub actual: Option<Finding>,
+    /// Dumps only: whether the failing step's loss has the recorded bits.
+    pub bit_identical: Option<bool>,
+    pub message: String,
+}
+
+impl ReplayReport {
+    pub fn new(
+        expected: Option<Signature>,
+        expected_step: usize,
+        actual: Option<Finding>,
+        bit_identical: Option<bool>,
+    ) -> Self {
+        let verdict = match (&expected, &actual) {
+            (None, None) => ReplayVerdict::Reproduced,
+            (Some(_), None) => ReplayVerdict::Fixed,
+            (Some(e), Some(f)) if f.signature == *e && f.step == expected_step => {
+                ReplayVerdict::Reproduced
+            }
+            (_, Some(_)) => ReplayVerdict::Different,
+        };
+        let recorded = expected
+            .as_ref()
+            .map_or_else(|| "a healthy step".to_string(), |e| e.to_string());
+        let message = match (&verdict, &actual) {
+            (ReplayVerdict::Reproduced, _) if bit_identical == Some(false) => format!(
+                "not bit-identical: {recorded} came back at step {expected_step}, but the step's loss differs from the recorded one (the model draws random numbers, or its state was not restored exactly)"
+            ),
+            (ReplayVerdict::Reproduced, _) => format!("reproduced: {recorded} at step {expected_step}"),
+            (ReplayVerdict::Fixed, _) => format!(
+                "no longer fails: expected {recorded} at step {expected_step}, but training stayed stable (fixed?)"
+            ),
+            (_, Some(f)) => format!(
+                "fails differently: expected {recorded} at step {expected_step}, got {} at step {}",
+                f.signature, f.step
+            ),
+            (_, None) => unreachable!("a different failure has a finding"),
+        };
+        ReplayReport {
+            verdict,
+            expected,
+            expected_step,
+            actual,
+            bit_identical,
+            message,
+        }
+    }
+
+    pub fn reproduced(&self) -> bool {
+        self.verdict == ReplayVerdict::Reproduced && self.bit_identical != Some(false)
+    }
+}
