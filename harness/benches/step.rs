@@ -19,10 +19,7 @@ fn training_step(c: &mut Criterion) {
         for probe in [true, false] {
             let opts = RunOptions::default()
                 .with_probe(probe)
-                .with_limits(nanhunt::Limits {
-                    max_steps: case.steps,
-                    ..Default::default()
-                });
+                .with_limits(nanhunt::Limits::default().max_steps(case.steps));
             let mut session = Session::new(&case, &factory, &opts).unwrap();
             let mut step = 0;
             let label = if probe { "probe_on" } else { "probe_off" };
@@ -49,10 +46,8 @@ fn training_step_large(c: &mut Criterion) {
         case.steps = 1_000_000;
         let factory = BuiltinFactory::new(&case.model).unwrap();
         for kernels in [Kernels::Fused, Kernels::Reference] {
-            let opts = RunOptions::default().with_limits(nanhunt::Limits {
-                max_steps: case.steps,
-                ..Default::default()
-            });
+            let opts =
+                RunOptions::default().with_limits(nanhunt::Limits::default().max_steps(case.steps));
             let mut session = Session::new(&case, &factory, &opts).unwrap();
             let mut step = 0;
             let label = if kernels == Kernels::Fused {

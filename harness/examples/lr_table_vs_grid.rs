@@ -16,14 +16,12 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize, default: f64| args.get(i).map_or(Ok(default), |a| a.parse::<f64>());
     let seeds = arg(0, 1.0)? as usize;
-    let opts = LrTableOptions {
-        seeds,
-        min_lr: arg(1, 1e-4)?,
-        max_lr: arg(2, 1e3)?,
-        start: (1e-3, 1e-1),
-        curvature: false,
-        ..LrTableOptions::default()
-    };
+    let mut opts = LrTableOptions::default();
+    opts.seeds = seeds;
+    opts.min_lr = arg(1, 1e-4)?;
+    opts.max_lr = arg(2, 1e3)?;
+    opts.start = (1e-3, 1e-1);
+    opts.curvature = false;
     opts.validate()?;
     let (grid, range) = (opts.grid(), opts.range());
     let families: Vec<String> = ["cnn", "transformer", "rnn"].map(String::from).to_vec();

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::llama;
 use nanhunt::models::{Model, Tracer};
-use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, ModelSpec, Precision};
+use nanhunt::spec::{Case, CustomSpec, InputSpec, ModelSpec, Precision};
 use nanhunt::RunOptions;
 
 /// A tiny Llama: hidden 32, 2 layers, 4 heads over 2 key/value heads.
@@ -47,19 +47,14 @@ impl Model for Llama {
 
 fn main() -> anyhow::Result<()> {
     let mut case = Case::example("transformer").expect("built-in example");
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "llama".into(),
-        input: InputSpec::Tokens {
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "llama",
+        InputSpec::Tokens {
             seq_len: 8,
             vocab: 64,
         },
-        outputs: 64,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+        64,
+    ));
     case.precision = Precision::F32;
     case.steps = 10;
     let factory = |vb: VarBuilder<'static>| -> candle_core::Result<Box<dyn Model>> {

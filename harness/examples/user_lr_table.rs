@@ -7,7 +7,7 @@ use candle_core::{Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder};
 use nanhunt::lrtable::{measure, optimizer_named, Config, LrTableOptions};
 use nanhunt::models::{Model, Tracer};
-use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, ModelSpec};
+use nanhunt::spec::{Case, CustomSpec, InputSpec, ModelSpec};
 
 struct Mlp {
     hidden: Linear,
@@ -29,16 +29,11 @@ fn main() -> anyhow::Result<()> {
         }))
     };
     let mut base = Case::example("cnn").expect("built-in example");
-    base.model = ModelSpec::Custom(CustomSpec {
-        name: "mlp".into(),
-        input: InputSpec::Vector { features: 16 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    base.model = ModelSpec::Custom(CustomSpec::new(
+        "mlp",
+        InputSpec::Vector { features: 16 },
+        4,
+    ));
     let configs: Vec<Config> = ["sgd", "momentum", "adam"]
         .into_iter()
         .map(|name| {
@@ -52,11 +47,9 @@ fn main() -> anyhow::Result<()> {
             }
         })
         .collect();
-    let opts = LrTableOptions {
-        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        progress: Some(std::sync::Arc::new(SeedsDone)),
-        ..LrTableOptions::default()
-    };
+    let mut opts = LrTableOptions::default();
+    opts.jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    opts.progress = Some(std::sync::Arc::new(SeedsDone));
     let table = measure(&configs, Some(&factory), &opts)?;
     print!("{}", table.to_markdown());
     Ok(())

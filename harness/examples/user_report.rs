@@ -6,7 +6,7 @@
 use candle_nn::VarBuilder;
 use nanhunt::campaign::{user_report, UserCampaign};
 use nanhunt::models::{Model, ModuleModel};
-use nanhunt::spec::{Case, CustomSpec, InitSpec, InputSpec, LossSpec, ModelSpec};
+use nanhunt::spec::{Case, CustomSpec, InputSpec, LossSpec, ModelSpec};
 
 fn my_model(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
     let l1 = candle_nn::linear(8, 16, vb.pp("l1"))?;
@@ -21,22 +21,17 @@ fn my_model(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
 
 fn main() -> anyhow::Result<()> {
     let mut case = Case::example("cnn").expect("built-in example");
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "my_mlp".into(),
-        input: InputSpec::Vector { features: 8 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "my_mlp",
+        InputSpec::Vector { features: 8 },
+        4,
+    ));
     case.loss = LossSpec::CrossEntropy {
         label_smoothing: 0.0,
     };
     // 16 seeded variations of the case (learning rate, precision, data seed,
     // steps, input scale, clipping, batch size), all with the user's model.
-    let report = user_report(&case, &my_model, &UserCampaign { runs: 16, seed: 0 })?;
+    let report = user_report(&case, &my_model, &UserCampaign::new(16, 0))?;
     // In a test: insta::assert_snapshot!(report.to_markdown());
     print!("{}", report.to_markdown());
     Ok(())

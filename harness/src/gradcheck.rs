@@ -1,5 +1,5 @@
 //! Finite-difference gradient checks in f64: for single ops and layers
-//! ([`check_function`]) and for a whole case's model and loss ([`check_case`]).
+//! ([`check_function`]) and for a whole case's model and loss ([`check_model`]).
 //!
 //! A whole-model check tells the truth about real models: one that cannot
 //! run in f64 is checked in f32 at a tolerance derived from f32 rounding;
@@ -200,6 +200,7 @@ impl GradcheckReport {
 
 /// Where a whole-model check looks.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct GradcheckOptions {
     /// The step whose batch is checked.
     pub batch: usize,
@@ -414,22 +415,29 @@ pub fn check_function(
 
 /// Checks every trainable parameter's gradient of the case's loss at its
 /// first batch, in f64, for a built-in family.
+#[deprecated(note = "use `check_model(case, &BuiltinFactory::new(&case.model)?)`")]
 pub fn check_case(case: &Case) -> Result<GradcheckReport> {
-    check_case_with(case, &GradcheckOptions::default())
+    check_model(case, &builtin(case)?)
 }
 
-/// Like [`check_case`], at the point `opts` chooses.
+/// Like [`check_model_with`], for a built-in family.
+#[deprecated(note = "use `check_model_with(case, &BuiltinFactory::new(&case.model)?, opts)`")]
 pub fn check_case_with(case: &Case, opts: &GradcheckOptions) -> Result<GradcheckReport> {
-    let factory = BuiltinFactory::new(&case.model).ok_or_else(|| {
+    check_model_with(case, &builtin(case)?, opts)
+}
+
+fn builtin(case: &Case) -> Result<BuiltinFactory> {
+    BuiltinFactory::new(&case.model).ok_or_else(|| {
         Error::invalid(
             "model.family",
             "a `custom` model needs its factory (use `check_model`)",
         )
-    })?;
-    check_model_with(case, &factory, opts)
+    })
 }
 
-/// Like [`check_case`] for a user's own model.
+/// Checks every trainable parameter's gradient of the case's loss at its
+/// first batch, in f64 where the model runs in it: the default point of
+/// [`check_model_with`].
 pub fn check_model(case: &Case, factory: &dyn ModelFactory) -> Result<GradcheckReport> {
     check_model_with(case, factory, &GradcheckOptions::default())
 }

@@ -23,6 +23,7 @@ use serde::Serialize;
 pub use crate::spec::{round1, CaseSize};
 
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct MinimizeOptions {
     /// Training runs the minimizer may spend (the first reproduction included).
     pub max_runs: usize,
@@ -30,6 +31,26 @@ pub struct MinimizeOptions {
     /// Stop starting candidates after this moment (a campaign's budget);
     /// what was kept so far is the result.
     pub deadline: Option<std::time::Instant>,
+}
+
+impl MinimizeOptions {
+    /// At most `runs` training runs.
+    pub fn with_max_runs(mut self, runs: usize) -> Self {
+        self.max_runs = runs;
+        self
+    }
+
+    /// Each run with `run`.
+    pub fn with_run(mut self, run: RunOptions) -> Self {
+        self.run = run;
+        self
+    }
+
+    /// No candidate started after `deadline`.
+    pub fn with_deadline(mut self, deadline: std::time::Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
 }
 
 impl Default for MinimizeOptions {

@@ -12,6 +12,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// Restrictions on the generated cases.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct StrategyOptions {
     /// Families to draw from (`cnn`, `transformer`, `rnn`).
     pub families: Vec<String>,

@@ -18,7 +18,6 @@ pub fn run(case: &Case) -> Result<Outcome> {
 
 /// Runs a case of a built-in family.
 #[deprecated(
-    since = "0.2.0",
     note = "use `run_model(case, &BuiltinFactory::new(&case.model)?, opts)`, or `run` for the default options"
 )]
 pub fn run_with_options(case: &Case, opts: &RunOptions) -> Result<Outcome> {

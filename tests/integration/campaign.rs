@@ -6,7 +6,7 @@ use crate::support::*;
 use nanhunt::journal::{Entry, JOURNAL_FILE};
 use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
 use nanhunt::strategy::{generate, StrategyOptions};
-use nanhunt::{Outcome, RunOptions};
+use nanhunt::Outcome;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -277,16 +277,10 @@ fn shards_partition_the_runs_and_merge_into_one_campaign() {
 /// second minimization changes nothing), and is never larger.
 #[test]
 fn minimized_cases_keep_their_signature_are_fixpoints_and_never_grow() {
-    let opts = StrategyOptions {
-        clean_data: true,
-        max_steps: 12,
-        ..StrategyOptions::default()
-    };
-    let budget = MinimizeOptions {
-        max_runs: 400,
-        run: RunOptions::default(),
-        deadline: None,
-    };
+    let mut opts = StrategyOptions::default();
+    opts.clean_data = true;
+    opts.max_steps = 12;
+    let budget = MinimizeOptions::default().with_max_runs(400);
     let mut checked = 0;
     for seed in 0..200u64 {
         let case = generate(&opts, seed);

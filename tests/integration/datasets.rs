@@ -481,19 +481,17 @@ fn tiny_lm(vb: candle_nn::VarBuilder) -> candle_core::Result<Box<dyn Model>> {
 
 fn lm_case(per_token: bool, loss: LossSpec) -> Case {
     let mut c = Case::example("transformer").unwrap();
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: "tiny_lm".into(),
-        input: InputSpec::Tokens {
-            seq_len: 8,
-            vocab: 16,
-        },
-        outputs: 16,
-        init: InitSpec::default(),
-        per_token,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(
+        CustomSpec::new(
+            "tiny_lm",
+            InputSpec::Tokens {
+                seq_len: 8,
+                vocab: 16,
+            },
+            16,
+        )
+        .per_token(per_token),
+    );
     c.data = DataSpec {
         source: SourceSpec::User {
             name: "next_token".into(),

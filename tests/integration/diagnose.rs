@@ -170,16 +170,11 @@ fn the_cli_prints_the_steps_and_the_ranked_causes() {
 fn a_rejected_case_stays_rejected_in_diagnose_and_minimize() {
     use nanhunt::models::{Model, ModuleModel};
     let mut case = Case::example("cnn").unwrap();
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "nothing_to_train".into(),
-        input: InputSpec::Vector { features: 4 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "nothing_to_train",
+        InputSpec::Vector { features: 4 },
+        4,
+    ));
     let factory = |_: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(ModuleModel(candle_nn::seq())))
     };
@@ -236,27 +231,19 @@ fn masked_attention_case(precision: Precision) -> Case {
     let mut knobs = std::collections::BTreeMap::new();
     knobs.insert(
         "mask_value".to_string(),
-        KnobSpec {
-            value: f64::from(f32::MIN),
-            min: f64::from(f32::MIN),
-            max: -1e4,
-            stage: Some("attn.mask".into()),
-        },
+        KnobSpec::new(f64::from(f32::MIN), f64::from(f32::MIN), -1e4).at_stage("attn.mask"),
     );
     let mut case = Case::example("transformer").unwrap();
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "masked_attention".into(),
-        input: InputSpec::Tokens {
+    let mut spec = CustomSpec::new(
+        "masked_attention",
+        InputSpec::Tokens {
             seq_len: 8,
             vocab: 16,
         },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs,
-        init_overrides: Default::default(),
-    });
+        4,
+    );
+    spec.knobs = knobs;
+    case.model = ModelSpec::Custom(spec);
     case.precision = precision;
     case.optimizer = sgd(1e-2);
     case.steps = 6;

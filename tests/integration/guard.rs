@@ -453,16 +453,11 @@ impl nanhunt::models::Model for DeepLog {
 fn run_model_localizes_stages_a_user_traced_from_any_depth() {
     use nanhunt::spec::*;
     let mut case = Case::example("cnn").unwrap();
-    case.model = ModelSpec::Custom(CustomSpec {
-        name: "deep_log".into(),
-        input: InputSpec::Vector { features: 8 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "deep_log",
+        InputSpec::Vector { features: 8 },
+        4,
+    ));
     let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn nanhunt::models::Model>> {
         Ok(Box::new(DeepLog {
             l: linear(8, 4, vb.pp("l"))?,

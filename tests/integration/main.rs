@@ -15,6 +15,7 @@
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
+//! - `readme`: the README's Rust blocks, compiled, and checked against the README.
 //! - `real_models`: candle-transformers' BERT, Llama and ViT as published.
 
 mod campaign;
@@ -32,6 +33,7 @@ mod hostile_input;
 mod lrtable;
 mod one_engine;
 mod planted;
+mod readme;
 mod real_models;
 mod report;
 mod support;

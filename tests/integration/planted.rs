@@ -21,16 +21,7 @@ fn example(family: &str) -> Case {
 
 fn vector_case(name: &str) -> Case {
     let mut c = example("cnn");
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: name.into(),
-        input: InputSpec::Vector { features: 8 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(CustomSpec::new(name, InputSpec::Vector { features: 8 }, 4));
     c.optimizer = sgd(1e-3);
     c
 }

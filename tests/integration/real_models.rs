@@ -166,16 +166,7 @@ fn models() -> [Real; 3] {
 
 fn case_of(m: &Real) -> Case {
     let mut c = Case::example("transformer").unwrap();
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: m.name.into(),
-        input: m.input.clone(),
-        outputs: m.outputs,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(CustomSpec::new(m.name, m.input.clone(), m.outputs));
     c.batch_size = 4;
     c.steps = 3;
     c.optimizer = crate::support::sgd(1e-2);
@@ -343,16 +334,11 @@ fn gradcheck_on_stock_models_runs_in_f32_reports_the_frozen_tensors_and_no_false
 /// A feature-vector case for a small custom model.
 fn vector_case(name: &str, features: usize) -> Case {
     let mut c = Case::example("cnn").unwrap();
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: name.into(),
-        input: InputSpec::Vector { features },
-        outputs: CLASSES,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(CustomSpec::new(
+        name,
+        InputSpec::Vector { features },
+        CLASSES,
+    ));
     c.batch_size = 8;
     c
 }
@@ -530,11 +516,9 @@ fn gradcheck_says_plainly_when_a_gradient_or_the_loss_is_not_finite() {
     );
     assert!(!report.passed && report.tensors.is_empty());
     // The point can be chosen: another batch and seed.
-    let opts = nanhunt::gradcheck::GradcheckOptions {
-        batch: 3,
-        seed: Some(7),
-        ..Default::default()
-    };
+    let mut opts = nanhunt::gradcheck::GradcheckOptions::default();
+    opts.batch = 3;
+    opts.seed = Some(7);
     let factory = |vb: VarBuilder| mlp(vb, |h| h.tanh());
     let report =
         nanhunt::gradcheck::check_model_with(&vector_case("tanh", 8), &factory, &opts).unwrap();

@@ -8,7 +8,6 @@ use nanhunt::campaign::{user_report, UserCampaign};
 use nanhunt::models::{Model, ModuleModel};
 use nanhunt::report::StabilityReport;
 use nanhunt::spec::*;
-use nanhunt::strategy::StrategyOptions;
 
 /// insta settings: snapshots live in the repository's `snapshots/`, with a
 /// device suffix when they were not taken on CPU.
@@ -25,18 +24,13 @@ fn settings(device: &str) -> insta::Settings {
 /// A fixed-seed, fixed-run campaign over the built-in families.
 fn campaign(name: &str) -> StabilityReport {
     let out = scratch(name);
-    let opts = CampaignOptions {
-        strategy: StrategyOptions {
-            max_steps: 12,
-            ..StrategyOptions::default()
-        },
-        runs: Some(24),
-        jobs: 1,
-        seed: 11,
-        minimize_runs: 30,
-        out: out.clone(),
-        ..CampaignOptions::default()
-    };
+    let mut opts = CampaignOptions::default();
+    opts.strategy.max_steps = 12;
+    opts.runs = Some(24);
+    opts.jobs = 1;
+    opts.seed = 11;
+    opts.minimize_runs = 30;
+    opts.out = out.clone();
     run_campaign(&opts).unwrap();
     StabilityReport::from_dir(&out).unwrap()
 }
@@ -86,16 +80,11 @@ fn the_html_page_is_self_contained() {
 
 fn user_case(loss: LossSpec) -> Case {
     let mut c = Case::example("cnn").unwrap();
-    c.model = ModelSpec::Custom(CustomSpec {
-        name: "user_mlp".into(),
-        input: InputSpec::Vector { features: 8 },
-        outputs: 4,
-        init: InitSpec::default(),
-        per_token: false,
-        frozen: Vec::new(),
-        knobs: Default::default(),
-        init_overrides: Default::default(),
-    });
+    c.model = ModelSpec::Custom(CustomSpec::new(
+        "user_mlp",
+        InputSpec::Vector { features: 8 },
+        4,
+    ));
     c.steps = 30;
     c.loss = loss;
     // The article's log(1 - p) loss is unbounded below: a large step size
@@ -120,7 +109,7 @@ fn user_factory(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
 /// with it the snapshot.
 #[test]
 fn a_users_model_report_snapshots_and_changes_with_stability() {
-    let campaign = UserCampaign { runs: 12, seed: 3 };
+    let campaign = UserCampaign::new(12, 3);
     let unguarded = user_report(
         &user_case(LossSpec::LogOneMinus { eps: 0.0 }),
         &user_factory,

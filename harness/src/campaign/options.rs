@@ -80,6 +80,7 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 const MAX_DURATION_S: f64 = 100.0 * 365.25 * 86400.0;
 
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CampaignOptions {
     pub strategy: StrategyOptions,
     /// Stop after this long (checked between runs).

@@ -14,6 +14,7 @@ use crate::training::run_model;
 
 /// How many runs and from which seed.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct UserCampaign {
     pub runs: u64,
     pub seed: u64,
@@ -22,6 +23,13 @@ pub struct UserCampaign {
 impl Default for UserCampaign {
     fn default() -> Self {
         UserCampaign { runs: 24, seed: 0 }
+    }
+}
+
+impl UserCampaign {
+    /// `runs` runs from campaign seed `seed`.
+    pub fn new(runs: u64, seed: u64) -> Self {
+        UserCampaign { runs, seed }
     }
 }
 

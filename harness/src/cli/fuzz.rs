@@ -93,10 +93,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     if args.case_timeout.is_zero() {
         anyhow::bail!("--case-timeout: must be longer than 0 s");
     }
-    let limits = Limits {
-        max_memory_bytes: (args.max_memory_mib << 20) as usize,
-        ..Limits::default()
-    };
+    let limits = Limits::default().max_memory_bytes((args.max_memory_mib << 20) as usize);
     let dataset = match &args.data {
         Some(path) => {
             // Workers and reproducers find the file wherever they run.
@@ -127,40 +124,39 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         (None, None) => Some(100),
         (_, r) => r,
     };
-    let opts = CampaignOptions {
-        strategy: StrategyOptions {
-            families,
-            clean_data: args.clean_data,
-            safe_envelope: false,
-            max_steps: args.max_steps as usize,
-            dataset,
+    let mut strategy = StrategyOptions::default();
+    strategy.families = families;
+    strategy.clean_data = args.clean_data;
+    strategy.safe_envelope = false;
+    strategy.max_steps = args.max_steps as usize;
+    strategy.dataset = dataset;
+    let mut opts = CampaignOptions::default();
+    opts.strategy = strategy;
+    opts.budget = args.budget;
+    opts.runs = runs;
+    opts.jobs = args.jobs as usize;
+    opts.seed = args.seed;
+    opts.device = args.device;
+    opts.out = args.out.clone();
+    opts.resume = args.resume;
+    opts.shard = args.shard;
+    opts.minimize_runs = args.minimize_runs as usize;
+    opts.progress = super::progress::Bar::unless(args.quiet, "runs");
+    opts.workers = match args.workers {
+        WorkerKind::Threads => Workers::Threads,
+        WorkerKind::Processes => Workers::Processes {
+            exe: std::env::current_exe().map_err(|e| {
+                anyhow::anyhow!("cannot find the nanhunt executable for worker processes: {e}")
+            })?,
         },
-        budget: args.budget,
-        runs,
-        jobs: args.jobs as usize,
-        seed: args.seed,
-        device: args.device,
-        out: args.out.clone(),
-        resume: args.resume,
-        shard: args.shard,
-        minimize_runs: args.minimize_runs as usize,
-        progress: super::progress::Bar::unless(args.quiet, "runs"),
-        workers: match args.workers {
-            WorkerKind::Threads => Workers::Threads,
-            WorkerKind::Processes => Workers::Processes {
-                exe: std::env::current_exe().map_err(|e| {
-                    anyhow::anyhow!("cannot find the nanhunt executable for worker processes: {e}")
-                })?,
-            },
-        },
-        limits: WorkerLimits {
-            // CUDA reserves far more address space than it uses: an
-            // address-space limit would stop it from starting at all.
-            memory_bytes: (args.device == DeviceSpec::Cpu)
-                .then_some(limits.max_memory_bytes as u64 + CHILD_MEMORY_HEADROOM),
-            case: limits,
-            case_timeout: args.case_timeout,
-        },
+    };
+    opts.limits = WorkerLimits {
+        // CUDA reserves far more address space than it uses: an
+        // address-space limit would stop it from starting at all.
+        memory_bytes: (args.device == DeviceSpec::Cpu)
+            .then_some(limits.max_memory_bytes as u64 + CHILD_MEMORY_HEADROOM),
+        case: limits,
+        case_timeout: args.case_timeout,
     };
     let summary = run_campaign(&opts)?;
     print_summary(&summary, &args.out);

@@ -24,13 +24,13 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let case = load_case(&args.case, &args.limits.limits())?;
-    let opts = GradcheckOptions {
-        batch: args.batch,
-        seed: args.seed,
-        ..GradcheckOptions::default()
-    };
-    let report =
-        nanhunt::gradcheck::check_case_with(&case, &opts).map_err(super::in_file(&args.case))?;
+    let mut opts = GradcheckOptions::default();
+    opts.batch = args.batch;
+    opts.seed = args.seed;
+    let builtin = nanhunt::models::BuiltinFactory::new(&case.model);
+    let factory = nanhunt::models::factory_for(&case, None, &builtin)?;
+    let report = nanhunt::gradcheck::check_model_with(&case, factory, &opts)
+        .map_err(super::in_file(&args.case))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -111,11 +111,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         )
     })?;
     std::fs::create_dir_all(&args.out).map_err(|e| nanhunt::Error::io(&args.out, e))?;
-    let opts = MinimizeOptions {
-        max_runs: args.max_runs as usize,
-        run: RunOptions::default().with_limits(fuzzing::limits()),
-        deadline: None,
-    };
+    let opts = MinimizeOptions::default()
+        .with_max_runs(args.max_runs as usize)
+        .with_run(RunOptions::default().with_limits(fuzzing::limits()));
     let source = format!(
         "nanhunt import-artifact --target {target} {}",
         args.artifact.display()

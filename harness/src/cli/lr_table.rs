@@ -112,29 +112,25 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             Config::builtin(&families, &args.size, &args.optimizer, &args.precision)?
         }
     };
-    let opts = LrTableOptions {
-        seeds: args.seeds as usize,
-        steps: args.steps as usize,
-        tolerance: args.tolerance,
-        min_lr: args.min_lr,
-        max_lr: args.max_lr,
-        start: {
-            // The default start, moved inside a narrower --min-lr/--max-lr.
-            let inside = |x: f64| x.max(args.min_lr).min(args.max_lr);
-            let (lo, hi) = LrTableOptions::default().start;
-            if inside(lo) < inside(hi) {
-                (inside(lo), inside(hi))
-            } else {
-                (args.min_lr, args.max_lr)
-            }
-        },
-        full_batch: args.full_batch,
-        curvature: !args.no_curvature,
-        jobs,
-        progress: super::progress::Bar::unless(args.quiet, "seeds"),
-        run: RunOptions::default().with_limits(limits).on(args.device),
-        ..LrTableOptions::default()
+    let mut opts = LrTableOptions::default();
+    // The default start, moved inside a narrower --min-lr/--max-lr.
+    let inside = |x: f64| x.max(args.min_lr).min(args.max_lr);
+    let (lo, hi) = opts.start;
+    opts.start = if inside(lo) < inside(hi) {
+        (inside(lo), inside(hi))
+    } else {
+        (args.min_lr, args.max_lr)
     };
+    opts.seeds = args.seeds as usize;
+    opts.steps = args.steps as usize;
+    opts.tolerance = args.tolerance;
+    opts.min_lr = args.min_lr;
+    opts.max_lr = args.max_lr;
+    opts.full_batch = args.full_batch;
+    opts.curvature = !args.no_curvature;
+    opts.jobs = jobs;
+    opts.progress = super::progress::Bar::unless(args.quiet, "seeds");
+    opts.run = RunOptions::default().with_limits(limits).on(args.device);
     let table = measure(&configs, None, &opts)?;
     let text = render(&table, args.format);
     match &args.out {

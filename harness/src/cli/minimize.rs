@@ -40,11 +40,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             args.case.display()
         );
     }
-    let opts = MinimizeOptions {
-        max_runs: args.max_runs as usize,
-        run: RunOptions::default().with_limits(limits),
-        deadline: None,
-    };
+    let opts = MinimizeOptions::default()
+        .with_max_runs(args.max_runs as usize)
+        .with_run(RunOptions::default().with_limits(limits));
     let Some(m) = minimize(&case, None, &opts)? else {
         println!("the case trains stably: nothing to minimize");
         return Ok(Exit::Clean);

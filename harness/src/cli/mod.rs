@@ -153,12 +153,11 @@ pub struct LimitArgs {
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
         // The ranges above keep every value and the byte count within usize.
-        Limits {
-            max_params: self.max_params as usize,
-            max_steps: self.max_steps as usize,
-            max_batch: self.max_batch as usize,
-            max_memory_bytes: (self.max_memory_mib << 20) as usize,
-        }
+        Limits::default()
+            .max_params(self.max_params as usize)
+            .max_steps(self.max_steps as usize)
+            .max_batch(self.max_batch as usize)
+            .max_memory_bytes((self.max_memory_mib << 20) as usize)
     }
 }
 

@@ -76,11 +76,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         DataFormat::Npz => FileFormat::Npz,
         DataFormat::Csv => FileFormat::Csv,
     });
-    let opts = ScanOptions {
-        classes: args.classes.map(|c| c as usize),
-        extreme: args.extreme,
-        max_listed: args.max_listed as usize,
-    };
+    let mut opts = ScanOptions::default();
+    opts.classes = args.classes.map(|c| c as usize);
+    opts.extreme = args.extreme;
+    opts.max_listed = args.max_listed as usize;
     let scan = scan_file(&source, &opts).map_err(super::in_file(&args.file))?;
     let text = match args.report {
         Format::Md => scan.to_markdown(),

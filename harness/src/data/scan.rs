@@ -17,6 +17,7 @@ use std::hash::Hasher;
 
 /// What a scan checks and how much it lists.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ScanOptions {
     /// The class count labels must stay below; `None` checks only that
     /// labels are not negative (and says so).

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// The numerical pattern behind a stage's non-finite values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Pattern {
     /// log(0) = -inf: outputs -inf where the input is exactly 0.
     LogOfZero,

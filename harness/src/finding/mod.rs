@@ -49,6 +49,7 @@ pub enum Outcome {
 /// without one. Serialized by name (`"stable"`, …).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Verdict {
     Stable,
     Unstable,
@@ -117,6 +118,7 @@ impl Outcome {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FindingKind {
     Nan,
     Inf,

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// What the re-runs say about a finding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Robustness {
     /// Gone in f32 and in f64: it hangs on the lower precision's range or
     /// rounding (and on how candle computes there).

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ReplayVerdict {
     /// The recorded signature came back.
     Reproduced,

@@ -210,7 +210,7 @@ fn every_loss() {
 use crate::losses;
 
 fn assert_case_passes(case: &Case) {
-    let report = check_case(case).unwrap();
+    let report = check_model(case, &BuiltinFactory::new(&case.model).unwrap()).unwrap();
     // The zoo computes in f64 throughout: no tensor may look cast inside.
     assert!(
         report.lower_precision.is_empty(),

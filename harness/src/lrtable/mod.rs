@@ -120,6 +120,7 @@ impl Config {
 
 /// How to measure.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LrTableOptions {
     /// Seeds per configuration (case seeds 0..seeds: weights and data).
     pub seeds: usize,

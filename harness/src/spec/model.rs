@@ -533,8 +533,12 @@ fn default_min_length() -> usize {
     1
 }
 
+/// A user's own model in a case. Built with [`CustomSpec::new`] and the
+/// builder methods below (fields may be added: the struct is
+/// `#[non_exhaustive]`), or by setting its public fields.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CustomSpec {
     /// The family name the user's model reports in signatures.
     pub name: String,
@@ -579,6 +583,35 @@ impl CustomSpec {
             init_overrides: Default::default(),
         }
     }
+
+    pub fn with_init(mut self, init: InitSpec) -> Self {
+        self.init = init;
+        self
+    }
+
+    /// One prediction per position (a language model's own objective).
+    pub fn per_token(mut self, per_token: bool) -> Self {
+        self.per_token = per_token;
+        self
+    }
+
+    /// Tensors (or module prefixes) deliberately not trained.
+    pub fn frozen<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.frozen.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// A named number the factory reads, with its range.
+    pub fn knob(mut self, name: impl Into<String>, knob: KnobSpec) -> Self {
+        self.knobs.insert(name.into(), knob);
+        self
+    }
+
+    /// An initialization that replaces the model's own hint for `name`.
+    pub fn init_override(mut self, name: impl Into<String>, init: InitOverride) -> Self {
+        self.init_overrides.insert(name.into(), init);
+        self
+    }
 }
 
 /// How one tensor is initialized instead of its model's hint (absolute:
@@ -594,6 +627,7 @@ pub enum InitOverride {
 /// A declared model knob: its value and the range worth trying.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct KnobSpec {
     pub value: f64,
     pub min: f64,
@@ -605,6 +639,22 @@ pub struct KnobSpec {
 }
 
 impl KnobSpec {
+    /// A knob at `value` in `[min, max]`.
+    pub fn new(value: f64, min: f64, max: f64) -> Self {
+        KnobSpec {
+            value,
+            min,
+            max,
+            stage: None,
+        }
+    }
+
+    /// The stage (or stage prefix) the knob acts on.
+    pub fn at_stage(mut self, stage: impl Into<String>) -> Self {
+        self.stage = Some(stage.into());
+        self
+    }
+
     /// The value at `u` in [0, 1] across the range: by magnitude when the
     /// range keeps one sign and spans over 100x, else evenly.
     pub fn at(&self, u: f64) -> f64 {

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 
 /// Size limits a case must stay under (configurable per command).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Limits {
     pub max_params: usize,
     pub max_steps: usize,
@@ -21,6 +22,28 @@ impl Default for Limits {
             max_batch: 4096,
             max_memory_bytes: 4 << 30,
         }
+    }
+}
+
+impl Limits {
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
+    pub fn max_params(mut self, params: usize) -> Self {
+        self.max_params = params;
+        self
+    }
+
+    pub fn max_batch(mut self, batch: usize) -> Self {
+        self.max_batch = batch;
+        self
+    }
+
+    pub fn max_memory_bytes(mut self, bytes: usize) -> Self {
+        self.max_memory_bytes = bytes;
+        self
     }
 }
 
