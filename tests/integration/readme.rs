@@ -47,7 +47,13 @@ fn compiled_blocks(text: &str) -> Vec<String> {
                     .unwrap_or(0);
                 let dedented: Vec<&str> = lines
                     .iter()
-                    .map(|l| if l.len() >= indent { &l[indent..] } else { l.trim() })
+                    .map(|l| {
+                        if l.len() >= indent {
+                            &l[indent..]
+                        } else {
+                            l.trim()
+                        }
+                    })
                     .collect();
                 blocks.push(dedented.join("\n"));
                 current = None;
@@ -64,14 +70,23 @@ fn every_rust_block_of_the_readme_is_compiled_here() {
     let readme = std::fs::read_to_string(crate::support::root().join("README.md")).unwrap();
     let this = include_str!("readme.rs");
     let (readme, compiled) = (readme_blocks(&readme), compiled_blocks(this));
-    assert!(readme.len() >= 5, "the README's Rust blocks: {}", readme.len());
+    assert!(
+        readme.len() >= 5,
+        "the README's Rust blocks: {}",
+        readme.len()
+    );
     assert_eq!(
         readme.len(),
         compiled.len(),
         "every README block needs its compiled copy here (and no more)"
     );
     for (i, (r, c)) in readme.iter().zip(&compiled).enumerate() {
-        assert_eq!(r, c, "README block {} differs from its compiled copy", i + 1);
+        assert_eq!(
+            r,
+            c,
+            "README block {} differs from its compiled copy",
+            i + 1
+        );
     }
 }
 
