@@ -142,6 +142,7 @@ fn guarded_loop() -> anyhow::Result<()> {
         let batch = Batch::new([("x", x.clone()), ("y", y.clone())]);
         guard.step(step, &batch, &mut opt, |b| model.loss(b.get("x")?, b.get("y")?))?;
     }
+    guard.finish(&opt)?; // a finite explosion is judged over the whole loop
     // readme:end
     Ok(())
 }

@@ -16,8 +16,11 @@
 //! without a harder failure (a NaN or a divergence after a jump is reported
 //! as itself). `docs/NUMERICS.md` records what the rule was measured on.
 
+use crate::error::Result;
 use crate::finding::{Failure, FindingKind, Phase, Trace};
 pub use crate::finding::{Grew, Jump};
+use crate::probe::scan_all;
+use candle_core::Tensor;
 
 /// Three orders of magnitude in one step. Healthy runs of every built-in
 /// example stay under 20× over 200 steps (measured: `explosion::tests` and
@@ -125,17 +128,36 @@ pub fn failure(jump: &Jump, judged: &str) -> Failure {
     )
 }
 
-/// Whether a run whose losses are `losses` never recovered from `jump`:
-/// the sentence that says so, or `None` (recovered, or too few steps after
-/// it to judge).
-pub fn unrecovered(jump: &Jump, losses: &[f64]) -> Option<String> {
-    let r = Recovery::of(losses, jump.step)?;
+/// Whether a run whose losses are `losses` never recovered from a jump at
+/// `index` (its step's position in `losses`): the sentence that says so,
+/// or `None` (recovered, or too few steps after it to judge).
+pub fn unrecovered(index: usize, losses: &[f64]) -> Option<String> {
+    let r = Recovery::of(losses, index)?;
     (!r.recovered()).then(|| {
         format!(
             ", and the loss never recovered: its best mean over {RECOVERY_WINDOW} steps after it is {:.4e}, against {:.4e} before",
             r.best_after, r.best_before
         )
     })
+}
+
+/// The tensor that leads a jump of the gradient norm: the one with the
+/// largest Σg² (its index).
+pub fn largest(sum_sq: &[f64]) -> usize {
+    (0..sum_sq.len())
+        .max_by(|&a, &b| sum_sq[a].total_cmp(&sum_sq[b]))
+        .unwrap_or(0)
+}
+
+/// The tensor that leads a jump of the parameter norm: the one whose norm
+/// grew the most from `then` to `now` in absolute terms (the one that
+/// carries the explosion, not a bias that grew from nearly nothing).
+pub fn fastest_growing(now: &[&Tensor], then: &[&Tensor]) -> Result<usize> {
+    let (now, then) = (scan_all(now)?, scan_all(then)?);
+    let growth = |i: usize| now[i].sum_sq.sqrt() - then[i].sum_sq.sqrt();
+    Ok((0..now.len())
+        .max_by(|&a, &b| growth(a).total_cmp(&growth(b)))
+        .unwrap_or(0))
 }
 
 /// The judgement of a jump replayed alone, without the steps after it.

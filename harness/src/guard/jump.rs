@@ -95,9 +95,7 @@ impl Guard {
         let Some(j) = &self.jump else {
             return Ok(());
         };
-        let mut shifted = j.jump.clone();
-        shifted.step = j.index;
-        let Some(judged) = explosion::unrecovered(&shifted, &self.trace.losses) else {
+        let Some(judged) = explosion::unrecovered(j.index, &self.trace.losses) else {
             return Ok(());
         };
         let j = self.jump.take().expect("checked above");

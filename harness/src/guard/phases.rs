@@ -118,10 +118,7 @@ impl Guard {
         let norm = crate::optim::global_norm(&sum_sq);
         self.trace.grad_norms.push(norm);
         if let Some(was) = self.watch.gradient(norm) {
-            let largest = (0..sum_sq.len())
-                .max_by(|&a, &b| sum_sq[a].total_cmp(&sum_sq[b]))
-                .unwrap_or(0);
-            let leader = self.names[largest].clone();
+            let leader = self.names[checks::explosion::largest(&sum_sq)].clone();
             self.saw_jump(step, Grew::GradientNorm, (was, norm), leader, before)?;
         }
         Ok(Ok(()))
@@ -188,18 +185,13 @@ impl Guard {
         Ok(Some(checks::update_failure(which, &scan, self.half(), t)?))
     }
 
-    /// The parameter whose norm grows the most in this update (in
-    /// absolute terms), as in the runner.
+    /// The parameter whose norm grows the most in this update.
     fn fastest_growing(&self, updated: &[&Tensor], before: &Before) -> Result<String> {
         let earlier: Vec<&Tensor> = match &before.params {
             Some(params) => params.iter().collect(),
             None => self.vars.iter().map(|v| v.as_tensor()).collect(),
         };
-        let (now, then) = (scan_all(updated)?, scan_all(&earlier)?);
-        let growth = |i: usize| now[i].sum_sq.sqrt() - then[i].sum_sq.sqrt();
-        let i = (0..now.len())
-            .max_by(|&a, &b| growth(a).total_cmp(&growth(b)))
-            .unwrap_or(0);
+        let i = checks::explosion::fastest_growing(updated, &earlier)?;
         Ok(self.names[i].clone())
     }
 }

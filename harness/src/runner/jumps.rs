@@ -7,7 +7,6 @@ use super::{Readback, Session, Snapshot};
 use crate::checks::explosion::{self, Grew, Jump, JumpWatch};
 use crate::error::Result;
 use crate::finding::{Finding, TraceMark};
-use crate::probe::scan_all;
 use candle_core::Tensor;
 
 /// The run's first jump, kept until the run's end judges it.
@@ -42,15 +41,12 @@ impl Session<'_> {
         let now = self.trace.mark();
         if let Some(&norm) = self.trace.grad_norms.get(seen.grad_norms) {
             if let Some(before) = self.watch.gradient(norm) {
-                let largest = (0..self.grad_sq.len())
-                    .max_by(|&a, &b| self.grad_sq[a].total_cmp(&self.grad_sq[b]))
-                    .unwrap_or(0);
                 let jump = Jump {
                     step,
                     grew: Grew::GradientNorm,
                     before,
                     after: norm,
-                    tensor: self.names[largest].clone(),
+                    tensor: self.names[explosion::largest(&self.grad_sq)].clone(),
                 };
                 self.jump = Some(Jumped {
                     jump,
@@ -90,18 +86,11 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// The parameter whose norm grew by the most against `earlier` (in
-    /// absolute terms: the one that carries the explosion, not a bias
-    /// that grew from nearly nothing).
+    /// The parameter whose norm grew by the most against `earlier`.
     fn fastest_growing(&self, earlier: &[Tensor]) -> Result<String> {
         let now: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
         let then: Vec<&Tensor> = earlier.iter().collect();
-        let (now, then) = (scan_all(&now)?, scan_all(&then)?);
-        let growth = |i: usize| now[i].sum_sq.sqrt() - then[i].sum_sq.sqrt();
-        let i = (0..now.len())
-            .max_by(|&a, &b| growth(a).total_cmp(&growth(b)))
-            .unwrap_or(0);
-        Ok(self.names[i].clone())
+        Ok(self.names[explosion::fastest_growing(&now, &then)?].clone())
     }
 
     /// The run's first jump, if it had one.
@@ -119,7 +108,7 @@ impl Session<'_> {
     /// step kept for dumps and the precision check).
     pub fn unrecovered_explosion(&mut self) -> Option<Finding> {
         let jump = &self.jump.as_ref()?.jump;
-        let judged = explosion::unrecovered(jump, &self.trace.losses)?;
+        let judged = explosion::unrecovered(jump.step, &self.trace.losses)?;
         self.explosion_finding(&judged)
     }
 
