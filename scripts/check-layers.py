@@ -17,7 +17,7 @@ import sys
 
 # Bottom first. A module path covers its submodules (`spec` is spec/*).
 LAYERS = [
-    ("base", ["error", "floats", "rng", "files", "progress", "kernels"]),
+    ("base", ["error", "floats", "format", "rng", "files", "progress", "kernels"]),
     ("spec", ["spec"]),
     ("building blocks", ["device", "parallel", "probe", "data", "augment", "optim", "scaler"]),
     ("findings", ["finding", "outcome"]),
@@ -27,7 +27,7 @@ LAYERS = [
     ("scenes", ["scene", "dump", "repro", "record"]),
     ("drivers of a step", ["runner", "guard"]),
     ("whole runs", ["fidelity", "training"]),
-    ("drivers of many runs", ["replay", "differential", "gradcheck", "minimize", "strategy",
+    ("drivers of many runs", ["replay", "differential", "gradcheck", "minimize", "strategy", "hunt",
                               "lrtable", "diagnose", "regression"]),
     ("campaigns and reports", ["journal", "report", "campaign", "merge"]),
     ("fuzz targets' logic", ["fuzzing"]),

@@ -82,11 +82,13 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         Some(t) => values(t)?,
         None => Vec::new(),
     };
+    let mut from_values = false;
     if let Some(read) = read.filter(|t| t.dims() == r.output.dims() && !x.is_empty()) {
         let width = (*read.dims().last().unwrap_or(&1)).max(1);
         if let Some((pattern, n)) = by_values(&x, &out, width, limit) {
             e.pattern = pattern;
             e.count = n;
+            from_values = true;
         }
     }
     let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
@@ -108,7 +110,16 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         .iter()
         .filter(|v| v.is_finite())
         .fold(0f64, |m, v| m.max(v.abs()));
-    describe(&mut e, dtype, limit, read.map(|_| x_max));
+    // What the record before held is quoted only when it accounts for the
+    // pattern; an op-kind pattern is about a value computed inside the stage.
+    let quoted = from_values || e.pattern == Pattern::AccumulationOverflow;
+    describe(
+        &mut e,
+        dtype,
+        limit,
+        read.filter(|_| quoted).map(|_| x_max),
+        from_values,
+    );
     Ok(e)
 }
 
@@ -210,7 +221,7 @@ pub fn backward(
     if e.pattern == Pattern::Unexplained && !g.iter().any(|v| v.is_nan()) {
         e.pattern = Pattern::BackwardOverflow;
     }
-    describe(&mut e, dtype, limit, None);
+    describe(&mut e, dtype, limit, None, false);
     Ok(e)
 }
 
@@ -224,7 +235,10 @@ fn counted(n: usize, what: &str) -> String {
 }
 
 /// Fills in the sentence and the repair of `e`'s pattern.
-fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
+/// `read`: the pattern was read from the stage's input (the record before
+/// it), whose values the sentence then quotes; else from its op's kind, on a
+/// value the stage computes inside.
+fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, read: bool) {
     let s = &e.stage;
     let n = e.count;
     let (vals, rows) = (counted(n, "value"), counted(n, "row"));
@@ -236,9 +250,17 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
         });
     let dt = format!("{dtype:?}").to_lowercase();
     let (sentence, repair) = match e.pattern {
+        Pattern::LogOfZero if !read => (
+            format!("`{s}` takes a log that is -inf at {vals}: what it takes the log of, computed inside the stage, is exactly 0 there: log(0) = -inf"),
+            "compute it in log space (log_softmax instead of log(softmax), -softplus(x) instead of log(1 - sigmoid(x))), or clamp what the log reads to at least an eps".to_string(),
+        ),
         Pattern::LogOfZero => (
             format!("`{s}` takes the log of {vals} of {input} that are exactly 0: log(0) = -inf"),
             "compute it in log space (log_softmax instead of log(softmax)), or clamp the input to at least an eps before the log".to_string(),
+        ),
+        Pattern::NegativeDomain if !read => (
+            format!("`{s}` takes a log or a square root that is NaN at {vals}: what it reads, computed inside the stage, is negative there"),
+            "make the input positive by construction (softplus, exp, or relu plus an eps), or clamp it to at least an eps".to_string(),
         ),
         Pattern::NegativeDomain => (
             format!("`{s}` takes the log or square root of {vals} of {input} that are negative: NaN"),
@@ -255,6 +277,13 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>) {
         Pattern::MaskedRow => (
             format!("`{s}` takes a softmax over {rows} of {input} that are entirely -inf (every position masked): 0/0 = NaN"),
             "mask with a finite value the dtype holds (-1e4 in half precision), or give fully masked rows a defined output".to_string(),
+        ),
+        Pattern::ExpOverflow if !read => (
+            format!(
+                "`{s}` takes an exp that is +inf at {vals}: what it takes the exp of, computed inside the stage, passes {:.1} = ln of {dt}'s largest value {limit:.4e} there",
+                limit.ln()
+            ),
+            format!("clamp what the exp reads below {:.0}, or use a bounded activation or work in log space (logsumexp with the max subtracted)", limit.ln().floor()),
         ),
         Pattern::ExpOverflow => (
             format!(

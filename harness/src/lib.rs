@@ -8,6 +8,8 @@
 pub mod augment;
 pub mod campaign;
 pub mod checks;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod coverage;
 pub mod data;
 pub mod device;
@@ -25,10 +27,12 @@ pub mod fidelity;
 pub mod files;
 pub mod finding;
 pub mod floats;
+pub mod format;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod gradcheck;
 pub mod guard;
+pub mod hunt;
 pub mod intervention;
 pub mod journal;
 pub mod kernels;

@@ -1,11 +1,14 @@
 //! Regression replay for `cargo test`: every reproducer in a directory must
-//! still fail with its recorded signature. Users call [`replay_dir`] (or
+//! still fail with its recorded signature. A reproducer is a case file
+//! (`*.json`, from `minimize` and campaigns) or a scene directory (a crash
+//! dump, a hunt's trigger: `DIR/scene.json`). Users call [`replay_dir`] (or
 //! [`assert_dir_reproduces`]) from their own test suites.
 
 use crate::error::{Error, Result};
 use crate::models::ModelFactory;
-use crate::replay::{replay_reproducer, ReplayReport, ReplayVerdict};
+use crate::replay::{replay_dump_with, replay_reproducer_with, ReplayReport, ReplayVerdict};
 use crate::repro::Reproducer;
+use crate::runner::RunOptions;
 use std::path::{Path, PathBuf};
 
 /// The reproducer files of a directory, sorted by name.
@@ -19,16 +22,43 @@ pub fn reproducer_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The scene directories in a directory (its subdirectories holding a
+/// scene), sorted by name.
+pub fn scene_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join(crate::scene::SCENE_FILE).is_file())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
 /// Replays every reproducer in `dir` (built-in families, or through
-/// `factory` for a user's model) and reports each.
+/// `factory` for a user's model) and reports each: the case files first,
+/// then the scenes.
 pub fn replay_dir(
     dir: &Path,
     factory: Option<&dyn ModelFactory>,
 ) -> Result<Vec<(PathBuf, ReplayReport)>> {
+    replay_dir_with(dir, factory, &RunOptions::default())
+}
+
+/// [`replay_dir`] with run options: the user's dataset or loss closure
+/// (`RunOptions::with_dataset`, `with_loss`) the cases name.
+pub fn replay_dir_with(
+    dir: &Path,
+    factory: Option<&dyn ModelFactory>,
+    opts: &RunOptions,
+) -> Result<Vec<(PathBuf, ReplayReport)>> {
     let mut out = Vec::new();
     for path in reproducer_files(dir)? {
         let repro = Reproducer::load(&path)?;
-        let report = replay_reproducer(&repro, factory)?;
+        let report = replay_reproducer_with(&repro, factory, opts)?;
+        out.push((path, report));
+    }
+    for path in scene_dirs(dir)? {
+        let report = replay_dump_with(&path, factory, opts)?;
         out.push((path, report));
     }
     Ok(out)

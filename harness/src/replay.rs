@@ -31,6 +31,16 @@ pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Resu
 /// batches were saved regenerate it). The scene and the judgement are the
 /// guard's too ([`SavedScene`]); only the driver differs.
 pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
+    replay_dump_with(dir, factory, &RunOptions::default())
+}
+
+/// [`replay_dump`] with run options: a user's dataset or loss closure
+/// (`RunOptions::with_dataset`, `with_loss`) the case names.
+pub fn replay_dump_with(
+    dir: &Path,
+    factory: Option<&dyn ModelFactory>,
+    opts: &RunOptions,
+) -> Result<ReplayReport> {
     let saved = SavedScene::load(dir)?;
     let case = saved.case.clone().ok_or_else(|| {
         Error::malformed(
@@ -42,7 +52,11 @@ pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<Rep
     })?;
     let builtin = BuiltinFactory::new(&case.model);
     let factory = factory_for(&case, factory, &builtin)?;
-    let opts = RunOptions::default();
+    let opts = RunOptions {
+        dump: None,
+        dump_at: None,
+        ..opts.clone()
+    };
     let mut session = match saved.source_batch(&case)? {
         Some(batch) => {
             let source = crate::data::Saved {
@@ -111,9 +125,23 @@ pub fn replay_reproducer(
     repro: &Reproducer,
     factory: Option<&dyn ModelFactory>,
 ) -> Result<ReplayReport> {
+    replay_reproducer_with(repro, factory, &RunOptions::default())
+}
+
+/// [`replay_reproducer`] with run options (a user's dataset or loss closure).
+pub fn replay_reproducer_with(
+    repro: &Reproducer,
+    factory: Option<&dyn ModelFactory>,
+    opts: &RunOptions,
+) -> Result<ReplayReport> {
     let builtin = BuiltinFactory::new(&repro.case.model);
     let factory = factory_for(&repro.case, factory, &builtin)?;
-    let actual = match run_model(&repro.case, factory, &RunOptions::default())? {
+    let opts = RunOptions {
+        dump: None,
+        dump_at: None,
+        ..opts.clone()
+    };
+    let actual = match run_model(&repro.case, factory, &opts)? {
         Outcome::Unstable { finding } => Some(*finding),
         Outcome::Stable { .. } => None,
         Outcome::Rejected { reason } => return Err(Error::Rejected(reason)),

@@ -24,6 +24,11 @@ pub struct StrategyOptions {
     /// Train every case on this dataset: the model is fitted to its samples
     /// and classes, the data is fixed, every other knob is fuzzed.
     pub dataset: Option<DatasetFit>,
+    /// Draw around this case instead of the built-in families: its model
+    /// (with its declared knobs drawn within their ranges) and its data
+    /// source (pathologies and, for synthetic data, the scale drawn on top)
+    /// stay; every other knob is drawn. A campaign over a user's own model.
+    pub base: Option<Case>,
 }
 
 impl Default for StrategyOptions {
@@ -34,6 +39,7 @@ impl Default for StrategyOptions {
             safe_envelope: false,
             max_steps: 30,
             dataset: None,
+            base: None,
         }
     }
 }
@@ -96,15 +102,41 @@ impl DatasetFit {
 }
 
 impl StrategyOptions {
+    /// The data every case trains on, in words (`path sha256`, or a user
+    /// dataset's name), when the campaign fixes it.
+    pub fn data_name(&self) -> Option<String> {
+        if let Some(fit) = &self.dataset {
+            return Some(format!(
+                "{} {}",
+                fit.source.path.display(),
+                fit.source.sha256.as_deref().unwrap_or("")
+            ));
+        }
+        match &self.base.as_ref()?.data.source {
+            SourceSpec::File(f) => Some(format!(
+                "{} {}",
+                f.path.display(),
+                f.sha256.as_deref().unwrap_or("")
+            )),
+            SourceSpec::User { name, .. } => Some(format!("user dataset `{name}`")),
+            // The model's case draws synthetic data at its scale.
+            SourceSpec::Synthetic => Some(format!(
+                "synthetic, as `{}`'s case draws it",
+                self.base.as_ref()?.family()
+            )),
+        }
+    }
+
     /// Checks the options before anything is drawn: known, non-empty
     /// families, and room for the 3 steps a generated run takes at least.
     pub fn validate(&self) -> crate::Result<()> {
-        if self.families.is_empty() {
+        if self.families.is_empty() && self.base.is_none() {
             return Err(crate::Error::option("families", "name at least one family"));
         }
         if let Some(f) = self
             .families
             .iter()
+            .filter(|_| self.base.is_none())
             .find(|f| !FAMILIES.contains(&f.as_str()))
         {
             return Err(crate::Error::option(
@@ -712,10 +744,55 @@ pub fn case(opts: &StrategyOptions) -> BoxedStrategy<Case> {
         .boxed()
 }
 
+/// The models drawn: the base case's (its knobs drawn within their ranges),
+/// or one of the families'.
+fn models(opts: &StrategyOptions) -> BoxedStrategy<ModelSpec> {
+    let Some(base) = &opts.base else {
+        let families: Vec<BoxedStrategy<ModelSpec>> =
+            opts.families.iter().map(|f| model(f)).collect();
+        return proptest::strategy::Union::new(families).boxed();
+    };
+    let spec = base.model.clone();
+    let knobs = spec.knobs().map_or(0, |k| k.len());
+    proptest::collection::vec(
+        prop_oneof![1 => Just(None), 2 => (0.0..=1.0f64).prop_map(Some)],
+        knobs,
+    )
+    .prop_map(move |draws| {
+        let mut spec = spec.clone();
+        if let Some(knobs) = spec.knobs_mut() {
+            for ((_, k), u) in knobs.iter_mut().zip(draws) {
+                if let Some(u) = u {
+                    k.value = k.at(u);
+                }
+            }
+        }
+        spec
+    })
+    .boxed()
+}
+
+/// The base case's own parts a drawn case keeps: its data source (with
+/// drawn pathologies; for synthetic data the drawn scale, offset and
+/// noise too) and a loss of its own.
+fn fit_to_base(c: &mut Case, base: &Case) {
+    if !base.data.source.is_synthetic() {
+        let pathologies = std::mem::take(&mut c.data.pathologies);
+        c.data = DataSpec {
+            pathologies,
+            ..base.data.clone()
+        };
+    }
+    if matches!(base.loss, LossSpec::Custom { .. }) {
+        c.loss = base.loss.clone();
+    }
+    c.divergence_factor = base.divergence_factor;
+}
+
 /// Cases under `opts`, drawn part by part and fitted to their model.
 fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
-    let families: Vec<BoxedStrategy<ModelSpec>> = opts.families.iter().map(|f| model(f)).collect();
-    let model = proptest::strategy::Union::new(families);
+    let model = models(opts);
+    let base = opts.base.clone();
     let clean = opts.clean_data || opts.safe_envelope;
     let safe = opts.safe_envelope;
     let dataset = opts.dataset.clone();
@@ -760,6 +837,9 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
                 };
                 if let Some(fit) = &dataset {
                     fit_to_dataset(&mut c, fit);
+                }
+                if let Some(base) = &base {
+                    fit_to_base(&mut c, base);
                 }
                 fit_to_model(&mut c);
                 if safe {

@@ -24,12 +24,14 @@ pub fn run_with_options(case: &Case, opts: &RunOptions) -> Result<Outcome> {
     run_builtin(case, opts)
 }
 
-/// A built-in family's case with `opts`; a `custom` model is rejected
-/// (it needs its factory).
+/// A case with `opts` and its own factory: a built-in family's, or the
+/// process's registered model's ([`crate::models::register`]); another
+/// `custom` model is rejected (it needs its factory).
 pub(crate) fn run_builtin(case: &Case, opts: &RunOptions) -> Result<Outcome> {
-    match BuiltinFactory::new(&case.model) {
-        Some(factory) => run_model(case, &factory, opts),
-        None => Ok(Outcome::Rejected {
+    let builtin = BuiltinFactory::new(&case.model);
+    match crate::models::factory_for(case, None, &builtin) {
+        Ok(factory) => run_model(case, factory, opts),
+        Err(_) => Ok(Outcome::Rejected {
             reason: "invalid case: field `model.family`: a `custom` model needs its factory (use `run_model`)".into(),
         }),
     }

@@ -215,3 +215,64 @@ fn diff_compares_threads_precisions_and_names_the_missing_cuda() {
     let o = nanhunt(&["diff", case]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A user's example built with `nanhunt::cli::main_with` runs every command
+/// over its own model: `run` is stable, `hunt` triggers the latent bug and
+/// writes a reproducer that `replay` reproduces through the same binary,
+/// `fuzz` (worker processes of that binary) names the model and its data,
+/// and bad arguments exit 2.
+#[test]
+fn a_users_example_binary_runs_every_command_over_its_model() {
+    let exe = example_binary("user_model");
+    let dir = scratch("user-model-cli");
+    let run = |args: &[&str]| {
+        std::process::Command::new(&exe)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["run"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("case: rms_mlp /") && stdout(&o).contains("STABLE"));
+    assert!(stdout(&run(&["example"])).contains("\"name\": \"rms_mlp\""));
+
+    let o = run(&["hunt", "--out", "hunt", "--no-drift"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hunt/risk.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["model"], "rms_mlp");
+    let stage = &report["stages"][0];
+    assert_eq!(
+        (&stage["stage"], &stage["status"]),
+        (&"rms_norm".into(), &"triggered".into())
+    );
+    for f in ["risk.md", "risk.html"] {
+        assert!(dir.join("hunt").join(f).is_file(), "{f}");
+    }
+    let repro = format!("hunt/reproducers/{}", stage["reproducer"].as_str().unwrap());
+    let o = run(&["replay", &repro]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("reproduced: nan in forward at `rms_norm` (rms_mlp"));
+
+    let o = run(&["fuzz", "--runs", "12", "--out", "fuzz", "--quiet"]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    let md = std::fs::read_to_string(dir.join("fuzz/report.md")).unwrap();
+    assert!(
+        md.contains("families rms_mlp") && md.contains("data synthetic, as `rms_mlp`'s case"),
+        "{md}"
+    );
+    assert!(stdout(&o).contains("unstable, 0 errors"), "{}", stdout(&o));
+
+    for bad in [
+        &["hunt", "--bound", "0"][..],
+        &["run", "missing.json"],
+        &["fuzz", "--runs", "x"],
+        &["no-such-command"],
+    ] {
+        let o = run(bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{bad:?}: {}", stderr(&o));
+    }
+}

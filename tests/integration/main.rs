@@ -9,6 +9,7 @@
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
 //! - `explosion`: finite explosions found at their step; none on healthy runs over 200 steps.
 //! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
+//! - `hunt`: latent bugs in users' models and losses, triggered by the hunt; none in their repairs.
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
 //! - `one_engine`: the runner and the guard give the same finding for the same bug.
@@ -30,6 +31,7 @@ mod fidelity;
 mod fuzz;
 mod guard;
 mod hostile_input;
+mod hunt;
 mod lrtable;
 mod one_engine;
 mod planted;

@@ -41,24 +41,46 @@ fn newest_source(dir: &Path) -> std::time::SystemTime {
 /// run of this crate alone (`cargo test -p nanhunt-tests`) may find it older
 /// than the harness sources; then the first call asks cargo to rebuild it.
 pub fn binary() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
+    built("nanhunt", &["--bin", "nanhunt"], &["harness/src"])
+}
+
+/// The binary of one of the harness's examples (`target/<profile>/examples/NAME`),
+/// built as [`binary`] is (`cargo test --workspace` builds the examples).
+pub fn example_binary(name: &str) -> PathBuf {
+    built(
+        &format!("examples/{name}"),
+        &["--example", name],
+        &["harness/src", "harness/examples"],
+    )
+}
+
+/// `target/<profile>/PATH`, rebuilt by cargo (with `what`) when it is
+/// older than the sources under `sources` (checked once per test run).
+fn built(path: &str, what: &[&str], sources: &[&str]) -> PathBuf {
+    static CHECKED: std::sync::Mutex<BTreeSet<String>> = std::sync::Mutex::new(BTreeSet::new());
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join(format!("nanhunt{}", std::env::consts::EXE_SUFFIX));
-    BUILT.call_once(|| {
+    let bin = profile_dir.join(format!("{path}{}", std::env::consts::EXE_SUFFIX));
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if checked.insert(path.to_string()) {
         let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
-        let sources = newest_source(&root().join("harness/src"));
-        if built.is_some_and(|b| b >= sources) {
-            return;
+        let newest = sources
+            .iter()
+            .map(|s| newest_source(&root().join(s)))
+            .max()
+            .unwrap();
+        if built.is_some_and(|b| b >= newest) {
+            return bin;
         }
         let mut cargo = Command::new(env!("CARGO"));
-        cargo.args(["build", "--quiet", "-p", "nanhunt", "--bin", "nanhunt"]);
+        cargo.args(["build", "--quiet", "-p", "nanhunt"]).args(what);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cargo.arg("--release");
         }
         let status = cargo.current_dir(root()).status().expect("cargo runs");
-        assert!(status.success(), "building the nanhunt binary failed");
-    });
+        assert!(status.success(), "building {path} failed");
+    }
+    drop(checked);
     assert!(bin.exists(), "{} is missing", bin.display());
     bin
 }

@@ -186,13 +186,7 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
         shard: (opts.shard.index, opts.shard.count),
         device: opts.device.to_string(),
         budget: budget_text(opts),
-        data: opts.strategy.dataset.as_ref().map(|d| {
-            format!(
-                "{} {}",
-                d.source.path.display(),
-                d.source.sha256.as_deref().unwrap_or("")
-            )
-        }),
+        data: opts.strategy.data_name(),
     };
     let data_text = match &header {
         Entry::Start { data, .. } => data.clone(),

@@ -88,10 +88,11 @@ pub enum Workers {
 
 /// Runs one case in this process under `limits`; a panic is caught and reported.
 pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
-    let Some(factory) = BuiltinFactory::new(&case.model) else {
+    let builtin = BuiltinFactory::new(&case.model);
+    let Ok(factory) = crate::models::factory_for(case, None, &builtin) else {
         return failed(
             Verdict::Rejected,
-            "a campaign runs built-in families only".into(),
+            "a campaign runs built-in families and the registered model of its binary".into(),
         );
     };
     let options = RunOptions {
@@ -99,7 +100,7 @@ pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
         ..RunOptions::default()
     };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_model(case, &factory, &options)
+        run_model(case, factory, &options)
     }));
     match outcome {
         Ok(Ok(outcome)) => RunResult::of(&outcome),

@@ -1,16 +1,16 @@
 //! `nanhunt diagnose CASE.json`: the five steps, with verified fixes.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::diagnose::Diagnosis;
-use nanhunt::models::BuiltinFactory;
-use nanhunt::spec::DeviceSpec;
-use nanhunt::RunOptions;
+use super::{case_arg, Exit, LimitArgs};
+use crate::diagnose::Diagnosis;
+use crate::spec::DeviceSpec;
+use crate::RunOptions;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The case file.
-    case: PathBuf,
+    /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
+    case: Option<PathBuf>,
     /// Print the diagnosis as JSON.
     #[arg(long)]
     json: bool,
@@ -26,18 +26,13 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
-    let case = load_case(&args.case, &limits)?;
-    let factory = BuiltinFactory::new(&case.model).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{}: a custom model is diagnosed through the library",
-            args.case.display()
-        )
-    })?;
+    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
+    let factory = super::factory_of(&case)?;
     let mut opts = RunOptions::default().with_limits(limits);
     opts.device = args.device;
     opts.dump = args.dump.clone();
     let d =
-        nanhunt::diagnose::diagnose(&case, &factory, &opts).map_err(super::in_file(&args.case))?;
+        crate::diagnose::diagnose(&case, factory.get(), &opts).map_err(super::in_file(&path))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {
@@ -81,7 +76,7 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         } else {
             format!(
                 "{} flagged ({})",
-                nanhunt::data::samples_phrase(&bad),
+                crate::data::samples_phrase(&bad),
                 scan.problems
                     .iter()
                     .filter(|p| p.kind.is_error())
@@ -98,7 +93,7 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
     match d.grad_norm_growth {
         Some(g) => println!(
             "step 3, gradients: {} ({} steps)",
-            nanhunt::diagnose::growth_phrase(g),
+            crate::diagnose::growth_phrase(g),
             f.trace.grad_norms.len()
         ),
         None => println!("step 3, gradients: no norm history before the failure"),

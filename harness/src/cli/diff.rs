@@ -1,17 +1,18 @@
 //! `nanhunt diff CASE.json --devices cpu,cuda:0 | --precisions … | --threads …`:
 //! run the case on each arm and report where they part ways.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::differential::{compare, Arms, Differential, Tolerance};
-use nanhunt::spec::{DeviceSpec, Precision};
-use nanhunt::RunOptions;
+use super::{case_arg, Exit, LimitArgs};
+use crate::differential::{compare, Arms, Differential, Tolerance};
+use crate::spec::{DeviceSpec, Precision};
+use crate::RunOptions;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("arms").required(true).args(["devices", "precisions", "threads"])))]
 pub struct Args {
     /// The case file.
-    case: PathBuf,
+    /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
+    case: Option<PathBuf>,
     /// Compare devices (the first is the reference): cpu,cuda:0.
     #[arg(long, value_delimiter = ',')]
     devices: Vec<DeviceSpec>,
@@ -34,7 +35,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
-    let case = load_case(&args.case, &limits)?;
+    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
     let arms = if !args.devices.is_empty() {
         Arms::Devices(args.devices.clone())
     } else if !args.precisions.is_empty() {
@@ -46,7 +47,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         .tolerance
         .unwrap_or_else(|| Tolerance::default_for(&arms, &case));
     let opts = RunOptions::default().with_limits(limits);
-    let d = compare(&case, None, &arms, tolerance, &opts).map_err(super::in_file(&args.case))?;
+    let d = compare(&case, None, &arms, tolerance, &opts).map_err(super::in_file(&path))?;
     if args.json {
         println!("{}", serde_json::to_string(&d)?);
     } else {

@@ -1,18 +1,24 @@
-//! `nanhunt example --family F`: print a valid default case.
+//! `nanhunt example --family F`: print a valid default case (in a binary
+//! built with `main_with`, without `--family`: its model's own case).
 
 use super::Exit;
-use nanhunt::spec::FAMILIES;
-use nanhunt::Case;
+use crate::spec::FAMILIES;
+use crate::Case;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model family.
-    #[arg(long, default_value = "cnn", value_parser = FAMILIES)]
-    family: String,
+    /// Model family [default: cnn, or the binary's own model].
+    #[arg(long, value_parser = FAMILIES)]
+    family: Option<String>,
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let case = Case::example(&args.family).expect("clap restricts the family");
+    let case = match (&args.family, crate::models::registered()) {
+        (None, Some(model)) => model.case.clone(),
+        (family, _) => {
+            Case::example(family.as_deref().unwrap_or("cnn")).expect("clap restricts the family")
+        }
+    };
     println!("{}", case.to_json());
     Ok(Exit::Clean)
 }

@@ -1,12 +1,13 @@
-//! `nanhunt fuzz`: a fuzz campaign over the built-in families.
+//! `nanhunt fuzz`: a fuzz campaign over the built-in families, or (in a
+//! binary built with `nanhunt::cli::main_with`) around the binary's own model.
 
 use super::Exit;
-use nanhunt::campaign::{
+use crate::campaign::{
     parse_duration, run_campaign, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
 };
-use nanhunt::spec::{DeviceSpec, Limits, FAMILIES};
-use nanhunt::strategy::StrategyOptions;
-use nanhunt::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
+use crate::spec::{DeviceSpec, Limits, FAMILIES};
+use crate::strategy::StrategyOptions;
+use crate::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,7 +85,7 @@ enum WorkerKind {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    if !args.resume && args.out.join(nanhunt::journal::JOURNAL_FILE).exists() {
+    if !args.resume && args.out.join(crate::journal::JOURNAL_FILE).exists() {
         anyhow::bail!(
             "{} holds a campaign journal: pass --resume to continue it, or choose another --out",
             args.out.display()
@@ -99,10 +100,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             // Workers and reproducers find the file wherever they run.
             let path = std::path::absolute(path)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let mut source = nanhunt::spec::FileSource::new(&path);
+            let mut source = crate::spec::FileSource::new(&path);
             source.inputs = args.data_inputs.clone();
             source.labels = Some(args.data_labels.clone());
-            let fit = nanhunt::strategy::DatasetFit::of(&source, limits.max_memory_bytes)
+            let fit = crate::strategy::DatasetFit::of(&source, limits.max_memory_bytes)
                 .map_err(super::in_file(&path))?;
             Some(fit)
         }
@@ -125,6 +126,13 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         (_, r) => r,
     };
     let mut strategy = StrategyOptions::default();
+    // A binary with its own model fuzzes it, unless told a family or a dataset.
+    let own = crate::models::registered().filter(|_| args.family.is_empty() && args.data.is_none());
+    let families = match own {
+        Some(m) => vec![m.name().to_string()],
+        None => families,
+    };
+    strategy.base = own.map(|m| m.case.clone());
     strategy.families = families;
     strategy.clean_data = args.clean_data;
     strategy.safe_envelope = false;

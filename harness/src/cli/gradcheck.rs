@@ -1,14 +1,15 @@
 //! `nanhunt gradcheck CASE.json`: finite-difference check of every gradient.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::gradcheck::{CheckPrecision, GradcheckOptions, Verdict};
+use super::{case_arg, Exit, LimitArgs};
+use crate::gradcheck::{CheckPrecision, GradcheckOptions, Verdict};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The case file; its model and loss are checked in f64 (f32 for a
     /// model that cannot run in f64) at one batch.
-    case: PathBuf,
+    /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
+    case: Option<PathBuf>,
     /// Check at the batch of this step.
     #[arg(long, default_value_t = 0)]
     batch: usize,
@@ -23,14 +24,13 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let case = load_case(&args.case, &args.limits.limits())?;
+    let (case, path) = case_arg(args.case.as_deref(), &args.limits.limits())?;
     let mut opts = GradcheckOptions::default();
     opts.batch = args.batch;
     opts.seed = args.seed;
-    let builtin = nanhunt::models::BuiltinFactory::new(&case.model);
-    let factory = nanhunt::models::factory_for(&case, None, &builtin)?;
-    let report = nanhunt::gradcheck::check_model_with(&case, factory, &opts)
-        .map_err(super::in_file(&args.case))?;
+    let factory = super::factory_of(&case)?;
+    let report = crate::gradcheck::check_model_with(&case, factory.get(), &opts)
+        .map_err(super::in_file(&path))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

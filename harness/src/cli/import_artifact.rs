@@ -4,12 +4,12 @@
 //! a signature, a minimized reproducer (in `corpora/repro/` by default).
 
 use super::Exit;
-use nanhunt::campaign::reproducer_name;
-use nanhunt::files::write_atomic;
-use nanhunt::fuzzing::{self, decode, Envelope, Verdict, TARGETS, TRAINING_TARGETS};
-use nanhunt::minimize::{minimize, MinimizeOptions};
-use nanhunt::rng::fnv1a;
-use nanhunt::RunOptions;
+use crate::campaign::reproducer_name;
+use crate::files::write_atomic;
+use crate::fuzzing::{self, decode, Envelope, Verdict, TARGETS, TRAINING_TARGETS};
+use crate::minimize::{minimize, MinimizeOptions};
+use crate::rng::fnv1a;
+use crate::RunOptions;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,7 +71,7 @@ fn describe(v: &Verdict) -> String {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let bytes = nanhunt::files::read_bounded(&args.artifact, nanhunt::files::MAX_DOCUMENT_BYTES)?;
+    let bytes = crate::files::read_bounded(&args.artifact, crate::files::MAX_DOCUMENT_BYTES)?;
     let envelope = match args.envelope {
         Some(EnvelopeArg::Documented) => Envelope::Documented,
         Some(EnvelopeArg::Planted) => Envelope::Planted,
@@ -84,7 +84,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         let input = match target {
             "losses" => serde_json::to_string_pretty(
                 &decode::loss_input(&mut arbitrary::Unstructured::new(&bytes), |l| {
-                    nanhunt::losses::stable_domain(l).unwrap_or(1e36)
+                    crate::losses::stable_domain(l).unwrap_or(1e36)
                 })
                 .map_err(|e| {
                     anyhow::anyhow!("{}: does not decode: {e}", args.artifact.display())
@@ -93,7 +93,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             "augmentations" => serde_json::to_string_pretty(
                 &decode::augment_input(
                     &mut arbitrary::Unstructured::new(&bytes),
-                    nanhunt::augment::DOCUMENTED_MAX_INPUT,
+                    crate::augment::DOCUMENTED_MAX_INPUT,
                 )
                 .map_err(|e| {
                     anyhow::anyhow!("{}: does not decode: {e}", args.artifact.display())
@@ -110,7 +110,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             args.artifact.display()
         )
     })?;
-    std::fs::create_dir_all(&args.out).map_err(|e| nanhunt::Error::io(&args.out, e))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| crate::Error::io(&args.out, e))?;
     let opts = MinimizeOptions::default()
         .with_max_runs(args.max_runs as usize)
         .with_run(RunOptions::default().with_limits(fuzzing::limits()));

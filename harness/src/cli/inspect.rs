@@ -4,9 +4,9 @@
 //! statistics, warnings and the environment.
 
 use super::Exit;
-use nanhunt::finding::Finding;
-use nanhunt::probe::TensorStats;
-use nanhunt::scene::{Environment, OptimizerRecord, SavedScene};
+use crate::finding::Finding;
+use crate::probe::TensorStats;
+use crate::scene::{Environment, OptimizerRecord, SavedScene};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -1,11 +1,11 @@
 //! `nanhunt lr-table`: measured (and curvature-predicted) learning-rate
 //! thresholds per model family, as Markdown, CSV or JSON.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::files::write_atomic;
-use nanhunt::lrtable::{measure, Config, LrTable, LrTableOptions, DEFAULT_OPTIMIZERS, OPTIMIZERS};
-use nanhunt::spec::{DeviceSpec, Precision, Size, FAMILIES};
-use nanhunt::RunOptions;
+use super::{case_arg, Exit, LimitArgs};
+use crate::files::write_atomic;
+use crate::lrtable::{measure, Config, LrTable, LrTableOptions, DEFAULT_OPTIMIZERS, OPTIMIZERS};
+use crate::spec::{DeviceSpec, Precision, Size, FAMILIES};
+use crate::RunOptions;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -82,15 +82,17 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Some(j) => j as usize,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let configs = match &args.case {
-        Some(path) => {
-            let base = load_case(path, &limits)?;
+    // A binary with its own model measures that model unless told a family.
+    let own = args.family.is_empty() && crate::models::registered().is_some();
+    let configs = match (&args.case, own) {
+        (Some(_), _) | (None, true) => {
+            let (base, _) = case_arg(args.case.as_deref(), &limits)?;
             let family = base.family().to_string();
             let mut out = Vec::new();
             for name in &args.optimizer {
                 for precision in &args.precision {
                     let mut case = base.clone();
-                    case.optimizer = nanhunt::lrtable::optimizer_named(name)
+                    case.optimizer = crate::lrtable::optimizer_named(name)
                         .expect("clap checked the optimizer name");
                     case.precision = precision.clone();
                     out.push(Config {
@@ -103,7 +105,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             }
             out
         }
-        None => {
+        (None, false) => {
             let families: Vec<String> = if args.family.is_empty() {
                 FAMILIES.iter().map(|f| f.to_string()).collect()
             } else {

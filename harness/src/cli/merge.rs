@@ -14,7 +14,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let summary = nanhunt::merge::merge(&args.inputs, &args.out)?;
+    let summary = crate::merge::merge(&args.inputs, &args.out)?;
     super::fuzz::print_summary(&summary, &args.out);
     Ok(if summary.signatures.is_empty() {
         Exit::Clean

@@ -1,15 +1,15 @@
 //! `nanhunt minimize CASE.json`: shrink a failing case to a reproducer.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
-use nanhunt::models::BuiltinFactory;
-use nanhunt::RunOptions;
+use super::{case_arg, Exit, LimitArgs};
+use crate::minimize::{minimize, CaseSize, MinimizeOptions};
+use crate::RunOptions;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The failing case.
-    case: PathBuf,
+    /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
+    case: Option<PathBuf>,
     /// Write the reproducer here (default: print it).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -29,17 +29,12 @@ fn size(s: &CaseSize) -> String {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
-    let case = load_case(&args.case, &limits)?;
+    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
     if let Some(out) = &args.out {
         // Before the minimization, not after it: a bad --out fails at once.
-        nanhunt::files::check_writable(out).map_err(|e| anyhow::Error::from(e).context("--out"))?;
+        crate::files::check_writable(out).map_err(|e| anyhow::Error::from(e).context("--out"))?;
     }
-    if BuiltinFactory::new(&case.model).is_none() {
-        anyhow::bail!(
-            "{}: a custom model is minimized through the library",
-            args.case.display()
-        );
-    }
+    super::factory_of(&case)?;
     let opts = MinimizeOptions::default()
         .with_max_runs(args.max_runs as usize)
         .with_run(RunOptions::default().with_limits(limits));
@@ -47,7 +42,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         println!("the case trains stably: nothing to minimize");
         return Ok(Exit::Clean);
     };
-    let repro = m.reproducer(&case, format!("nanhunt minimize {}", args.case.display()));
+    let repro = m.reproducer(&case, format!("nanhunt minimize {}", path.display()));
     eprintln!("signature: {}", m.signature);
     eprintln!(
         "runs used: {}{}",

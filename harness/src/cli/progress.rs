@@ -1,7 +1,7 @@
 //! The command line's progress bar: [`nanhunt::progress::Progress`] drawn
 //! with indicatif on stderr (hidden when stderr is not a terminal).
 
-use nanhunt::progress::{Progress, Reporter};
+use crate::progress::{Progress, Reporter};
 use std::sync::Arc;
 
 #[derive(Debug)]

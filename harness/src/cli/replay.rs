@@ -13,7 +13,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let report = nanhunt::replay::replay_path(&args.path).map_err(super::in_file(&args.path))?;
+    let report = crate::replay::replay_path(&args.path).map_err(super::in_file(&args.path))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

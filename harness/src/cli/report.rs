@@ -1,7 +1,7 @@
 //! `nanhunt report DIR`: the stability report of a campaign directory.
 
 use super::Exit;
-use nanhunt::report::StabilityReport;
+use crate::report::StabilityReport;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -30,7 +30,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Format::Html => report.to_html(),
     };
     match &args.out {
-        Some(path) => nanhunt::files::write_atomic(path, text.as_bytes())?,
+        Some(path) => crate::files::write_atomic(path, text.as_bytes())?,
         None => print!("{text}"),
     }
     Ok(Exit::Clean)

@@ -1,14 +1,15 @@
 //! `nanhunt run CASE.json`: run one case and print the verdict.
 
-use super::{load_case, Exit, LimitArgs};
-use nanhunt::spec::DeviceSpec;
-use nanhunt::{Outcome, RunOptions, Trace};
+use super::{case_arg, Exit, LimitArgs};
+use crate::spec::DeviceSpec;
+use crate::{Outcome, RunOptions, Trace};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The case file (JSON; `nanhunt example` prints one).
-    case: PathBuf,
+    /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
+    case: Option<PathBuf>,
     /// Print one machine-readable JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -31,16 +32,15 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
-    let case = load_case(&args.case, &limits)?;
+    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
     let mut opts = RunOptions::default()
         .with_limits(limits)
         .with_probe(!args.no_probe);
     opts.device = args.device;
     opts.dump = args.dump.clone();
     opts.dump_at = args.dump_at;
-    let builtin = nanhunt::models::BuiltinFactory::new(&case.model);
-    let factory = nanhunt::models::factory_for(&case, None, &builtin)?;
-    let outcome = nanhunt::run_model(&case, factory, &opts).map_err(super::in_file(&args.case))?;
+    let factory = super::factory_of(&case)?;
+    let outcome = crate::run_model(&case, factory.get(), &opts).map_err(super::in_file(&path))?;
     if args.json {
         println!("{}", serde_json::to_string(&outcome)?);
     } else {
@@ -54,7 +54,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             case.steps,
             case.batch_size
         );
-        if let nanhunt::spec::SourceSpec::File(f) = &case.data.source {
+        if let crate::spec::SourceSpec::File(f) = &case.data.source {
             let drawn = f
                 .sampling
                 .indices
@@ -77,7 +77,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Outcome::Stable { .. } => Exit::Clean,
         Outcome::Unstable { .. } => Exit::Found,
         Outcome::Rejected { reason } => {
-            eprintln!("error: {}: {reason}", args.case.display());
+            eprintln!("error: {}: {reason}", path.display());
             Exit::Error
         }
     })

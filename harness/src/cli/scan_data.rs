@@ -3,8 +3,8 @@
 //! training (warnings alone exit 0).
 
 use super::Exit;
-use nanhunt::data::scan::{scan_file, ScanOptions};
-use nanhunt::spec::{FileFormat, FileSource};
+use crate::data::scan::{scan_file, ScanOptions};
+use crate::spec::{FileFormat, FileSource};
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -64,7 +64,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         );
     }
     if let Some(out) = &args.out {
-        nanhunt::files::check_writable(out)?;
+        crate::files::check_writable(out)?;
     }
     let mut source = FileSource::new(&args.file);
     source.inputs = args.inputs;
@@ -86,7 +86,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Format::Json => scan.to_json() + "\n",
     };
     match &args.out {
-        Some(path) => nanhunt::files::write_atomic(path, text.as_bytes())?,
+        Some(path) => crate::files::write_atomic(path, text.as_bytes())?,
         None => print!("{text}"),
     }
     Ok(if scan.has_errors() {

@@ -151,6 +151,14 @@ pub enum Phase {
 }
 
 impl FindingKind {
+    /// A NaN, an infinity or a value past a half-precision range.
+    pub fn is_non_finite(self) -> bool {
+        matches!(
+            self,
+            FindingKind::Nan | FindingKind::Inf | FindingKind::Overflow
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FindingKind::Nan => "nan",

@@ -514,7 +514,8 @@ pub fn measure(
         .map(|c| BuiltinFactory::new(&c.case.model))
         .collect();
     for (c, b) in configs.iter().zip(&builtins) {
-        if b.is_none() && factory.is_none() {
+        let registered = crate::models::registered_for(&c.case).is_some();
+        if b.is_none() && factory.is_none() && !registered {
             return Err(Error::invalid(
                 "model.family",
                 format!(
@@ -540,10 +541,11 @@ pub fn measure(
                 return Ok(());
             };
             let config = &configs[c];
-            let factory: &dyn ModelFactory = match (&builtins[c], factory) {
-                (Some(b), _) => b,
-                (None, Some(f)) => f,
-                (None, None) => unreachable!("checked above"),
+            // A built-in family's own factory first, then the caller's or
+            // the registered model's.
+            let factory: &dyn ModelFactory = match &builtins[c] {
+                Some(b) => b,
+                None => crate::models::factory_for(&config.case, factory, &None)?,
             };
             // A seed's error is its row's, not the table's.
             let r = measure_seed(&config.case, seed, factory, opts);

@@ -9,11 +9,13 @@ mod decoder;
 mod encoder;
 pub mod layers;
 pub mod params;
+mod registry;
 mod rnn;
 pub(crate) mod tracer;
 mod transformer;
 
 pub use params::{init_std, is_buffer, ParamStore};
+pub use registry::{register, registered, registered_for, UserModel};
 pub use tracer::{Record, Tracer};
 
 use crate::spec::{InitSpec, ModelSpec};
@@ -153,17 +155,20 @@ impl BuiltinFactory {
 }
 
 /// The factory to build a case's model with: the caller's, else the
-/// built-in family's (`builtin` is `BuiltinFactory::new(&case.model)`); a
-/// `custom` model without a factory is an error naming the field.
+/// built-in family's (`builtin` is `BuiltinFactory::new(&case.model)`),
+/// else the process's registered model's ([`register`]) for a custom case
+/// of its name; a `custom` model without a factory is an error naming the
+/// field.
 pub fn factory_for<'a>(
     case: &crate::spec::Case,
     given: Option<&'a dyn ModelFactory>,
     builtin: &'a Option<BuiltinFactory>,
 ) -> crate::error::Result<&'a dyn ModelFactory> {
-    match (given, builtin) {
-        (Some(f), _) => Ok(f),
-        (None, Some(b)) => Ok(b),
-        (None, None) => Err(crate::error::Error::invalid(
+    match (given, builtin, registered_for(case)) {
+        (Some(f), _, _) => Ok(f),
+        (None, Some(b), _) => Ok(b),
+        (None, None, Some(m)) => Ok(&*m.factory),
+        (None, None, None) => Err(crate::error::Error::invalid(
             "model.family",
             format!(
                 "`{}` is a custom model: run it through the library with its factory",

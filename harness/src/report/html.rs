@@ -15,12 +15,7 @@ const PALETTE: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
+use crate::format::escape_html as escape;
 
 /// Draws one labelled line with a marker at each point.
 fn draw_line<DB: DrawingBackend>(
@@ -193,13 +188,16 @@ td.num {{ text-align: right; }}
 code {{ font-size: 0.9em; }}
 </style></head><body>
 <h1>nanhunt stability report</h1>
-<p>Campaign seed {}, families {}, device {}, budget {}{}; nanhunt {}.</p>
+<p>Campaign seed {}, families {}, device {}, budget {}{}{}; nanhunt {}.</p>
 "#,
         h.seed,
         escape(&h.families.join(", ")),
         escape(&h.device),
         escape(&h.budget),
         if h.clean_data { ", clean data" } else { "" },
+        h.data
+            .as_ref()
+            .map_or(String::new(), |d| format!(", data {}", escape(d))),
         escape(&h.nanhunt_version)
     );
     let t = &r.totals;

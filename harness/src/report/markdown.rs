@@ -17,12 +17,15 @@ pub fn render(r: &StabilityReport) -> String {
     let _ = writeln!(s, "# nanhunt stability report\n");
     let _ = writeln!(
         s,
-        "Campaign seed {}, families {}, device {}, budget {}{}; nanhunt {}.\n",
+        "Campaign seed {}, families {}, device {}, budget {}{}{}; nanhunt {}.\n",
         h.seed,
         h.families.join(", "),
         h.device,
         h.budget,
         if h.clean_data { ", clean data" } else { "" },
+        h.data
+            .as_ref()
+            .map_or(String::new(), |d| format!(", data {d}")),
         h.nanhunt_version
     );
     let t = &r.totals;

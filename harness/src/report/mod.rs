@@ -21,6 +21,10 @@ pub struct ReportHeader {
     pub device: String,
     pub budget: String,
     pub clean_data: bool,
+    /// The data every case trained on, in words, when the campaign fixed
+    /// it (a dataset file, a user's model's dataset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -98,14 +102,7 @@ pub struct StabilityReport {
     pub lr_sweep: Vec<LrBin>,
 }
 
-/// `x` rounded to `digits` significant digits (NaN and ±inf kept).
-pub fn round_sig(x: f64, digits: i32) -> f64 {
-    if x == 0.0 || !x.is_finite() {
-        return x;
-    }
-    let text = format!("{:.*e}", (digits - 1).max(0) as usize, x);
-    text.parse().unwrap_or(x)
-}
+pub use crate::format::round_sig;
 
 fn widen(range: &mut Option<[f64; 2]>, lr: f64) {
     let lr = round_sig(lr, 3);
@@ -125,6 +122,7 @@ impl StabilityReport {
             device: "cpu".into(),
             budget: String::new(),
             clean_data: false,
+            data: None,
         };
         let mut totals = Totals::default();
         let mut groups: BTreeMap<(String, String, String, String, String), Group> = BTreeMap::new();
@@ -141,6 +139,7 @@ impl StabilityReport {
                 clean_data,
                 device,
                 budget,
+                data,
                 ..
             } = e
             {
@@ -151,6 +150,7 @@ impl StabilityReport {
                     device: device.clone(),
                     budget: budget.clone(),
                     clean_data: *clean_data,
+                    data: data.clone(),
                 };
             }
         }

@@ -179,11 +179,37 @@ impl Session<'_> {
     /// Builds the model from the current parameters and computes the loss of
     /// a batch: (model output, logits as rows × classes, loss).
     pub fn forward_loss(&self, batch: &HostBatch, tracer: &mut Tracer) -> Result<Forward> {
+        let uploaded = self.upload(batch)?;
+        self.forward_uploaded(uploaded, tracer)
+    }
+
+    /// Like [`Session::forward_loss`], with the model's input given as a
+    /// tensor in the compute dtype (a variable, for gradients with respect
+    /// to the input); the batch gives the targets.
+    pub fn forward_with_input(
+        &self,
+        batch: &HostBatch,
+        input: Tensor,
+        tracer: &mut Tracer,
+    ) -> Result<Forward> {
+        let uploaded = DeviceBatch {
+            input,
+            ..self.upload(batch)?
+        };
+        self.forward_uploaded(uploaded, tracer)
+    }
+
+    /// The compute dtype the model's inputs and activations are in.
+    pub fn compute_dtype(&self) -> candle_core::DType {
+        self.compute
+    }
+
+    fn forward_uploaded(&self, uploaded: DeviceBatch, tracer: &mut Tracer) -> Result<Forward> {
         let DeviceBatch {
             input,
             targets,
             mix,
-        } = self.upload(batch)?;
+        } = uploaded;
         let model = self.factory.build_with(
             self.params.compute_builder(self.compute),
             &self.case.model,

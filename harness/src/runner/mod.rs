@@ -90,7 +90,9 @@ impl<'a> Session<'a> {
         case.validate(&opts.limits)?;
         let max = opts.limits.max_memory_bytes;
         let case = crate::data::pinned(&case, max)?;
-        let source = crate::data::open_source(&case, opts.dataset.as_ref(), max)?;
+        let registered = crate::models::registered_for(&case).and_then(|m| m.dataset.clone());
+        let dataset = opts.dataset.clone().or(registered);
+        let source = crate::data::open_source(&case, dataset.as_ref(), max)?;
         Session::build(case, factory, opts, source)
     }
 
@@ -113,7 +115,12 @@ impl<'a> Session<'a> {
         opts: &RunOptions,
         source: Box<dyn DataSource>,
     ) -> Result<Self> {
-        if let (crate::spec::LossSpec::Custom { name, .. }, None) = (&case.loss, &opts.loss) {
+        // A registered model brings its own loss closure.
+        let user_loss = opts
+            .loss
+            .clone()
+            .or_else(|| crate::models::registered_for(&case).and_then(|m| m.loss.clone()));
+        if let (crate::spec::LossSpec::Custom { name, .. }, None) = (&case.loss, &user_loss) {
             return Err(Error::invalid(
                 "loss",
                 format!("the custom loss `{name}` needs its closure (RunOptions::loss)"),
@@ -159,7 +166,7 @@ impl<'a> Session<'a> {
             loss_dtype: precision.loss_dtype(),
             half: matches!(compute, DType::F16 | DType::BF16),
             failed_before: None,
-            user_loss: opts.loss.clone(),
+            user_loss,
             knobs,
             compute,
             case,

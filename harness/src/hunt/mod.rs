@@ -1,0 +1,398 @@
+//! `hunt`: the trigger search for latent NaNs — the ones training on the
+//! data has not fired yet.
+//!
+//! 1. Train the case, reading at checkpoints how close every risky stage
+//!    came to its op's unsafe domain (its margin, [`risk`]): a log's input
+//!    to 0, an exp's output to the dtype's largest value, a root's input to
+//!    0, a norm's row to all zeros, a division or a half-precision
+//!    accumulation to the range's end. A stage is risky by the op kind it
+//!    declares (or, marked, by its name).
+//! 2. From the trained state, search inputs within a stated bound of a
+//!    training batch (multiples of the data's largest magnitude, growing)
+//!    that drive each risky stage across, by its pressure's gradient
+//!    with respect to the input ([`search`]); then a plausible drift of the
+//!    weights (a few steps at a higher learning rate).
+//! 3. Confirm every candidate with the step engine: a trigger is an
+//!    ordinary finding (localized and explained), minimized to the fewest
+//!    rows that still fire it and written as a scene that replays without
+//!    any search (`nanhunt replay DIR`, `regression::assert_dir_reproduces`).
+//!
+//! The [`RiskReport`] says, stage by stage, its margin in training and
+//! whether it fired on the data, was triggered (by what perturbation), or
+//! held within the bound.
+
+mod report;
+mod risk;
+mod search;
+
+pub use report::{RiskReport, RiskStatus, StageRisk, Trigger, TriggerKind};
+pub use risk::Risk;
+
+use crate::error::Result;
+use crate::finding::Finding;
+use crate::models::{ModelFactory, Record, Tracer};
+use crate::runner::{RunOptions, Session};
+use crate::spec::{Case, SourceSpec};
+use search::{Found, Ground, Search, Target};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// How a hunt searches. Built from `HuntOptions::default()`; fields may be
+/// added (`#[non_exhaustive]`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct HuntOptions {
+    /// The perturbations tried, in multiples of the data's scale (its
+    /// largest magnitude), smallest first; the last is the bound.
+    pub bounds: Vec<f64>,
+    /// Sign-gradient steps per start inside each ball.
+    pub pgd_steps: usize,
+    /// Learning-rate factors of the weight-drift search (empty: none).
+    pub drift_factors: Vec<f64>,
+    /// Steps of each drift.
+    pub drift_steps: usize,
+    /// Margins are read at this many checkpoints of training.
+    pub checkpoints: usize,
+    /// Write each trigger's reproducer (a scene) under this directory.
+    pub out: Option<PathBuf>,
+    pub run: RunOptions,
+}
+
+impl Default for HuntOptions {
+    fn default() -> Self {
+        HuntOptions {
+            bounds: vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0],
+            pgd_steps: 8,
+            drift_factors: vec![3.0, 10.0],
+            drift_steps: 5,
+            checkpoints: 4,
+            out: None,
+            run: RunOptions::default(),
+        }
+    }
+}
+
+impl HuntOptions {
+    /// Perturbations up to `bound` × the data's scale.
+    pub fn up_to(mut self, bound: f64) -> Self {
+        self.bounds.retain(|&b| b < bound);
+        self.bounds.push(bound);
+        self
+    }
+
+    /// Reproducers written under `dir`.
+    pub fn out_to(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out = Some(dir.into());
+        self
+    }
+
+    /// No weight-drift search.
+    pub fn without_drift(mut self) -> Self {
+        self.drift_factors.clear();
+        self
+    }
+}
+
+/// A risky stage as training saw it.
+struct Seen {
+    op: crate::finding::StageOp,
+    risk: Risk,
+    margin: Option<f64>,
+}
+
+/// Hunts the latent NaNs of `case`'s model (see the module docs).
+pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Result<RiskReport> {
+    let quiet = RunOptions {
+        dump: None,
+        dump_at: None,
+        fidelity: false,
+        ..opts.run.clone()
+    };
+    let mut session = Session::new(case, factory, &quiet)?;
+    let (seen, fired, read) = train(&mut session, opts.checkpoints)?;
+    let ground = ground(case, factory, &quiet, &session, fired.as_ref())?;
+    session.restore(&ground.snapshot)?;
+    let mut search = Search {
+        session: &session,
+        ground: &ground,
+        evaluations: read,
+        pgd_steps: opts.pgd_steps,
+    };
+    let mut status: BTreeMap<String, RiskStatus> = BTreeMap::new();
+    if let Some(f) = &fired {
+        let stage = f.explanation.as_ref().map_or(&f.stage, |e| &e.stage);
+        status.insert(
+            stage.clone(),
+            RiskStatus::FiredOnData {
+                step: f.step,
+                signature: f.signature.slug(),
+            },
+        );
+    }
+    let targets = targets(&seen, &status);
+    let bound = opts.bounds.last().copied().unwrap_or(0.0);
+    for t in &targets {
+        if status.contains_key(&t.stage) {
+            continue;
+        }
+        if let Some(mut found) = search.input(t, &opts.bounds)? {
+            search::minimize_rows(&ground, &mut found)?;
+            let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
+            status.insert(
+                stage_of(&found.finding, &targets)
+                    .unwrap_or(&t.stage)
+                    .to_string(),
+                trigger,
+            );
+        }
+    }
+    drift(case, &ground, opts, &targets, &mut status)?;
+    let stages = report_stages(seen, status, bound, &ground);
+    Ok(RiskReport {
+        model: case.family().to_string(),
+        dataset: dataset_name(case),
+        steps: fired.as_ref().map_or(case.steps, |f| f.step),
+        scale: match &ground.batch.input {
+            crate::data::HostInput::Real { values, .. } => search::data_scale(values),
+            crate::data::HostInput::Tokens { .. } => 1.0,
+        },
+        bound,
+        stages,
+        evaluations: search.evaluations,
+    }
+    .rounded())
+}
+
+/// What training left: the risky stages seen (with their least margin),
+/// its finding if it failed, and the traced passes it took.
+type Trained = (BTreeMap<String, Seen>, Option<Finding>, usize);
+
+/// Trains the case to its end (or its first finding), reading the risky
+/// stages' margins at the checkpoints.
+fn train(session: &mut Session, checkpoints: usize) -> Result<Trained> {
+    let steps = session.case().steps;
+    let every = (steps / checkpoints.max(1)).max(1);
+    let (mut seen, mut read) = (BTreeMap::new(), 0);
+    for step in 0..steps {
+        if step % every == 0 {
+            read_margins(session, step, &mut seen)?;
+            read += 1;
+        }
+        if let Some(f) = session.step(step)? {
+            return Ok((seen, Some(f), read));
+        }
+    }
+    read_margins(session, steps - 1, &mut seen)?;
+    Ok((seen, None, read + 1))
+}
+
+/// A traced forward pass on the batch of `step`: the margin of every
+/// risky stage, kept when it is the least so far.
+fn read_margins(session: &Session, step: usize, seen: &mut BTreeMap<String, Seen>) -> Result<()> {
+    let batch = session.batch_unchecked(step)?;
+    let mut tracer = Tracer::on();
+    let shared = crate::models::tracer::share(&tracer);
+    let forward = session.forward_loss(&batch, &mut tracer);
+    drop(shared);
+    let forward = forward?;
+    let records: Vec<Record> = tracer.records().clone();
+    for (i, r) in records.iter().enumerate() {
+        let Some(op) = r.stage_op() else { continue };
+        let Some(risk) = Risk::of(op.kind, r.output.dtype()) else {
+            continue;
+        };
+        let read = match i {
+            0 => &forward.input,
+            _ => &records[i - 1].output,
+        };
+        let margin = risk.margin(&r.output, Some(read))?;
+        let entry = seen
+            .entry(r.name.clone())
+            .or_insert(Seen { op, risk, margin });
+        entry.margin = match (entry.margin, margin) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(())
+}
+
+/// The state the search starts from: the trained one, or the one before
+/// the failing step when training failed; the batch of that step.
+fn ground<'a>(
+    case: &Case,
+    factory: &'a dyn ModelFactory,
+    opts: &RunOptions,
+    session: &Session,
+    fired: Option<&Finding>,
+) -> Result<Ground<'a>> {
+    let (snapshot, step) = match (fired, session.failed_before()) {
+        (Some(f), Some(before)) => (before.clone(), f.step),
+        _ => (session.snapshot()?, case.steps),
+    };
+    let batch = session.batch_unchecked(step)?;
+    let mut replay = case.clone();
+    replay.steps = step + 1;
+    // The saved batch is what the model saw: nothing is applied again.
+    replay.data.pathologies.clear();
+    replay.augment.clear();
+    Ok(Ground {
+        case: replay,
+        factory,
+        opts: opts.clone(),
+        snapshot,
+        history: session.trace().clone(),
+        step,
+        batch,
+    })
+}
+
+/// The stages to search, the least margin first.
+fn targets(seen: &BTreeMap<String, Seen>, status: &BTreeMap<String, RiskStatus>) -> Vec<Target> {
+    let mut out: Vec<(&String, &Seen)> = seen
+        .iter()
+        .filter(|(n, _)| !status.contains_key(*n))
+        .collect();
+    out.sort_by(|a, b| {
+        let m = |s: &Seen| s.margin.unwrap_or(f64::INFINITY);
+        m(a.1).total_cmp(&m(b.1)).then(a.0.cmp(b.0))
+    });
+    out.into_iter()
+        .map(|(stage, s)| Target {
+            stage: stage.clone(),
+            risk: s.risk,
+        })
+        .collect()
+}
+
+/// The risky stage a finding names, if it is one of the targets.
+fn stage_of<'t>(f: &Finding, targets: &'t [Target]) -> Option<&'t str> {
+    targets
+        .iter()
+        .find(|t| search::names(f, &t.stage))
+        .map(|t| t.stage.as_str())
+}
+
+/// The reproducer's directory of a finding under `out`.
+fn reproducer_dir(out: &Path, f: &Finding) -> PathBuf {
+    out.join(f.signature.slug())
+}
+
+/// An input trigger: its reproducer written (when asked for), its status.
+fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<RiskStatus> {
+    let dir = out.map(|o| reproducer_dir(o, &found.finding));
+    if let Some(dir) = &dir {
+        ground.fire(&found.batch, Some(dir))?;
+    }
+    Ok(RiskStatus::Triggered(Box::new(Trigger {
+        by: TriggerKind::Input {
+            perturbation: found.perturbation,
+            rows: found.batch.input.dims().first().copied().unwrap_or(1),
+        },
+        signature: found.finding.signature.slug(),
+        explanation: found
+            .finding
+            .explanation
+            .as_ref()
+            .map(|e| e.sentence.clone()),
+        reproducer: dir.map(|d| file_name(&d)),
+    })))
+}
+
+fn file_name(dir: &Path) -> String {
+    dir.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+}
+
+/// Weight drift for the stages still without a trigger: a few steps at a
+/// higher learning rate on the training data.
+fn drift(
+    case: &Case,
+    ground: &Ground,
+    opts: &HuntOptions,
+    targets: &[Target],
+    status: &mut BTreeMap<String, RiskStatus>,
+) -> Result<()> {
+    // Written beside the reproducers (one file system: a rename moves it).
+    let scratch = match &opts.out {
+        Some(out) => out.join(format!(".drift-{}", std::process::id())),
+        None => std::env::temp_dir().join(format!("nanhunt-drift-{}", std::process::id())),
+    };
+    for &factor in &opts.drift_factors {
+        if targets.iter().all(|t| status.contains_key(&t.stage)) {
+            break;
+        }
+        let dir = scratch.join(format!("{factor}"));
+        let Some(f) = search::drift(case, ground, factor, opts.drift_steps, &dir)? else {
+            continue;
+        };
+        let Some(stage) = stage_of(&f, targets).filter(|s| !status.contains_key(*s)) else {
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        };
+        let reproducer = match &opts.out {
+            Some(out) => {
+                let to = reproducer_dir(out, &f);
+                if to.join(crate::scene::SCENE_FILE).is_file() {
+                    std::fs::remove_dir_all(&to).map_err(|e| crate::Error::io(&to, e))?;
+                }
+                std::fs::rename(&dir, &to).map_err(|e| crate::Error::io(&to, e))?;
+                Some(file_name(&to))
+            }
+            None => None,
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        status.insert(
+            stage.to_string(),
+            RiskStatus::Triggered(Box::new(Trigger {
+                by: TriggerKind::WeightDrift {
+                    lr_factor: factor,
+                    steps: opts.drift_steps,
+                },
+                signature: f.signature.slug(),
+                explanation: f.explanation.as_ref().map(|e| e.sentence.clone()),
+                reproducer,
+            })),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// Every risky stage with its margin and what was found there.
+fn report_stages(
+    seen: BTreeMap<String, Seen>,
+    mut status: BTreeMap<String, RiskStatus>,
+    bound: f64,
+    ground: &Ground,
+) -> Vec<StageRisk> {
+    let tokens = matches!(ground.batch.input, crate::data::HostInput::Tokens { .. });
+    seen.into_iter()
+        .map(|(stage, s)| {
+            let status = status.remove(&stage).unwrap_or(if tokens {
+                RiskStatus::NotSearched {
+                    why: "token inputs: only the weights' drift is searched".into(),
+                }
+            } else {
+                RiskStatus::NoTrigger { bound }
+            });
+            StageRisk {
+                op: s.op.kind,
+                op_from_name: s.op.guessed(),
+                risk: s.risk,
+                margin: s.margin,
+                status,
+                stage,
+            }
+        })
+        .collect()
+}
+
+/// The case's data in words.
+fn dataset_name(case: &Case) -> String {
+    match &case.data.source {
+        SourceSpec::File(f) => f.path.display().to_string(),
+        SourceSpec::User { name, .. } => format!("user dataset `{name}`"),
+        SourceSpec::Synthetic => format!("synthetic (scale {})", case.data.scale),
+    }
+}

@@ -1,0 +1,203 @@
+//! The risk report of a hunt: each risky stage of a model with its margin
+//! in training and what the hunt found — fired on the data, triggered by a
+//! perturbation of k× the data's scale (with its reproducer), or nothing
+//! within the bound — as Markdown, JSON and a self-contained HTML page.
+//! Numbers are rounded and stages sorted, so the same hunt gives the same
+//! bytes (snapshot them).
+
+use super::risk::Risk;
+use crate::finding::OpKind;
+use serde::Serialize;
+
+/// What a hunt found in one model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RiskReport {
+    /// The model (its family, or the user's model's name).
+    pub model: String,
+    /// The data it trained on, in words.
+    pub dataset: String,
+    /// Training steps run before the search.
+    pub steps: usize,
+    /// The data's scale: the largest magnitude in the searched batch;
+    /// perturbations are multiples of it.
+    pub scale: f64,
+    /// The largest perturbation searched, as a multiple of the scale.
+    pub bound: f64,
+    pub stages: Vec<StageRisk>,
+    /// Forward and backward passes the search spent (its cost).
+    pub evaluations: usize,
+}
+
+/// One risky stage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageRisk {
+    pub stage: String,
+    pub op: OpKind,
+    /// The op was read from the stage's name (the model did not declare it).
+    pub op_from_name: bool,
+    pub risk: Risk,
+    /// The least margin seen in training, in decades (0: it reached its
+    /// unsafe domain); `None` when it could not be read.
+    pub margin: Option<f64>,
+    #[serde(flatten)]
+    pub status: RiskStatus,
+}
+
+/// What the hunt found at a stage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum RiskStatus {
+    /// Training on the data itself failed at the stage.
+    FiredOnData { step: usize, signature: String },
+    /// A trigger the search found.
+    Triggered(Box<Trigger>),
+    /// Nothing within the bound made it fire.
+    NoTrigger { bound: f64 },
+    /// The stage could not be searched (and why).
+    NotSearched { why: String },
+}
+
+/// How a trigger was found, and what replays it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Trigger {
+    #[serde(flatten)]
+    pub by: TriggerKind,
+    /// The finding the trigger gives (its signature, as a slug).
+    pub signature: String,
+    /// The finding's explanation, where it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<String>,
+    /// The reproducer: a scene directory (relative to the hunt's output),
+    /// which `nanhunt replay` and `regression::assert_dir_reproduces` replay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reproducer: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum TriggerKind {
+    /// Inputs within `perturbation` × the data's scale of the training
+    /// batch (an L∞ distance), `rows` of them after minimization.
+    Input { perturbation: f64, rows: usize },
+    /// A few steps at `lr_factor` × the learning rate drift the weights
+    /// until the training data fires it.
+    WeightDrift { lr_factor: f64, steps: usize },
+}
+
+/// Three significant digits, for stable reports.
+fn round3(x: f64) -> f64 {
+    crate::format::round_sig(x, 3)
+}
+
+impl RiskReport {
+    /// The report with its numbers rounded (what is rendered and snapshotted).
+    pub fn rounded(mut self) -> RiskReport {
+        self.scale = round3(self.scale);
+        for s in &mut self.stages {
+            s.margin = s.margin.map(|m| (m * 100.0).round() / 100.0);
+            if let RiskStatus::Triggered(t) = &mut s.status {
+                if let TriggerKind::Input { perturbation, .. } = &mut t.by {
+                    *perturbation = round3(*perturbation);
+                }
+            }
+        }
+        self
+    }
+
+    /// Whether the hunt found a stage that fires (on the data or triggered).
+    pub fn found(&self) -> bool {
+        self.stages.iter().any(|s| {
+            matches!(
+                s.status,
+                RiskStatus::FiredOnData { .. } | RiskStatus::Triggered(_)
+            )
+        })
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a risk report serializes") + "\n"
+    }
+
+    /// One line per stage: what the hunt found there.
+    fn rows(&self) -> Vec<[String; 5]> {
+        self.stages
+            .iter()
+            .map(|s| {
+                let op = if s.op_from_name {
+                    format!("{} (by name)", s.op)
+                } else {
+                    s.op.to_string()
+                };
+                let margin = s
+                    .margin
+                    .map_or_else(|| "-".to_string(), |m| format!("{m:.2}"));
+                let (status, replay) = match &s.status {
+                    RiskStatus::FiredOnData { step, .. } => {
+                        (format!("fired on the data at step {step}"), String::new())
+                    }
+                    RiskStatus::Triggered(t) => {
+                        let how = match &t.by {
+                            TriggerKind::Input { perturbation, rows } => format!(
+                                "triggered at a perturbation of {perturbation}x the data's scale ({rows} {})",
+                                if *rows == 1 { "row" } else { "rows" }
+                            ),
+                            TriggerKind::WeightDrift { lr_factor, steps } => format!(
+                                "triggered by {steps} steps at {lr_factor}x the learning rate"
+                            ),
+                        };
+                        (how, t.reproducer.clone().unwrap_or_default())
+                    }
+                    RiskStatus::NoTrigger { bound } => {
+                        (format!("no trigger within {bound}x the data's scale"), String::new())
+                    }
+                    RiskStatus::NotSearched { why } => (format!("not searched: {why}"), String::new()),
+                };
+                [s.stage.clone(), format!("{op}: {}", s.risk.as_str()), margin, status, replay]
+            })
+            .collect()
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let mut out = format!(
+            "# Risk report: {}\n\nData: {}; {} training steps; perturbations in multiples of the data's scale {}, up to {}x; {} evaluations.\n\n",
+            self.model, self.dataset, self.steps, self.scale, self.bound, self.evaluations
+        );
+        out.push_str("| stage | op: risk | margin in training (decades) | found | reproducer |\n");
+        out.push_str("|---|---|---:|---|---|\n");
+        for r in self.rows() {
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} | {} |\n",
+                r[0], r[1], r[2], r[3], r[4]
+            ));
+        }
+        for s in &self.stages {
+            if let RiskStatus::Triggered(t) = &s.status {
+                if let Some(e) = &t.explanation {
+                    out.push_str(&format!("\n- `{}`: {e}\n", s.stage));
+                }
+            }
+        }
+        out
+    }
+
+    pub fn to_html(&self) -> String {
+        let esc = crate::format::escape_html;
+        let mut rows = String::new();
+        for r in self.rows() {
+            rows.push_str("<tr>");
+            for cell in &r {
+                rows.push_str(&format!("<td>{}</td>", esc(cell)));
+            }
+            rows.push_str("</tr>\n");
+        }
+        format!(
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; perturbations in multiples of the data's scale {scale}, up to {bound}x; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table></body></html>\n",
+            model = esc(&self.model),
+            data = esc(&self.dataset),
+            steps = self.steps,
+            scale = self.scale,
+            bound = self.bound,
+            evals = self.evaluations,
+        )
+    }
+}

@@ -1,0 +1,349 @@
+//! Latent NaNs: bugs in users' own model code (and custom losses) that
+//! training on the data never fires, as real projects wrote them. `hunt`
+//! triggers each one from the trained state, names the stage, reports the
+//! perturbation it needed and writes a reproducer that replays without any
+//! search; the same models with the stable formulation give no trigger
+//! within the same bound.
+
+use crate::support::{scratch, sgd};
+use candle_core::{Module, Tensor, D};
+use candle_nn::{linear, Linear, VarBuilder};
+use nanhunt::hunt::{hunt, HuntOptions, RiskReport, RiskStatus, TriggerKind};
+use nanhunt::losses::UserLoss;
+use nanhunt::models::{Model, ModelFactory, Tracer};
+use nanhunt::spec::*;
+use nanhunt::{run_model, OpKind, Outcome, RunOptions};
+use std::sync::Arc;
+
+fn vector(name: &str) -> Case {
+    let mut c = Case::example("cnn").unwrap();
+    c.model = ModelSpec::Custom(CustomSpec::new(name, InputSpec::Vector { features: 8 }, 4));
+    c.optimizer = sgd(0.05);
+    c.steps = 20;
+    c.batch_size = 8;
+    c
+}
+
+struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+fn mlp(vb: &VarBuilder, hidden: usize) -> candle_core::Result<Mlp> {
+    Ok(Mlp {
+        fc1: linear(8, hidden, vb.pp("fc1"))?,
+        fc2: linear(hidden, 4, vb.pp("fc2"))?,
+    })
+}
+
+/// 1 / (1 + exp(-h)), written by hand.
+fn sigmoid_by_hand(h: &Tensor) -> candle_core::Result<Tensor> {
+    (h.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// log(1 + exp(-|h|)) + relu(h): softplus without overflow.
+fn softplus(h: &Tensor) -> candle_core::Result<Tensor> {
+    (h.abs()?.neg()?.exp()? + 1.0)?.log()? + h.relu()?
+}
+
+/// The patterns, each as written (`buggy`) and as repaired.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Bug {
+    /// log(1 − σ(h)) with a hand-written sigmoid: σ rounds to 1, log 0.
+    LogOneMinusSigmoid,
+    /// log(softmax(z)): the softmax underflows to 0 for large logit gaps.
+    LogOfSoftmax,
+    /// A free energy −log Σ exp(−E) summed as written: exp overflows.
+    FreeEnergy,
+    /// A softmax over pixels without the max subtracted: exp overflows.
+    PixelSoftmax,
+    /// log of a group's variance: every unit of the group off, var 0.
+    LogVariance,
+    /// x / RMS(x) without an eps: an all-zero sample is 0/0.
+    RmsWithoutEps,
+}
+
+struct Latent {
+    bug: Bug,
+    fixed: bool,
+    m: Mlp,
+    /// The variance's group of units (its own layer).
+    group: Option<Linear>,
+}
+
+impl Model for Latent {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        if self.bug == Bug::RmsWithoutEps {
+            let eps = if self.fixed { 1e-6 } else { 0.0 };
+            let rms = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
+            let xn = tr.record_as("rms_norm", OpKind::Norm, x.broadcast_div(&rms)?)?;
+            let h = tr.record_as("fc1", OpKind::Linear, self.m.fc1.forward(&xn)?)?;
+            return tr.record_as("head", OpKind::Linear, self.m.fc2.forward(&h.relu()?)?);
+        }
+        let h = tr.record_as("fc1", OpKind::Linear, self.m.fc1.forward(x)?)?;
+        let h = match (self.bug, self.fixed) {
+            (Bug::LogOneMinusSigmoid, false) => {
+                let p = tr.record("gate", sigmoid_by_hand(&h)?)?;
+                tr.record_as("log_1m_p", OpKind::Log, p.affine(-1.0, 1.0)?.log()?)?
+            }
+            (Bug::LogOneMinusSigmoid, true) => tr.record("log_1m_p", softplus(&h)?.neg()?)?,
+            (Bug::LogOfSoftmax, _) => {
+                let z = tr.record("logits", (self.m.fc2.forward(&h)? * 3.0)?)?;
+                return match self.fixed {
+                    false => {
+                        let p = candle_nn::ops::softmax(&z, D::Minus1)?;
+                        tr.record_as("log_probs", OpKind::Log, p.log()?)
+                    }
+                    true => tr.record_as(
+                        "log_probs",
+                        OpKind::LogSoftmax,
+                        candle_nn::ops::log_softmax(&z, D::Minus1)?,
+                    ),
+                };
+            }
+            (Bug::FreeEnergy, false) => {
+                let e = tr.record_as("boltzmann", OpKind::Exp, (h.neg()? * 4.0)?.exp()?)?;
+                let f =
+                    tr.record_as("free_energy", OpKind::Log, e.sum_keepdim(D::Minus1)?.log()?)?;
+                h.broadcast_add(&f)?
+            }
+            (Bug::FreeEnergy, true) => {
+                let a = (h.neg()? * 4.0)?;
+                let max = a.max_keepdim(D::Minus1)?;
+                let f = (a
+                    .broadcast_sub(&max)?
+                    .exp()?
+                    .sum_keepdim(D::Minus1)?
+                    .log()?
+                    + &max)?;
+                h.broadcast_add(&tr.record("free_energy", f)?)?
+            }
+            (Bug::PixelSoftmax, false) => {
+                let e = tr.record_as("attn.exp", OpKind::Exp, (h * 4.0)?.exp()?)?;
+                tr.record_as(
+                    "attn.div",
+                    OpKind::Div,
+                    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?,
+                )?
+            }
+            (Bug::PixelSoftmax, true) => {
+                tr.record("attn", candle_nn::ops::softmax(&(h * 4.0)?, D::Minus1)?)?
+            }
+            (Bug::LogVariance, fixed) => {
+                let group = self.group.as_ref().expect("the variance's group");
+                // Units that are on for the data (their bias lifted by 1).
+                let g = tr.record("group", (group.forward(x)? + 1.0)?.relu()?)?;
+                let mean = g.mean_keepdim(D::Minus1)?;
+                let var = g.broadcast_sub(&mean)?.sqr()?.mean_keepdim(D::Minus1)?;
+                let eps = if fixed { 1e-5 } else { 0.0 };
+                let lv = tr.record_as("log_var", OpKind::Log, (var + eps)?.log()?)?;
+                h.broadcast_add(&lv)?
+            }
+            (Bug::RmsWithoutEps, _) => unreachable!("handled above"),
+        };
+        tr.record_as("head", OpKind::Linear, self.m.fc2.forward(&h.relu()?)?)
+    }
+}
+
+fn latent(bug: Bug, fixed: bool) -> impl ModelFactory {
+    move |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(Latent {
+            bug,
+            fixed,
+            m: mlp(&vb, 16)?,
+            group: match bug {
+                Bug::LogVariance => Some(linear(8, 6, vb.pp("group"))?),
+                _ => None,
+            },
+        }))
+    }
+}
+
+/// A custom loss with a latent bug: a Poisson NLL on log-rates written as
+/// exp(z) − t·z (exp overflows), or a BCE by hand, −t·log σ − (1−t)·log(1−σ)
+/// (log of 0).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum LossBug {
+    PoissonExp,
+    BceByHand,
+}
+
+fn custom_loss(bug: LossBug, fixed: bool) -> Arc<dyn UserLoss> {
+    Arc::new(
+        move |z: &Tensor, t: &Tensor| -> candle_core::Result<Tensor> {
+            match (bug, fixed) {
+                (LossBug::PoissonExp, false) => {
+                    let rate = nanhunt::trace_as("loss.rate", OpKind::Exp, z.exp()?)?;
+                    (rate - (t * z)?)?.mean_all()
+                }
+                // The rate kept in log space past 10: exp(10 + ln(1 + (z − 10))).
+                (LossBug::PoissonExp, true) => {
+                    let capped = z.clamp(-30.0, 10.0)?;
+                    let rate = nanhunt::trace(
+                        "loss.rate",
+                        (capped.exp()? * ((z - &capped)?.relu()? + 1.0)?)?,
+                    )?;
+                    (rate - (t * z)?)?.mean_all()
+                }
+                (LossBug::BceByHand, false) => {
+                    let p = sigmoid_by_hand(z)?;
+                    let lp = nanhunt::trace_as("loss.log_p", OpKind::Log, p.log()?)?;
+                    let l1p = nanhunt::trace_as(
+                        "loss.log_1m_p",
+                        OpKind::Log,
+                        p.affine(-1.0, 1.0)?.log()?,
+                    )?;
+                    ((t * lp)? + (t.affine(-1.0, 1.0)? * l1p)?)?
+                        .neg()?
+                        .mean_all()
+                }
+                (LossBug::BceByHand, true) => {
+                    let lp = nanhunt::trace("loss.log_p", softplus(&z.neg()?)?.neg()?)?;
+                    let l1p = nanhunt::trace("loss.log_1m_p", softplus(z)?.neg()?)?;
+                    ((t * lp)? + (t.affine(-1.0, 1.0)? * l1p)?)?
+                        .neg()?
+                        .mean_all()
+                }
+            }
+        },
+    )
+}
+
+fn plain_mlp(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+    struct Plain(Mlp);
+    impl Model for Plain {
+        fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+            let h = tr.record_as("fc1", OpKind::Linear, self.0.fc1.forward(x)?.relu()?)?;
+            tr.record_as("head", OpKind::Linear, self.0.fc2.forward(&h)?)
+        }
+    }
+    Ok(Box::new(Plain(mlp(&vb, 16)?)))
+}
+
+fn loss_case(name: &str, targets: TargetKind) -> Case {
+    let mut c = vector(name);
+    c.loss = LossSpec::Custom {
+        name: name.into(),
+        targets,
+    };
+    c
+}
+
+/// Trains stably on its own data.
+fn assert_stable(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) {
+    match run_model(case, factory, opts).unwrap() {
+        Outcome::Stable { .. } => {}
+        other => panic!("{}: the data itself fires it: {other:?}", case.family()),
+    }
+}
+
+/// The hunt's status of `stage`.
+fn status<'r>(report: &'r RiskReport, stage: &str) -> &'r RiskStatus {
+    &report
+        .stages
+        .iter()
+        .find(|s| s.stage == stage)
+        .unwrap_or_else(|| panic!("no risky stage `{stage}` in {}", report.to_markdown()))
+        .status
+}
+
+/// A custom loss's buggy and repaired forms, and the targets they take.
+type LossPair = (Arc<dyn UserLoss>, Arc<dyn UserLoss>, TargetKind);
+
+/// The latent bug fires only in the hunt: at `stage`, with a reproducer
+/// that replays; the repaired model gives no trigger within the bound.
+fn assert_hunted(
+    name: &str,
+    (buggy, fixed): (&dyn ModelFactory, &dyn ModelFactory),
+    loss: Option<LossPair>,
+    stage: &str,
+) {
+    let case = match &loss {
+        Some((_, _, targets)) => loss_case(name, *targets),
+        None => vector(name),
+    };
+    let run = |l: Option<&Arc<dyn UserLoss>>| match l {
+        Some(l) => RunOptions::default().with_loss(l.clone()),
+        None => RunOptions::default(),
+    };
+    let (run_buggy, run_fixed) = (
+        run(loss.as_ref().map(|l| &l.0)),
+        run(loss.as_ref().map(|l| &l.1)),
+    );
+    assert_stable(&case, buggy, &run_buggy);
+    let out = scratch(&format!("hunt-{name}"));
+    let mut opts = HuntOptions::default().out_to(&out);
+    opts.run = run_buggy.clone();
+    let report = hunt(&case, buggy, &opts).unwrap();
+    let RiskStatus::Triggered(t) = status(&report, stage) else {
+        panic!(
+            "{name}: `{stage}` was not triggered:\n{}",
+            report.to_markdown()
+        );
+    };
+    if let TriggerKind::Input { perturbation, .. } = t.by {
+        assert!(
+            perturbation > 0.0 && perturbation <= 200.0,
+            "{name}: {perturbation}"
+        );
+    }
+    // The reproducer replays with no search, from `cargo test`.
+    let dir = out.join(t.reproducer.as_ref().expect("a reproducer was written"));
+    let replayed = nanhunt::replay::replay_dump_with(&dir, Some(buggy), &run_buggy).unwrap();
+    assert!(replayed.reproduced(), "{name}: {}", replayed.message);
+    let f = replayed.actual.unwrap();
+    // And the whole directory, as a user's regression test replays it.
+    let all = nanhunt::regression::replay_dir_with(&out, Some(buggy), &run_buggy).unwrap();
+    assert!(all.iter().any(|(p, _)| *p == dir), "{name}: {all:?}");
+    assert!(all.iter().all(|(_, r)| r.reproduced()), "{name}: {all:?}");
+    assert!(
+        f.stage == stage || f.explanation.as_ref().is_some_and(|e| e.stage == stage),
+        "{name}: the reproducer fails at `{}`",
+        f.stage
+    );
+    // Explained like any finding: a known pattern at the stage.
+    let e = f.explanation.as_ref().expect("explained");
+    assert!(
+        e.pattern != nanhunt::explain::Pattern::Unexplained,
+        "{name}: {}",
+        e.sentence
+    );
+    // The stable formulation holds within the same bound.
+    assert_stable(&case, fixed, &run_fixed);
+    opts.out = None;
+    opts.run = run_fixed;
+    let report = hunt(&case, fixed, &opts).unwrap();
+    assert!(
+        !report.found(),
+        "{name}, repaired:\n{}",
+        report.to_markdown()
+    );
+}
+
+#[test]
+fn the_hunt_triggers_latent_bugs_in_a_models_code_that_training_never_fires() {
+    for (bug, stage) in [
+        (Bug::LogOneMinusSigmoid, "log_1m_p"),
+        (Bug::LogOfSoftmax, "log_probs"),
+        (Bug::FreeEnergy, "boltzmann"),
+        (Bug::PixelSoftmax, "attn.exp"),
+        (Bug::LogVariance, "log_var"),
+        (Bug::RmsWithoutEps, "rms_norm"),
+    ] {
+        let name = format!("{bug:?}").to_lowercase();
+        let (buggy, fixed) = (latent(bug, false), latent(bug, true));
+        assert_hunted(&name, (&buggy, &fixed), None, stage);
+    }
+}
+
+#[test]
+fn the_hunt_triggers_latent_bugs_inside_a_custom_loss() {
+    for (bug, stage, targets) in [
+        (LossBug::PoissonExp, "loss.rate", TargetKind::Counts),
+        (LossBug::BceByHand, "loss.log_1m_p", TargetKind::Binary),
+    ] {
+        let name = format!("{bug:?}").to_lowercase();
+        let losses = (custom_loss(bug, false), custom_loss(bug, true), targets);
+        assert_hunted(&name, (&plain_mlp, &plain_mlp), Some(losses), stage);
+    }
+}
