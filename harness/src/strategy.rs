@@ -777,9 +777,22 @@ fn models(opts: &StrategyOptions) -> BoxedStrategy<ModelSpec> {
 /// noise too) and a loss of its own.
 fn fit_to_base(c: &mut Case, base: &Case) {
     if !base.data.source.is_synthetic() {
-        let pathologies = std::mem::take(&mut c.data.pathologies);
+        // The user's dataset as given, with the drawn pathologies and, for
+        // real inputs, the drawn rescaling on top.
+        let drawn = std::mem::take(&mut c.data);
+        let rescale = !c.model.input().is_tokens();
         c.data = DataSpec {
-            pathologies,
+            pathologies: drawn.pathologies,
+            scale: if rescale {
+                base.data.scale * drawn.scale
+            } else {
+                base.data.scale
+            },
+            offset: if rescale {
+                base.data.offset + drawn.offset
+            } else {
+                base.data.offset
+            },
             ..base.data.clone()
         };
     }
@@ -1065,6 +1078,56 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A campaign over a user's model: its knob drawn in range, its
+    /// dataset kept (with pathologies and rescaling on top), its loss kept,
+    /// and everything else (optimizer, rate, precision, steps) drawn.
+    #[test]
+    fn campaigns_over_a_users_model_draw_around_its_case() {
+        let mut base = Case::example("cnn").unwrap();
+        base.model = ModelSpec::Custom(
+            CustomSpec::new("mine", InputSpec::Vector { features: 4 }, 3)
+                .knob("eps", KnobSpec::new(1e-6, 1e-12, 1e-2)),
+        );
+        base.data.source = SourceSpec::User {
+            name: "loader".into(),
+            sampling: Default::default(),
+        };
+        base.loss = LossSpec::Custom {
+            name: "my_loss".into(),
+            targets: crate::spec::TargetKind::Labels,
+        };
+        let opts = StrategyOptions {
+            families: vec!["mine".into()],
+            base: Some(base.clone()),
+            ..StrategyOptions::default()
+        };
+        let cases: Vec<Case> = (0..60).map(|s| generate(&opts, s)).collect();
+        let eps: Vec<f64> = cases
+            .iter()
+            .map(|c| c.model.knobs().unwrap()["eps"].value)
+            .collect();
+        assert!(eps.iter().all(|v| (1e-12..=1e-2).contains(v)), "{eps:?}");
+        assert!(eps.iter().any(|&v| v != 1e-6), "{eps:?}");
+        for c in &cases {
+            assert_eq!(c.family(), "mine");
+            assert_eq!(c.data.source, base.data.source);
+            assert_eq!(c.loss, base.loss);
+        }
+        let varied = |f: &dyn Fn(&Case) -> String| {
+            cases
+                .iter()
+                .map(f)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 1
+        };
+        assert!(varied(&|c| c.optimizer.name().to_string()));
+        assert!(varied(&|c| c.precision.name().to_string()));
+        assert!(varied(&|c| format!("{:?}", c.data.pathologies)));
+        assert!(varied(&|c| format!("{}", c.data.scale)));
+        assert!(cases.iter().any(|c| !c.augment.is_empty()));
     }
 
     #[test]

@@ -281,6 +281,7 @@ fn assert_hunted(
             report.to_markdown()
         );
     };
+    eprintln!("{name}: `{stage}` triggered by {:?}", t.by);
     if let TriggerKind::Input { perturbation, .. } = t.by {
         assert!(
             perturbation > 0.0 && perturbation <= 200.0,

@@ -166,6 +166,37 @@ fn config() -> candle_transformers::models::llama::Config {
     }
 }
 
+/// The model of the README's `main_with` example.
+struct MyModel(candle_nn::Linear);
+impl MyModel {
+    fn new(vb: candle_nn::VarBuilder) -> candle_core::Result<Self> {
+        Ok(MyModel(candle_nn::linear(16, 4, vb)?))
+    }
+}
+impl Model for MyModel {
+    fn forward(&self, x: &Tensor, _: &mut nanhunt::models::Tracer) -> candle_core::Result<Tensor> {
+        candle_core::Module::forward(&self.0, x)
+    }
+}
+
+#[rustfmt::skip]
+fn own_binary() {
+    // readme:begin
+    // examples/my_model.rs
+    use nanhunt::models::{Model, UserModel};
+    use nanhunt::spec::{Case, CustomSpec, InputSpec, ModelSpec};
+
+    fn main() {
+        let mut case = Case::example("cnn").unwrap();
+        case.model = ModelSpec::Custom(CustomSpec::new("my_model", InputSpec::Vector { features: 16 }, 4));
+        let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+            Ok(Box::new(MyModel::new(vb)?))
+        };
+        nanhunt::cli::main_with(UserModel::new(case, factory))
+    }
+    // readme:end
+}
+
 #[rustfmt::skip]
 fn transformers_model() -> anyhow::Result<()> {
     let case = Case::example("cnn").unwrap();

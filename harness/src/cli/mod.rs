@@ -153,7 +153,7 @@ fn report_error(e: &anyhow::Error) -> Exit {
 /// An error's chain as one line, `context: cause: cause`, leaving out a
 /// cause its parent's message already ends with (an I/O error quotes its
 /// source, which the chain would repeat).
-pub fn chain_text(e: &anyhow::Error) -> String {
+pub(crate) fn chain_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();
@@ -207,11 +207,11 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
 }
 
 /// The most worker or compute threads a command starts.
-pub const MAX_THREADS: u64 = 1024;
+pub(crate) const MAX_THREADS: u64 = 1024;
 
 /// Size limits shared by the commands that run cases.
 #[derive(clap::Args, Clone, Debug)]
-pub struct LimitArgs {
+pub(crate) struct LimitArgs {
     /// Reject cases with more trainable parameters than this.
     #[arg(long, default_value_t = Limits::default().max_params as u64,
           value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
@@ -245,7 +245,7 @@ impl LimitArgs {
 /// The case a command runs: the file given, else the registered model's own
 /// case (`main_with`); with it, the path its errors name (the file, or the
 /// model's name).
-pub fn case_arg(path: Option<&Path>, limits: &Limits) -> anyhow::Result<(Case, PathBuf)> {
+pub(crate) fn case_arg(path: Option<&Path>, limits: &Limits) -> anyhow::Result<(Case, PathBuf)> {
     if let Some(path) = path {
         return Ok((load_case(path, limits)?, path.to_path_buf()));
     }
@@ -264,7 +264,7 @@ pub fn case_arg(path: Option<&Path>, limits: &Limits) -> anyhow::Result<(Case, P
 
 /// The factory of a case: its built-in family's, or the registered
 /// model's; another custom model is an error naming the case.
-pub fn factory_of(case: &Case) -> anyhow::Result<CaseFactory> {
+pub(crate) fn factory_of(case: &Case) -> anyhow::Result<CaseFactory> {
     match crate::models::BuiltinFactory::new(&case.model) {
         Some(b) => Ok(CaseFactory::Builtin(b)),
         None => match crate::models::registered_for(case) {
@@ -278,7 +278,7 @@ pub fn factory_of(case: &Case) -> anyhow::Result<CaseFactory> {
 }
 
 /// A case's factory as the commands hold it.
-pub enum CaseFactory {
+pub(crate) enum CaseFactory {
     Builtin(crate::models::BuiltinFactory),
     Registered(&'static crate::models::UserModel),
 }
@@ -294,7 +294,7 @@ impl CaseFactory {
 
 /// Loads and validates a case file, or the case of a reproducer file (what
 /// `minimize` and campaigns write); errors name the file once.
-pub fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
+pub(crate) fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
     let load = || -> crate::Result<Case> {
         if !is_reproducer(path) {
             return Case::load_with_limits(path, limits);
@@ -320,7 +320,7 @@ fn is_reproducer(path: &Path) -> bool {
 
 /// Names `path` in an error about it, unless the error already does; the
 /// library error stays inside (see [`is_internal`]).
-pub fn in_file(path: &Path) -> impl FnOnce(crate::Error) -> anyhow::Error + '_ {
+pub(crate) fn in_file(path: &Path) -> impl FnOnce(crate::Error) -> anyhow::Error + '_ {
     move |e| match e {
         crate::Error::Io { .. } | crate::Error::Malformed { .. } => anyhow::Error::from(e),
         e => anyhow::Error::from(e).context(path.display().to_string()),
@@ -330,7 +330,7 @@ pub fn in_file(path: &Path) -> impl FnOnce(crate::Error) -> anyhow::Error + '_ {
 /// Whether an error is nanhunt's own failure rather than the input's: a
 /// library error that is not about the input (a candle error, a worker
 /// that answered nonsense). Bad flags, cases and files are input errors.
-pub fn is_internal(e: &anyhow::Error) -> bool {
+pub(crate) fn is_internal(e: &anyhow::Error) -> bool {
     e.chain()
         .find_map(|c| c.downcast_ref::<crate::Error>())
         .is_some_and(|e| !e.is_input_error())

@@ -77,6 +77,8 @@ pub struct Sampled {
     classes: usize,
     per_token: bool,
     target_kind: TargetKind,
+    /// The case's rescaling of real inputs: `x * scale + offset`.
+    rescale: (f64, f64),
     /// The last epoch's order (steps of one epoch share it).
     order: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
 }
@@ -174,6 +176,7 @@ impl Sampled {
             classes,
             per_token,
             target_kind: case.loss.target_kind(),
+            rescale: (case.data.scale, case.data.offset),
             order: Mutex::new(None),
         })
     }
@@ -293,10 +296,14 @@ impl DataSource for Sampled {
                 dims,
             }
         } else {
-            HostInput::Real {
-                values: rows.values,
-                dims,
+            let mut values = rows.values;
+            let (scale, offset) = self.rescale;
+            if (scale, offset) != (1.0, 0.0) {
+                for v in &mut values {
+                    *v = (*v as f64 * scale + offset) as f32;
+                }
             }
+            HostInput::Real { values, dims }
         };
         let mut labels = rows.labels;
         let positions = self.input.dims()[0];
@@ -407,6 +414,21 @@ mod tests {
         assert_ne!(s.indices(0, 4), s.indices(3, 4), "a new order per epoch");
         let again = Sampled::new(dataset(10), &Sampling::default(), &case()).unwrap();
         assert_eq!(again.indices(4, 4), s.indices(4, 4));
+    }
+
+    #[test]
+    fn a_rescaled_dataset_gives_its_values_in_the_new_units() {
+        let plain = Sampled::new(dataset(10), &Sampling::default(), &case()).unwrap();
+        let mut c = case();
+        (c.data.scale, c.data.offset) = (255.0, -1.0);
+        let scaled = Sampled::new(dataset(10), &Sampling::default(), &c).unwrap();
+        let (HostInput::Real { values: a, .. }, HostInput::Real { values: b, .. }) = (
+            plain.batch(3, 4).unwrap().input,
+            scaled.batch(3, 4).unwrap().input,
+        ) else {
+            panic!("real inputs")
+        };
+        assert!(a.iter().zip(&b).all(|(x, y)| *y == *x * 255.0 - 1.0));
     }
 
     #[test]

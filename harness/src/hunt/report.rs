@@ -46,6 +46,7 @@ pub struct StageRisk {
 /// What the hunt found at a stage.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RiskStatus {
     /// Training on the data itself failed at the stage.
     FiredOnData { step: usize, signature: String },
@@ -75,6 +76,7 @@ pub struct Trigger {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "by", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TriggerKind {
     /// Inputs within `perturbation` × the data's scale of the training
     /// batch (an L∞ distance), `rows` of them after minimization.

@@ -20,6 +20,7 @@ use serde::Serialize;
 /// The unsafe domain a risky stage can reach.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Risk {
     /// A log whose input reaches 0.
     LogOfZero,
@@ -36,6 +37,9 @@ pub enum Risk {
 impl Risk {
     /// The risk of a stage computing `op` in `dtype`, if it has one.
     pub fn of(op: OpKind, dtype: DType) -> Option<Risk> {
+        if !dtype.is_float() {
+            return None;
+        }
         let half = matches!(dtype, DType::F16 | DType::BF16);
         Some(match op {
             OpKind::Log | OpKind::LogSoftmax => Risk::LogOfZero,
@@ -87,7 +91,8 @@ impl Risk {
                 let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
                 Some(decades((lo * lo).max(tiny) / tiny))
             }
-            Risk::ZeroNorm => match input {
+            Risk::ZeroNorm => match input.filter(|x| x.dtype().is_float()) {
+                // (Token ids are not what a norm reads: nothing to measure.)
                 Some(x) => {
                     let rows = flat(&x.sqr()?.sum(D::Minus1)?)?;
                     let lo = rows.iter().copied().fold(f64::INFINITY, f64::min);
@@ -111,7 +116,7 @@ impl Risk {
             Risk::LogOfZero | Risk::RootAtZero => y.min(0)?.neg()?,
             Risk::ExpOverflow => y.max(0)?,
             Risk::Overflow => y.abs()?.max(0)?,
-            Risk::ZeroNorm => match input {
+            Risk::ZeroNorm => match input.filter(|x| x.dtype().is_float()) {
                 Some(x) => x
                     .to_dtype(DType::F32)?
                     .sqr()?
@@ -182,5 +187,14 @@ mod tests {
         assert_eq!(Risk::of(OpKind::Linear, DType::F32), None);
         assert_eq!(Risk::of(OpKind::Linear, DType::F16), Some(Risk::Overflow));
         assert_eq!(Risk::of(OpKind::Activation, DType::F16), None);
+        assert_eq!(Risk::of(OpKind::Log, DType::U32), None);
+    }
+
+    #[test]
+    fn a_norm_that_read_token_ids_has_no_margin_to_read() {
+        let ids = Tensor::new(&[[0u32, 3], [1, 2]], &Device::Cpu).unwrap();
+        let out = Tensor::new(&[[0.5f32, 0.5], [1.0, 1.0]], &Device::Cpu).unwrap();
+        assert_eq!(Risk::ZeroNorm.margin(&out, Some(&ids)).unwrap(), None);
+        assert!(Risk::ZeroNorm.pressure(&out, Some(&ids)).unwrap().is_none());
     }
 }

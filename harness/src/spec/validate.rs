@@ -409,10 +409,17 @@ impl Case {
         if d.source.is_synthetic() {
             return Ok(());
         }
-        // The generator's knobs would silently do nothing to a dataset.
+        // A dataset's real inputs are rescaled (`x * scale + offset`, the
+        // next dataset's units); token ids are not.
+        let rescaled = d.scale != synthetic.scale || d.offset != synthetic.offset;
+        if rescaled && self.model.input().is_tokens() {
+            return Err(Error::invalid(
+                "data.scale",
+                "rescales real inputs only; this model reads token ids",
+            ));
+        }
+        // The generator's other knobs would silently do nothing to a dataset.
         for (field, set) in [
-            ("data.scale", d.scale != synthetic.scale),
-            ("data.offset", d.offset != synthetic.offset),
             ("data.noise", d.noise != synthetic.noise),
             (
                 "data.distribution",
@@ -422,7 +429,7 @@ impl Case {
             if set {
                 return Err(Error::invalid(
                     field,
-                    "shapes synthetic data only; a dataset's values are its own (pathologies and augmentations still apply)",
+                    "shapes synthetic data only; a dataset's values are its own (scale, offset, pathologies and augmentations still apply)",
                 ));
             }
         }
