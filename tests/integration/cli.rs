@@ -267,6 +267,7 @@ fn a_users_example_binary_runs_every_command_over_its_model() {
 
     for bad in [
         &["hunt", "--bound", "0"][..],
+        &["hunt", "--token-swaps", "0"][..],
         &["run", "missing.json"],
         &["fuzz", "--runs", "x"],
         &["no-such-command"],

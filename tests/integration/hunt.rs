@@ -253,15 +253,12 @@ type LossPair = (Arc<dyn UserLoss>, Arc<dyn UserLoss>, TargetKind);
 /// The latent bug fires only in the hunt: at `stage`, with a reproducer
 /// that replays; the repaired model gives no trigger within the bound.
 fn assert_hunted(
-    name: &str,
+    case: Case,
     (buggy, fixed): (&dyn ModelFactory, &dyn ModelFactory),
     loss: Option<LossPair>,
     stage: &str,
-) {
-    let case = match &loss {
-        Some((_, _, targets)) => loss_case(name, *targets),
-        None => vector(name),
-    };
+) -> TriggerKind {
+    let name = case.family().to_string();
     let run = |l: Option<&Arc<dyn UserLoss>>| match l {
         Some(l) => RunOptions::default().with_loss(l.clone()),
         None => RunOptions::default(),
@@ -281,7 +278,8 @@ fn assert_hunted(
             report.to_markdown()
         );
     };
-    eprintln!("{name}: `{stage}` triggered by {:?}", t.by);
+    let by = t.by.clone();
+    eprintln!("{name}: `{stage}` triggered by {by:?}");
     if let TriggerKind::Input { perturbation, .. } = t.by {
         assert!(
             perturbation > 0.0 && perturbation <= 200.0,
@@ -319,6 +317,7 @@ fn assert_hunted(
         "{name}, repaired:\n{}",
         report.to_markdown()
     );
+    by
 }
 
 #[test]
@@ -333,7 +332,7 @@ fn the_hunt_triggers_latent_bugs_in_a_models_code_that_training_never_fires() {
     ] {
         let name = format!("{bug:?}").to_lowercase();
         let (buggy, fixed) = (latent(bug, false), latent(bug, true));
-        assert_hunted(&name, (&buggy, &fixed), None, stage);
+        assert_hunted(vector(&name), (&buggy, &fixed), None, stage);
     }
 }
 
@@ -345,6 +344,59 @@ fn the_hunt_triggers_latent_bugs_inside_a_custom_loss() {
     ] {
         let name = format!("{bug:?}").to_lowercase();
         let losses = (custom_loss(bug, false), custom_loss(bug, true), targets);
-        assert_hunted(&name, (&plain_mlp, &plain_mlp), Some(losses), stage);
+        let case = loss_case(&name, targets);
+        assert_hunted(case, (&plain_mlp, &plain_mlp), Some(losses), stage);
     }
+}
+
+/// A bag-of-tokens classifier whose softmax over its (rectified,
+/// sharpened) class scores is written by hand, with no max subtracted: on
+/// the training data's mixed tokens the summed embedding stays moderate; a
+/// sequence of the tokens that push one class hardest overflows the exp.
+struct BagOfTokens {
+    embed: candle_nn::Embedding,
+    head: Linear,
+    fixed: bool,
+}
+
+impl Model for BagOfTokens {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let e = tr.record_as("embed", OpKind::Embedding, self.embed.forward(x)?)?;
+        let z = (self.head.forward(&e.sum(1)?)?.relu()? * 3.0)?;
+        if self.fixed {
+            return tr.record("log_probs", candle_nn::ops::log_softmax(&z, D::Minus1)?);
+        }
+        let ez = tr.record_as("class_exp", OpKind::Exp, z.exp()?)?;
+        let p = ez.broadcast_div(&ez.sum_keepdim(D::Minus1)?)?;
+        tr.record_as("log_probs", OpKind::Log, p.log()?)
+    }
+}
+
+fn bag_of_tokens(fixed: bool) -> impl ModelFactory {
+    move |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(BagOfTokens {
+            embed: candle_nn::embedding(32, 8, vb.pp("embed"))?,
+            head: linear(8, 4, vb.pp("head"))?,
+            fixed,
+        }))
+    }
+}
+
+#[test]
+fn the_hunt_swaps_tokens_through_the_embedding_to_trigger_a_token_models_latent_bug() {
+    let mut case = vector("bag_of_tokens");
+    case.model = ModelSpec::Custom(CustomSpec::new(
+        "bag_of_tokens",
+        InputSpec::Tokens {
+            seq_len: 16,
+            vocab: 32,
+        },
+        4,
+    ));
+    let (buggy, fixed) = (bag_of_tokens(false), bag_of_tokens(true));
+    let by = assert_hunted(case, (&buggy, &fixed), None, "class_exp");
+    let TriggerKind::Tokens { swapped, rows } = by else {
+        panic!("not a token trigger: {by:?}");
+    };
+    assert!((1..=16).contains(&swapped) && rows >= 1, "{by:?}");
 }

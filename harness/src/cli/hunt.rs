@@ -25,6 +25,10 @@ pub struct Args {
     /// Sign-gradient steps per start of the input search.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pgd_steps: u64,
+    /// Token inputs: the most tokens swapped per row (one per round, guided
+    /// by the gradient through the embedding).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10000))]
+    token_swaps: u64,
     /// Search inputs only, not a drift of the weights at a higher learning rate.
     #[arg(long)]
     no_drift: bool,
@@ -66,6 +70,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         .up_to(args.bound)
         .out_to(&reproducers);
     opts.pgd_steps = args.pgd_steps as usize;
+    opts.token_swaps = args.token_swaps as usize;
     opts.run = run;
     if args.no_drift {
         opts = opts.without_drift();

@@ -10,8 +10,10 @@
 //! 2. From the trained state, search inputs within a stated bound of a
 //!    training batch (multiples of the data's largest magnitude, growing)
 //!    that drive each risky stage across, by its pressure's gradient
-//!    with respect to the input ([`search`]); then a plausible drift of the
-//!    weights (a few steps at a higher learning rate).
+//!    with respect to the input ([`search`]); for token ids, swaps of the
+//!    tokens guided by that gradient at the embedding stage ([`tokens`]);
+//!    then a plausible drift of the weights (a few steps at a higher
+//!    learning rate).
 //! 3. Confirm every candidate with the step engine: a trigger is an
 //!    ordinary finding (localized and explained), minimized to the fewest
 //!    rows that still fire it and written as a scene that replays without
@@ -24,6 +26,7 @@
 mod report;
 mod risk;
 mod search;
+mod tokens;
 
 pub use report::{RiskReport, RiskStatus, StageRisk, Trigger, TriggerKind};
 pub use risk::Risk;
@@ -36,6 +39,7 @@ use crate::spec::{Case, SourceSpec};
 use search::{Found, Ground, Search, Target};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tokens::TokenSearch;
 
 /// How a hunt searches. Built from `HuntOptions::default()`; fields may be
 /// added (`#[non_exhaustive]`).
@@ -47,6 +51,9 @@ pub struct HuntOptions {
     pub bounds: Vec<f64>,
     /// Sign-gradient steps per start inside each ball.
     pub pgd_steps: usize,
+    /// Token inputs: the most tokens swapped per row (one per round,
+    /// guided by the gradient through the embedding).
+    pub token_swaps: usize,
     /// Learning-rate factors of the weight-drift search (empty: none).
     pub drift_factors: Vec<f64>,
     /// Steps of each drift.
@@ -63,6 +70,7 @@ impl Default for HuntOptions {
         HuntOptions {
             bounds: vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0],
             pgd_steps: 8,
+            token_swaps: 16,
             drift_factors: vec![3.0, 10.0],
             drift_steps: 5,
             checkpoints: 4,
@@ -135,7 +143,19 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         if status.contains_key(&t.stage) {
             continue;
         }
-        if let Some(mut found) = search.input(t, &opts.bounds)? {
+        let found = match search.input(t, &opts.bounds)? {
+            Some(found) => Some(found),
+            None => match search.tokens(t, opts.token_swaps)? {
+                TokenSearch::Found(found) => Some(*found),
+                TokenSearch::NotFound => None,
+                TokenSearch::NoEmbedding => {
+                    let why = "no recorded stage holds rows of a trainable embedding table at the token ids";
+                    status.insert(t.stage.clone(), RiskStatus::NotSearched { why: why.into() });
+                    None
+                }
+            },
+        };
+        if let Some(mut found) = found {
             search::minimize_rows(&ground, &mut found)?;
             let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
             status.insert(
@@ -147,7 +167,7 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         }
     }
     drift(case, &ground, opts, &targets, &mut status)?;
-    let stages = report_stages(seen, status, bound, &ground);
+    let stages = report_stages(seen, status, bound, opts.token_swaps, &ground);
     Ok(RiskReport {
         model: case.family().to_string(),
         dataset: dataset_name(case),
@@ -157,6 +177,7 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
             crate::data::HostInput::Tokens { .. } => 1.0,
         },
         bound,
+        token_swaps: tokens_in(&ground).then_some(opts.token_swaps),
         stages,
         evaluations: search.evaluations,
     }
@@ -284,11 +305,20 @@ fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<R
     if let Some(dir) = &dir {
         ground.fire(&found.batch, Some(dir))?;
     }
-    Ok(RiskStatus::Triggered(Box::new(Trigger {
-        by: TriggerKind::Input {
+    let rows = found.rows.len();
+    let by = if tokens_in(ground) {
+        TriggerKind::Tokens {
+            swapped: tokens::changed(&ground.batch, found),
+            rows,
+        }
+    } else {
+        TriggerKind::Input {
             perturbation: found.perturbation,
-            rows: found.batch.input.dims().first().copied().unwrap_or(1),
-        },
+            rows,
+        }
+    };
+    Ok(RiskStatus::Triggered(Box::new(Trigger {
+        by,
         signature: found.finding.signature.slug(),
         explanation: found
             .finding
@@ -364,15 +394,14 @@ fn report_stages(
     seen: BTreeMap<String, Seen>,
     mut status: BTreeMap<String, RiskStatus>,
     bound: f64,
+    swaps: usize,
     ground: &Ground,
 ) -> Vec<StageRisk> {
-    let tokens = matches!(ground.batch.input, crate::data::HostInput::Tokens { .. });
+    let tokens = tokens_in(ground);
     seen.into_iter()
         .map(|(stage, s)| {
             let status = status.remove(&stage).unwrap_or(if tokens {
-                RiskStatus::NotSearched {
-                    why: "token inputs: only the weights' drift is searched".into(),
-                }
+                RiskStatus::NoTokenTrigger { swaps }
             } else {
                 RiskStatus::NoTrigger { bound }
             });
@@ -386,6 +415,11 @@ fn report_stages(
             }
         })
         .collect()
+}
+
+/// Whether the model reads token ids.
+fn tokens_in(ground: &Ground) -> bool {
+    matches!(ground.batch.input, crate::data::HostInput::Tokens { .. })
 }
 
 /// The case's data in words.

@@ -23,6 +23,9 @@ pub struct RiskReport {
     pub scale: f64,
     /// The largest perturbation searched, as a multiple of the scale.
     pub bound: f64,
+    /// Token inputs: the most tokens swapped per row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_swaps: Option<usize>,
     pub stages: Vec<StageRisk>,
     /// Forward and backward passes the search spent (its cost).
     pub evaluations: usize,
@@ -54,6 +57,9 @@ pub enum RiskStatus {
     Triggered(Box<Trigger>),
     /// Nothing within the bound made it fire.
     NoTrigger { bound: f64 },
+    /// Token inputs: nothing within `swaps` swapped tokens per row made
+    /// it fire.
+    NoTokenTrigger { swaps: usize },
     /// The stage could not be searched (and why).
     NotSearched { why: String },
 }
@@ -81,6 +87,10 @@ pub enum TriggerKind {
     /// Inputs within `perturbation` × the data's scale of the training
     /// batch (an L∞ distance), `rows` of them after minimization.
     Input { perturbation: f64, rows: usize },
+    /// Token inputs: `swapped` tokens of the training batch swapped for
+    /// others (guided by the gradient through the embedding), in `rows`
+    /// rows after minimization.
+    Tokens { swapped: usize, rows: usize },
     /// A few steps at `lr_factor` × the learning rate drift the weights
     /// until the training data fires it.
     WeightDrift { lr_factor: f64, steps: usize },
@@ -143,6 +153,11 @@ impl RiskReport {
                                 "triggered at a perturbation of {perturbation}x the data's scale ({rows} {})",
                                 if *rows == 1 { "row" } else { "rows" }
                             ),
+                            TriggerKind::Tokens { swapped, rows } => format!(
+                                "triggered by swapping {swapped} {} of the batch ({rows} {})",
+                                if *swapped == 1 { "token" } else { "tokens" },
+                                if *rows == 1 { "row" } else { "rows" }
+                            ),
                             TriggerKind::WeightDrift { lr_factor, steps } => format!(
                                 "triggered by {steps} steps at {lr_factor}x the learning rate"
                             ),
@@ -152,6 +167,10 @@ impl RiskReport {
                     RiskStatus::NoTrigger { bound } => {
                         (format!("no trigger within {bound}x the data's scale"), String::new())
                     }
+                    RiskStatus::NoTokenTrigger { swaps } => (
+                        format!("no trigger within {swaps} swapped tokens per row"),
+                        String::new(),
+                    ),
                     RiskStatus::NotSearched { why } => (format!("not searched: {why}"), String::new()),
                 };
                 [s.stage.clone(), format!("{op}: {}", s.risk.as_str()), margin, status, replay]
@@ -159,10 +178,25 @@ impl RiskReport {
             .collect()
     }
 
+    /// What was searched, in words.
+    fn searched(&self) -> String {
+        match self.token_swaps {
+            Some(swaps) => format!("up to {swaps} swapped tokens per row"),
+            None => format!(
+                "perturbations in multiples of the data's scale {}, up to {}x",
+                self.scale, self.bound
+            ),
+        }
+    }
+
     pub fn to_markdown(&self) -> String {
         let mut out = format!(
-            "# Risk report: {}\n\nData: {}; {} training steps; perturbations in multiples of the data's scale {}, up to {}x; {} evaluations.\n\n",
-            self.model, self.dataset, self.steps, self.scale, self.bound, self.evaluations
+            "# Risk report: {}\n\nData: {}; {} training steps; {}; {} evaluations.\n\n",
+            self.model,
+            self.dataset,
+            self.steps,
+            self.searched(),
+            self.evaluations
         );
         out.push_str("| stage | op: risk | margin in training (decades) | found | reproducer |\n");
         out.push_str("|---|---|---:|---|---|\n");
@@ -193,12 +227,11 @@ impl RiskReport {
             rows.push_str("</tr>\n");
         }
         format!(
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; perturbations in multiples of the data's scale {scale}, up to {bound}x; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table></body></html>\n",
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; {searched}; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table></body></html>\n",
             model = esc(&self.model),
             data = esc(&self.dataset),
             steps = self.steps,
-            scale = self.scale,
-            bound = self.bound,
+            searched = esc(&self.searched()),
             evals = self.evaluations,
         )
     }

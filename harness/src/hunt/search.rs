@@ -12,10 +12,10 @@ use super::risk::Risk;
 use crate::data::{HostBatch, HostInput, Saved};
 use crate::error::Result;
 use crate::finding::{Finding, Trace};
-use crate::models::{ModelFactory, Tracer};
+use crate::models::{ModelFactory, Record, Tracer};
 use crate::runner::{RunOptions, Session, Snapshot};
 use crate::spec::{Case, ScheduleSpec};
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
 
 /// A stage to hunt.
@@ -76,12 +76,27 @@ fn with_values(batch: &HostBatch, values: Vec<f32>) -> HostBatch {
     b
 }
 
-/// A trigger: the batch that fires, its distance from the ground's batch in
-/// multiples of the data's scale, and the finding the step engine gave.
+/// A trigger: the batch that fires, the rows of the ground's batch it
+/// keeps, its distance from the ground's batch in multiples of the data's
+/// scale (real inputs), and the finding the step engine gave.
 pub(super) struct Found {
     pub batch: HostBatch,
+    pub rows: Vec<usize>,
     pub perturbation: f64,
     pub finding: Finding,
+}
+
+impl Found {
+    /// A trigger of the whole of `batch`.
+    pub fn whole(batch: HostBatch, perturbation: f64, finding: Finding) -> Found {
+        let n = batch.input.dims().first().copied().unwrap_or(1);
+        Found {
+            batch,
+            rows: (0..n).collect(),
+            perturbation,
+            finding,
+        }
+    }
 }
 
 /// Evaluates candidates against the ground's state (the main session,
@@ -165,60 +180,70 @@ impl Search<'_> {
             .iter()
             .zip(x0)
             .fold(0f64, |m, (a, b)| m.max(f64::from((a - b).abs())));
-        Ok(Some(Found {
-            batch,
-            perturbation: distance / scale,
-            finding,
-        }))
+        Ok(Some(Found::whole(batch, distance / scale, finding)))
     }
 
     /// A traced forward pass on `x`: whether some stage reached a non-finite
     /// value or the target its unsafe domain, and the gradient of the
     /// target's pressure with respect to the input.
     fn evaluate(&mut self, target: &Target, x: &[f32]) -> Result<(bool, Option<Vec<f32>>)> {
-        self.evaluations += 1;
         let dims = self.ground.batch.input.dims().to_vec();
         let input = Tensor::from_slice(x, dims.as_slice(), &Device::Cpu)?
             .to_dtype(self.session.compute_dtype())?;
         let var = Var::from_tensor(&input)?;
+        let pass = self.pass(target, var.as_tensor())?;
+        let grad = match pass.grads.as_ref().and_then(|g| g.get(var.as_tensor())) {
+            Some(g) => Some(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?),
+            None => None,
+        };
+        Ok((pass.reached, grad))
+    }
+
+    /// A traced forward pass of the model on `input` (the ground batch
+    /// gives the targets) and the backward pass of the target's pressure.
+    pub(super) fn pass(&mut self, target: &Target, input: &Tensor) -> Result<Pass> {
+        self.evaluations += 1;
         let mut tracer = Tracer::on();
         let shared = crate::models::tracer::share(&tracer);
-        let forward = self.session.forward_with_input(
-            &self.ground.batch,
-            var.as_tensor().clone(),
-            &mut tracer,
-        );
+        let forward =
+            self.session
+                .forward_with_input(&self.ground.batch, input.clone(), &mut tracer);
         drop(shared);
         let forward = forward?;
-        let records = tracer.records();
-        let loss = forward
-            .loss
-            .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()?;
+        let records = tracer.records().clone();
+        let loss = forward.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let non_finite = !loss.is_finite() || crate::localize::first_forward(&records)?.is_some();
         let Some(i) = records.iter().position(|r| r.name == target.stage) else {
-            return Ok((non_finite, None));
+            return Ok(Pass {
+                reached: non_finite,
+                grads: None,
+                records,
+            });
         };
         let read = match i {
-            0 => var.as_tensor(),
+            0 => input,
             _ => &records[i - 1].output,
         };
         let (out, read) = (&records[i].output, Some(read));
-        let reached = target.risk.margin(out, read)?.is_some_and(|m| m <= 0.0);
-        let Some(pressure) = target.risk.pressure(out, read)? else {
-            return Ok((non_finite || reached, None));
-        };
-        let grads = pressure.backward()?;
-        let grad = match grads.get(var.as_tensor()) {
-            Some(g) => Some(
-                g.to_dtype(candle_core::DType::F32)?
-                    .flatten_all()?
-                    .to_vec1()?,
-            ),
+        let reached = non_finite || target.risk.margin(out, read)?.is_some_and(|m| m <= 0.0);
+        let grads = match target.risk.pressure(out, read)? {
+            Some(pressure) => Some(pressure.backward()?),
             None => None,
         };
-        Ok((non_finite || reached, grad))
+        Ok(Pass {
+            reached,
+            grads,
+            records,
+        })
     }
+}
+
+/// What one traced pass saw: whether something reached its unsafe domain,
+/// the stages it recorded and the gradients of the target's pressure.
+pub(super) struct Pass {
+    pub reached: bool,
+    pub grads: Option<candle_core::backprop::GradStore>,
+    pub records: Vec<Record>,
 }
 
 /// The largest magnitude of the batch: the unit of a perturbation.
@@ -320,12 +345,15 @@ pub(super) fn minimize_rows(ground: &Ground, found: &mut Found) -> Result<()> {
                 .fire(&candidate, None)?
                 .is_some_and(|f| f.signature == found.finding.signature);
             if same {
-                kept = Some(candidate);
+                kept = Some((candidate, part));
                 break;
             }
         }
         match kept {
-            Some(b) => found.batch = b,
+            Some((b, part)) => {
+                found.rows = part.iter().map(|&i| found.rows[i]).collect();
+                found.batch = b;
+            }
             None => return Ok(()),
         }
     }
