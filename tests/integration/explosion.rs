@@ -129,6 +129,48 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
     assert!(top.verified(), "{:?}", top.fixes);
 }
 
+/// The built-in RNN at gain 3, SGD at 1 and no clipping: its first update
+/// takes the gradient norm to 3.5e12 and the weights to 1e12, after which
+/// the loss falls below its first value (4.0, about 3× chance) but never
+/// to chance (ln 4): no learning, so no recovery.
+#[test]
+fn the_built_in_rnn_exploding_at_step_0_is_judged_against_chance_not_its_first_loss() {
+    let mut case = Case::example("rnn").unwrap();
+    let ModelSpec::Rnn(r) = &mut case.model else {
+        unreachable!()
+    };
+    r.cell = CellKind::Rnn;
+    (r.hidden, r.seq_len, r.init.gain) = (128, 100, 3.0);
+    case.optimizer = sgd(1.0);
+    case.clip = ClipSpec::None;
+    let f = match run(&case).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("expected an explosion, got {other:?}"),
+    };
+    assert_eq!(
+        (f.kind, f.step),
+        (FindingKind::Explosion, 0),
+        "{}",
+        f.detail
+    );
+    assert!(
+        f.detail.contains("against the chance level 1.3863e0"),
+        "{}",
+        f.detail
+    );
+    let factory = nanhunt::models::BuiltinFactory::new(&case.model).unwrap();
+    let d = diagnose(&case, &factory, &RunOptions::default()).unwrap();
+    let top = &d.causes[0];
+    assert!(
+        matches!(top.kind, CauseKind::NoClipping | CauseKind::LearningRate) && top.verified(),
+        "{:?}",
+        d.causes
+            .iter()
+            .map(|c| (&c.title, &c.fixes))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// The largest growth the rule measures: a gradient norm against the
 /// largest before it, a parameter norm against the one before it.
 fn growth(t: &Trace) -> (f64, f64) {

@@ -10,7 +10,9 @@
 //!   an update is at least `JUMP` times the one before the update (at step
 //!   0: the initialization's);
 //! - that **never recovered**: no mean of [`RECOVERY_WINDOW`] consecutive
-//!   losses after the jump comes back to the best loss seen up to it.
+//!   losses after the jump comes back to the best loss seen up to it, or to
+//!   the chance level when that is lower (a jump at step 0 follows a loss
+//!   that may be far above chance: getting back under it is not learning).
 //!
 //! Only the first jump of a run is judged, and only when the run ends
 //! without a harder failure (a NaN or a divergence after a jump is reported
@@ -42,12 +44,15 @@ pub fn is_jump(previous: f64, now: f64) -> bool {
 pub struct Recovery {
     /// The best loss up to and including the jump's step.
     pub best_before: f64,
+    /// The loss of a model that has learned nothing (the uniform
+    /// prediction), when the loss has one ([`crate::spec::LossSpec::chance_loss`]).
+    pub chance: Option<f64>,
     /// The lowest mean of `RECOVERY_WINDOW` consecutive losses after it.
     pub best_after: f64,
 }
 
 impl Recovery {
-    pub fn of(losses: &[f64], step: usize) -> Option<Recovery> {
+    pub fn of(losses: &[f64], step: usize, chance: Option<f64>) -> Option<Recovery> {
         let (upto, after) = losses.split_at((step + 1).min(losses.len()));
         if after.len() < RECOVERY_WINDOW || upto.is_empty() {
             return None;
@@ -59,12 +64,20 @@ impl Recovery {
             .fold(f64::INFINITY, f64::min);
         Some(Recovery {
             best_before,
+            chance: chance.filter(|c| c.is_finite()),
             best_after,
         })
     }
 
+    /// What the loss must come back to: the best before the jump, or the
+    /// chance level when that is lower.
+    pub fn baseline(&self) -> f64 {
+        self.chance
+            .map_or(self.best_before, |c| c.min(self.best_before))
+    }
+
     pub fn recovered(&self) -> bool {
-        self.best_after <= self.best_before
+        self.best_after <= self.baseline()
     }
 }
 
@@ -131,12 +144,22 @@ pub fn failure(jump: &Jump, judged: &str) -> Failure {
 /// Whether a run whose losses are `losses` never recovered from a jump at
 /// `index` (its step's position in `losses`): the sentence that says so,
 /// or `None` (recovered, or too few steps after it to judge).
-pub fn unrecovered(index: usize, losses: &[f64]) -> Option<String> {
-    let r = Recovery::of(losses, index)?;
+/// `chance` is the loss's chance level, when it has one.
+pub fn unrecovered(index: usize, losses: &[f64], chance: Option<f64>) -> Option<String> {
+    let r = Recovery::of(losses, index, chance)?;
     (!r.recovered()).then(|| {
+        let against = if r.baseline() < r.best_before {
+            format!(
+                "against the chance level {:.4e} (the best loss before it, {:.4e}, was above chance)",
+                r.baseline(),
+                r.best_before
+            )
+        } else {
+            format!("against {:.4e} before", r.best_before)
+        };
         format!(
-            ", and the loss never recovered: its best mean over {RECOVERY_WINDOW} steps after it is {:.4e}, against {:.4e} before",
-            r.best_after, r.best_before
+            ", and the loss never recovered: its best mean over {RECOVERY_WINDOW} steps after it is {:.4e}, {against}",
+            r.best_after
         )
     })
 }
@@ -181,12 +204,36 @@ mod tests {
     #[test]
     fn recovery_needs_a_window_of_losses_back_at_the_best_before() {
         let spike = [2.0, 1.5, 9.0, 8.0, 1.4, 1.4, 1.4, 1.4, 1.4];
-        let r = Recovery::of(&spike, 1).unwrap();
+        let r = Recovery::of(&spike, 1, None).unwrap();
         assert!(r.recovered(), "{r:?}");
         let stuck = [2.0, 1.5, 9.0, 8.0, 7.0, 6.0, 6.5, 6.2, 6.3];
-        let r = Recovery::of(&stuck, 1).unwrap();
+        let r = Recovery::of(&stuck, 1, None).unwrap();
         assert!(!r.recovered());
         assert_eq!(r.best_before, 1.5);
-        assert!(Recovery::of(&stuck, 6).is_none(), "too few steps after");
+        assert!(
+            Recovery::of(&stuck, 6, None).is_none(),
+            "too few steps after"
+        );
+    }
+
+    #[test]
+    fn below_a_bad_first_loss_but_above_chance_is_not_recovered() {
+        // A jump at step 0 from a loss of 4.6 (chance: ln 4 = 1.39); the
+        // losses after it come under 4.6 and stay above chance.
+        let losses = [4.6, 14.0, 3.9, 2.2, 2.8, 2.1, 3.0, 2.5, 2.4];
+        assert!(Recovery::of(&losses, 0, None).unwrap().recovered());
+        let chance = Some(4f64.ln());
+        let r = Recovery::of(&losses, 0, chance).unwrap();
+        assert!(!r.recovered(), "{r:?}");
+        let why = unrecovered(0, &losses, chance).unwrap();
+        assert!(why.contains("chance level 1.3863e0"), "{why}");
+        // Learning below chance after the jump is recovery.
+        let learned = [4.6, 14.0, 1.2, 1.1, 1.0, 0.9, 0.9, 0.8, 0.8];
+        assert!(Recovery::of(&learned, 0, chance).unwrap().recovered());
+        // A chance level above the best before changes nothing.
+        assert_eq!(
+            Recovery::of(&learned, 0, Some(9.0)).unwrap().baseline(),
+            4.6
+        );
     }
 }

@@ -95,7 +95,8 @@ impl Guard {
         let Some(j) = &self.jump else {
             return Ok(());
         };
-        let Some(judged) = explosion::unrecovered(j.index, &self.trace.losses) else {
+        let chance = self.opts.chance_loss;
+        let Some(judged) = explosion::unrecovered(j.index, &self.trace.losses, chance) else {
             return Ok(());
         };
         let j = self.jump.take().expect("checked above");

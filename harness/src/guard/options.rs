@@ -18,6 +18,10 @@ pub struct GuardOptions {
     pub dump: Option<PathBuf>,
     /// Divergence: the smoothed loss exceeds this many times its best.
     pub divergence_factor: f64,
+    /// The loss of a model that has learned nothing (ln C for a C-class
+    /// cross-entropy): a jump's recovery is judged against it when it is
+    /// below the best loss before the jump. `None`: the best loss alone.
+    pub chance_loss: Option<f64>,
     /// Only tensors whose dump name starts with one of these go into the
     /// scene (`param/encoder.`, `batch/`); empty: all. Bounds its size.
     pub include: Vec<String>,
@@ -63,6 +67,7 @@ impl Default for GuardOptions {
             name: "user".into(),
             dump: None,
             divergence_factor: 4.0,
+            chance_loss: None,
             include: Vec::new(),
             frozen: Vec::new(),
             rebuild: None,
@@ -76,6 +81,7 @@ impl std::fmt::Debug for GuardOptions {
             .field("name", &self.name)
             .field("dump", &self.dump)
             .field("divergence_factor", &self.divergence_factor)
+            .field("chance_loss", &self.chance_loss)
             .field("include", &self.include)
             .field("frozen", &self.frozen)
             .field(
@@ -105,6 +111,19 @@ impl GuardOptions {
 
     pub fn divergence_factor(mut self, factor: f64) -> Self {
         self.divergence_factor = factor;
+        self
+    }
+
+    /// A `classes`-way classifier trained with cross-entropy: a jump's
+    /// recovery is judged against the chance level ln(classes).
+    pub fn classes(mut self, classes: usize) -> Self {
+        self.chance_loss = (classes >= 2).then(|| (classes as f64).ln());
+        self
+    }
+
+    /// The chance level of the loss, for the recovery of a jump.
+    pub fn chance_loss(mut self, loss: f64) -> Self {
+        self.chance_loss = Some(loss);
         self
     }
 

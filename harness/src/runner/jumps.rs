@@ -108,7 +108,8 @@ impl Session<'_> {
     /// step kept for dumps and the precision check).
     pub fn unrecovered_explosion(&mut self) -> Option<Finding> {
         let jump = &self.jump.as_ref()?.jump;
-        let judged = explosion::unrecovered(jump.step, &self.trace.losses)?;
+        let chance = self.case.loss.chance_loss(self.case.model.classes());
+        let judged = explosion::unrecovered(jump.step, &self.trace.losses, chance)?;
         self.explosion_finding(&judged)
     }
 

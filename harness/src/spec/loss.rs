@@ -92,6 +92,23 @@ pub enum TargetKind {
 }
 
 impl LossSpec {
+    /// The loss of a model that has learned nothing — the uniform
+    /// prediction over `classes` — where that does not depend on the
+    /// targets: ln(classes) for the cross-entropies (with or without label
+    /// smoothing), ln 2 for the binary ones. `None` for the rest
+    /// (regression, KL, custom losses).
+    pub fn chance_loss(&self, classes: usize) -> Option<f64> {
+        match self {
+            LossSpec::CrossEntropy { .. } | LossSpec::NaiveCrossEntropy { .. } | LossSpec::Nll
+                if classes >= 2 =>
+            {
+                Some((classes as f64).ln())
+            }
+            LossSpec::Bce { .. } | LossSpec::BceWithLogits => Some(std::f64::consts::LN_2),
+            _ => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             LossSpec::CrossEntropy { .. } => "cross_entropy",
