@@ -39,3 +39,4 @@ mod readme;
 mod real_models;
 mod report;
 mod support;
+mod verdicts;

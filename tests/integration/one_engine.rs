@@ -187,6 +187,10 @@ fn a_finite_explosion_is_the_same_finding_in_the_guard_judged_at_the_loops_end()
         guarded.trace.losses, ran.trace.losses,
         "the same history up to the jump"
     );
+    // Told what chance is, the guard judges the recovery as the runner does.
+    let opts = GuardOptions::default().classes(case.model.classes());
+    let told = guarded_with(&case, &factory, opts);
+    assert_eq!(told.detail, ran.detail);
 }
 
 #[test]
