@@ -85,7 +85,13 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
     let mut from_values = false;
     if let Some(read) = read.filter(|t| t.dims() == r.output.dims() && !x.is_empty()) {
         let width = (*read.dims().last().unwrap_or(&1)).max(1);
-        if let Some((pattern, n)) = by_values(&x, &out, width, limit) {
+        // A row-wise op's NaN is not an element's: a softmax over finite
+        // scores that happen to be negative did not take their log.
+        let row_wise = op
+            .is_some_and(|o| matches!(o.kind, OpKind::Softmax | OpKind::LogSoftmax | OpKind::Norm));
+        let found = by_values(&x, &out, width, limit)
+            .filter(|(p, _)| !row_wise || matches!(p, Pattern::MaskedRow | Pattern::ZeroNormRow));
+        if let Some((pattern, n)) = found {
             e.pattern = pattern;
             e.count = n;
             from_values = true;

@@ -400,3 +400,71 @@ fn the_hunt_swaps_tokens_through_the_embedding_to_trigger_a_token_models_latent_
     };
     assert!((1..=16).contains(&swapped) && rows >= 1, "{by:?}");
 }
+
+/// The built-in encoder masks padded keys; with a mask of -inf (instead of
+/// BERT's -10000) a sequence of padding only is a softmax over a fully
+/// masked row, 0/0. Its training data always has real tokens
+/// (`min_length`); the hunt pads one row and fires it, and the reproducer
+/// replays. With the additive mask the same row attends uniformly: no
+/// trigger.
+#[test]
+fn the_hunt_pads_a_row_to_fire_a_softmax_over_a_fully_masked_row() {
+    let hunted = |mask: MaskKind| {
+        let mut case = Case::example("encoder").unwrap();
+        let ModelSpec::Encoder(e) = &mut case.model else {
+            unreachable!()
+        };
+        e.mask = mask;
+        case.steps = 10;
+        let factory = nanhunt::models::BuiltinFactory::new(&case.model).unwrap();
+        let label = if mask == MaskKind::NegInf {
+            "neg-inf"
+        } else {
+            "additive"
+        };
+        let out = scratch(&format!("hunt-encoder-{label}"));
+        let opts = HuntOptions::default().without_drift().out_to(&out);
+        let report = hunt(&case, &factory, &opts).unwrap();
+        if let RiskStatus::Triggered(t) = &report
+            .stages
+            .iter()
+            .find(|s| s.stage.ends_with("attn.softmax"))
+            .unwrap()
+            .status
+        {
+            let dir = out.join(t.reproducer.as_ref().expect("a reproducer"));
+            let replayed = nanhunt::replay::replay_dump(&dir, Some(&factory)).unwrap();
+            assert!(replayed.reproduced(), "{}", replayed.message);
+        }
+        let stage = report
+            .stages
+            .iter()
+            .find(|s| s.stage.ends_with("attn.softmax"))
+            .unwrap_or_else(|| panic!("no softmax stage:\n{}", report.to_markdown()))
+            .clone();
+        (stage, report)
+    };
+    let (stage, report) = hunted(MaskKind::NegInf);
+    let RiskStatus::Triggered(t) = &stage.status else {
+        panic!("not triggered:\n{}", report.to_markdown());
+    };
+    assert!(
+        matches!(t.by, TriggerKind::Tokens { rows: 1, .. }),
+        "{:?}",
+        t.by
+    );
+    // The encoder applies its -inf mask between two records, so what the
+    // softmax read cannot be quoted: unexplained, not a wrong pattern (a
+    // softmax over negative scores is no log of negatives).
+    let explained = t.explanation.as_deref().unwrap_or_default();
+    assert!(
+        explained.contains("none of the known patterns"),
+        "{explained}"
+    );
+    let (stage, report) = hunted(MaskKind::Additive { value: -10000.0 });
+    assert!(
+        matches!(stage.status, RiskStatus::NoTokenTrigger { .. }),
+        "{}",
+        report.to_markdown()
+    );
+}

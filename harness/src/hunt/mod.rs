@@ -143,6 +143,11 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         if status.contains_key(&t.stage) {
             continue;
         }
+        if t.risk == Risk::MaskedRow && !tokens_in(&ground) {
+            let why = "which positions a mask covers is not set by the input's values";
+            status.insert(t.stage.clone(), RiskStatus::NotSearched { why: why.into() });
+            continue;
+        }
         let found = match search.input(t, &opts.bounds)? {
             Some(found) => Some(found),
             None => match search.tokens(t, opts.token_swaps)? {

@@ -32,6 +32,9 @@ pub enum Risk {
     ZeroNorm,
     /// A division or (in half precision) an accumulation past the range.
     Overflow,
+    /// A softmax over a row whose every entry is masked (0/0): set by
+    /// which positions are masked, not by values a gradient can move.
+    MaskedRow,
 }
 
 impl Risk {
@@ -47,6 +50,7 @@ impl Risk {
             OpKind::Sqrt | OpKind::Pow => Risk::RootAtZero,
             OpKind::Norm => Risk::ZeroNorm,
             OpKind::Div => Risk::Overflow,
+            OpKind::Softmax => Risk::MaskedRow,
             k if half && k.accumulates() => Risk::Overflow,
             _ => return None,
         })
@@ -59,6 +63,7 @@ impl Risk {
             Risk::RootAtZero => "root at 0",
             Risk::ZeroNorm => "norm of a zero row",
             Risk::Overflow => "past the range",
+            Risk::MaskedRow => "softmax over a fully masked row",
         }
     }
 
@@ -75,6 +80,10 @@ impl Risk {
         let values = flat(output)?;
         if values.iter().any(|v| !v.is_finite()) {
             return Ok(Some(0.0));
+        }
+        if self == Risk::MaskedRow {
+            // How many positions are masked is not a distance in decades.
+            return Ok(None);
         }
         let (max, tiny) = (dtype_max(dtype), smallest_positive(dtype));
         let decades = |ratio: f64| ratio.log10().max(0.0);
@@ -104,6 +113,7 @@ impl Risk {
                 let hi = values.iter().fold(tiny, |m, v| m.max(v.abs()));
                 Some(decades(max / hi))
             }
+            Risk::MaskedRow => None,
         })
     }
 
@@ -126,6 +136,7 @@ impl Risk {
                     .neg()?,
                 None => return Ok(None),
             },
+            Risk::MaskedRow => return Ok(None),
         }))
     }
 }

@@ -6,12 +6,17 @@
 //! largest gain; a candidate that reaches the domain is confirmed by the
 //! step engine. The bound is the number of swaps per row.
 
+use super::risk::Risk;
 use super::search::{Found, Pass, Search, Target};
 use crate::data::{HostBatch, HostInput};
 use crate::error::Result;
 use crate::finding::OpKind;
 use crate::models::Record;
 use candle_core::{DType, Device, Tensor, D};
+
+/// The padding id a fully masked row is made of (BERT's, and the
+/// built-in encoder's).
+const PADDING: u32 = 0;
 
 /// What a token search came to.
 pub(super) enum TokenSearch {
@@ -36,6 +41,9 @@ impl Search<'_> {
         let HostInput::Tokens { ids: ids0, dims } = &self.ground.batch.input else {
             return Ok(TokenSearch::NotFound);
         };
+        if target.risk == Risk::MaskedRow {
+            return self.padded_row(ids0, dims, swaps);
+        }
         let mut ids = ids0.clone();
         // Swaps stay inside the case's vocabulary (a table may be larger).
         let vocab = match self.ground.case.model.input() {
@@ -68,6 +76,30 @@ impl Search<'_> {
             }
         }
         Ok(TokenSearch::NotFound)
+    }
+
+    /// A fully masked row is one of padding only: the row with the most
+    /// of token 0 (the usual padding id) made all 0, when that is within
+    /// `swaps` swaps. No gradient leads there (a mask is set by ids).
+    fn padded_row(&mut self, ids: &[u32], dims: &[usize], swaps: usize) -> Result<TokenSearch> {
+        let per = ids.len() / dims[0].max(1);
+        let Some((row, zeros)) = ids
+            .chunks(per.max(1))
+            .map(|r| r.iter().filter(|&&t| t == PADDING).count())
+            .enumerate()
+            .max_by_key(|&(i, z)| (z, std::cmp::Reverse(i)))
+        else {
+            return Ok(TokenSearch::NotFound);
+        };
+        if per - zeros > swaps || zeros == per {
+            return Ok(TokenSearch::NotFound);
+        }
+        let mut padded = ids.to_vec();
+        padded[row * per..(row + 1) * per].fill(PADDING);
+        Ok(match self.confirm_tokens(&padded)? {
+            Some(found) => TokenSearch::Found(Box::new(found)),
+            None => TokenSearch::NotFound,
+        })
     }
 
     /// The step engine's verdict on the token batch `ids`.
