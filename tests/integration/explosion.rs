@@ -220,6 +220,14 @@ impl Model for Mlp {
     }
 }
 
+/// A healthy softmax classifier: 8 features, a ReLU layer of 32, 4 classes.
+pub(crate) fn mlp(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+    Ok(Box::new(Mlp {
+        fc1: linear(8, 32, vb.pp("fc1"))?,
+        fc2: linear(32, 4, vb.pp("fc2"))?,
+    }))
+}
+
 struct GruLike {
     inner: TanhRnn,
 }
@@ -234,12 +242,6 @@ impl Model for GruLike {
 
 #[test]
 fn healthy_user_models_give_no_explosion_over_200_steps() {
-    let mlp = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
-        Ok(Box::new(Mlp {
-            fc1: linear(8, 32, vb.pp("fc1"))?,
-            fc2: linear(32, 4, vb.pp("fc2"))?,
-        }))
-    };
     let rnn = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(GruLike {
             inner: TanhRnn::new(vb, 4, 16)?,

@@ -6,31 +6,10 @@
 //! (4× the best smoothed loss, judged at once) still stops it at step 2 —
 //! the crossed-and-not-recovered rule with a look-ahead is not built yet.
 
+use crate::explosion::mlp as classifier;
 use crate::support::sgd;
-use candle_core::{Module, Tensor};
-use candle_nn::{linear, Linear, VarBuilder};
-use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
 use nanhunt::{run_model, Outcome, RunOptions};
-
-struct Classifier {
-    fc1: Linear,
-    fc2: Linear,
-}
-
-impl Model for Classifier {
-    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
-        let h = tr.record("fc1", self.fc1.forward(x)?.relu()?)?;
-        tr.record("fc2", self.fc2.forward(&h)?)
-    }
-}
-
-fn classifier(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>> {
-    Ok(Box::new(Classifier {
-        fc1: linear(8, 32, vb.pp("fc1"))?,
-        fc2: linear(32, 4, vb.pp("fc2"))?,
-    }))
-}
 
 fn optimizer(kind: &str, lr: f64) -> OptimizerSpec {
     match kind {

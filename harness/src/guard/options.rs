@@ -117,7 +117,10 @@ impl GuardOptions {
     /// A `classes`-way classifier trained with cross-entropy: a jump's
     /// recovery is judged against the chance level ln(classes).
     pub fn classes(mut self, classes: usize) -> Self {
-        self.chance_loss = (classes >= 2).then(|| (classes as f64).ln());
+        let cross_entropy = crate::spec::LossSpec::CrossEntropy {
+            label_smoothing: 0.0,
+        };
+        self.chance_loss = cross_entropy.chance_loss(classes);
         self
     }
 

@@ -143,22 +143,23 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         if status.contains_key(&t.stage) {
             continue;
         }
-        if t.risk == Risk::MaskedRow && !tokens_in(&ground) {
-            let why = "which positions a mask covers is not set by the input's values";
-            status.insert(t.stage.clone(), RiskStatus::NotSearched { why: why.into() });
-            continue;
-        }
-        let found = match search.input(t, &opts.bounds)? {
-            Some(found) => Some(found),
-            None => match search.tokens(t, opts.token_swaps)? {
+        let not_searched = |why: &str| RiskStatus::NotSearched { why: why.into() };
+        let found = if tokens_in(&ground) {
+            match search.tokens(t, opts.token_swaps)? {
                 TokenSearch::Found(found) => Some(*found),
                 TokenSearch::NotFound => None,
                 TokenSearch::NoEmbedding => {
                     let why = "no recorded stage holds rows of a trainable embedding table at the token ids";
-                    status.insert(t.stage.clone(), RiskStatus::NotSearched { why: why.into() });
+                    status.insert(t.stage.clone(), not_searched(why));
                     None
                 }
-            },
+            }
+        } else if t.risk == Risk::MaskedRow {
+            let why = "which positions a mask covers is not set by the input's values";
+            status.insert(t.stage.clone(), not_searched(why));
+            None
+        } else {
+            search.input(t, &opts.bounds)?
         };
         if let Some(mut found) = found {
             search::minimize_rows(&ground, &mut found)?;
