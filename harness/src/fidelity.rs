@@ -75,9 +75,10 @@ fn rerun(
     } else {
         None
     };
+    // A divergence's step comes back as its crossing of the line.
     let seen = match session.step(finding.step).and_then(|f| match f {
         Some(f) => Ok(Some(f)),
-        None => session.finish(),
+        None => Ok(session.finish()?.or_else(|| session.crossing_finding())),
     }) {
         Ok(seen) => seen,
         Err(e) => return Ok((Rerun::not_run(name, e), None)),

@@ -76,8 +76,12 @@ pub fn replay_dump_with(
         // On an accelerator the step's update is checked at the next copy.
         None => match session.finish()? {
             Some(f) => Some(f),
-            // An explosion's step comes back as its jump.
-            None => session.jump_finding().filter(|f| f.step == step),
+            // An explosion's step comes back as its jump, a divergence's
+            // as its crossing of the line.
+            None => session
+                .jump_finding()
+                .or_else(|| session.crossing_finding())
+                .filter(|f| f.step == step),
         },
     };
     Ok(saved.report(actual, session.trace()))

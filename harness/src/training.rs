@@ -90,7 +90,8 @@ fn check_dump_options(case: &Case, opts: &RunOptions) -> Result<()> {
 }
 
 /// Every step of the case until the first finding; then the checks a run
-/// makes at its end (the last deferred update, an unrecovered jump).
+/// makes at its end (the last deferred update, an unrecovered jump or
+/// crossing of the divergence line).
 fn train(session: &mut Session, opts: &RunOptions) -> Result<Option<Finding>> {
     for step in 0..session.case().steps {
         let before = match opts.dump_at {
@@ -109,5 +110,5 @@ fn train(session: &mut Session, opts: &RunOptions) -> Result<Option<Finding>> {
     if let Some(finding) = session.finish()? {
         return Ok(Some(finding));
     }
-    Ok(session.unrecovered_explosion())
+    Ok(session.unrecovered())
 }

@@ -25,6 +25,7 @@ mod code_bugs;
 mod crash_safety;
 mod datasets;
 mod diagnose;
+mod divergence;
 mod dump;
 mod explosion;
 mod fidelity;

@@ -14,7 +14,7 @@ pub mod explosion;
 
 use crate::error::Result;
 use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp};
-use crate::probe::{DivergenceTracker, TensorScan, TensorStats};
+use crate::probe::{Diverged, DivergenceTracker, Judged, TensorScan, TensorStats};
 use crate::spec::dtype_max;
 use candle_core::{DType, Tensor};
 
@@ -205,19 +205,60 @@ pub fn update_failure(
     )
 }
 
-/// The loss trend after this step's (finite) loss: divergence is a
-/// failure. The tracker advances either way.
-pub fn trend(tracker: &mut DivergenceTracker, value: f64, factor: f64) -> Option<Failure> {
-    let smoothed = tracker.push(value)?;
-    Some(Failure::new(
-        FindingKind::Divergence,
-        Phase::Update,
-        "loss_trend",
-        format!(
-            "smoothed loss {smoothed:.4e} exceeds {factor} x the best {:.4e}",
-            tracker.best()
+/// The loss trend after this step's (finite) loss: a crossing of the
+/// divergence line judged diverged is a failure. The tracker advances
+/// either way.
+pub fn trend(tracker: &mut DivergenceTracker, value: f64) -> Option<Failure> {
+    let judged = tracker.push(value)?;
+    Some(divergence(tracker.factor(), &judged))
+}
+
+/// At a run's end: its crossing of the divergence line that had not
+/// recovered, as a failure.
+pub fn trend_at_end(tracker: &DivergenceTracker) -> Option<Failure> {
+    Some(divergence(tracker.factor(), &tracker.at_end()?))
+}
+
+/// The failure of a crossing replayed alone (its step, not the steps that
+/// judge it): what a replay or a precision re-run of the step sees.
+pub fn crossing(tracker: &DivergenceTracker) -> Option<Failure> {
+    tracker.crossed_now().then(|| {
+        Failure::new(
+            FindingKind::Divergence,
+            Phase::Update,
+            "loss_trend",
+            format!(
+                "the smoothed loss crossed {} x its best{}",
+                tracker.factor(),
+                CROSSING_ALONE
+            ),
+        )
+    })
+}
+
+/// The end of a replayed crossing's detail.
+pub const CROSSING_ALONE: &str =
+    " (the crossing alone: recovery is judged over the steps after it)";
+
+fn divergence(factor: f64, d: &Diverged) -> Failure {
+    let (smoothed, best, after) = (d.smoothed, d.best, d.steps_after);
+    let detail = match d.judged {
+        Judged::FarAbove if after == 0 => format!(
+            "smoothed loss {smoothed:.4e} exceeds {} x the best {best:.4e}",
+            factor * factor
         ),
-    ))
+        Judged::FarAbove => format!(
+            "smoothed loss {smoothed:.4e} exceeds {} x the best {best:.4e}, {after} steps after it crossed {factor} x",
+            factor * factor
+        ),
+        Judged::NotRecovered => format!(
+            "smoothed loss crossed {factor} x the best {best:.4e} and had not recovered {after} steps later (smoothed {smoothed:.4e})"
+        ),
+        Judged::RunEnded => format!(
+            "smoothed loss crossed {factor} x the best {best:.4e} and had not recovered when the run ended, {after} steps later (smoothed {smoothed:.4e})"
+        ),
+    };
+    Failure::new(FindingKind::Divergence, Phase::Update, "loss_trend", detail)
 }
 
 /// A half-precision gradient within this factor of its dtype's largest

@@ -22,6 +22,7 @@
 //! ```
 
 mod jump;
+mod kept;
 mod optim;
 mod options;
 mod phases;
@@ -43,7 +44,7 @@ pub use crate::checks::HALF_MARGIN;
 
 use crate::checks::explosion::JumpWatch;
 use crate::error::Error;
-use crate::finding::{Finding, StageKeys, Subject, Trace};
+use crate::finding::{Finding, FindingKind, StageKeys, Subject, Trace};
 use crate::probe::DivergenceTracker;
 use crate::spec::{DeviceSpec, OptimizerSpec, PrecisionKind};
 use candle_core::{DType, Result as CandleResult, Tensor, Var};
@@ -131,6 +132,8 @@ pub struct Guard {
     init_norm: f64,
     /// The loop's first jump, with the state before its step.
     jump: Option<jump::GuardJump>,
+    /// The step whose loss crossed the divergence line, until judged.
+    crossing: Option<kept::Kept>,
     /// Non-trainable state a forward pass may change (batch-norm running
     /// statistics in training mode): restored with the step.
     buffers: Vec<Var>,
@@ -195,6 +198,7 @@ impl Guard {
             watch: JumpWatch::new(init_norm),
             init_norm,
             jump: None,
+            crossing: None,
             buffers: Vec::new(),
             intervention: None,
         })
@@ -276,6 +280,12 @@ impl Guard {
         let before = self.save(opt)?;
         match self.checked_step(step, batch, opt, &mut loss_of, &before)? {
             Ok(loss) => Ok(loss),
+            // Judged after the step that crossed: that step's finding.
+            Err(failure) if failure.kind == FindingKind::Divergence && self.crossing.is_some() => {
+                self.restore(&before, opt)?;
+                let kept = self.crossing.take().expect("checked above");
+                Err(self.judged(kept, failure, opt))
+            }
             Err(failure) => Err(self.stop(step, failure, &before, opt, batch, &mut loss_of)),
         }
     }

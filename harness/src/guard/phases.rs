@@ -42,8 +42,8 @@ impl Guard {
         go!(unless(checks::coverage(coverage)));
         go!(self.gradient_phase(step, &grads, before));
         // The loss trend first: a diverged run takes no update.
-        let factor = self.opts.divergence_factor;
-        go!(unless(checks::trend(&mut self.tracker, value, factor)));
+        go!(unless(checks::trend(&mut self.tracker, value)));
+        self.watch_crossing(step, batch, before)?;
         go!(self.update_phase(step, &grads, opt, before));
         self.keep_jump_batch(batch);
         Ok(Ok(value))

@@ -114,6 +114,10 @@ impl Guard {
             _ => None,
         };
         let seen = match guard.step(finding.step, &batch, &mut opt, &mut rebuilt.loss) {
+            // A divergence's step comes back as its crossing of the line.
+            Ok(_) if finding.kind == FindingKind::Divergence => {
+                guard.crossing_finding(finding.step, &opt)
+            }
             Ok(_) => None,
             Err(GuardError::Unstable { finding, .. }) => Some(*finding),
             Err(GuardError::Invalid(e)) => return Ok((Rerun::not_run(name, e), None)),

@@ -87,7 +87,8 @@ pub(crate) fn replay_changed(
     guard.intervention = changes.intervention.clone().map(std::sync::Arc::new);
     let batch = without_rows(saved.batch_parts()?, &changes.drop_rows)?;
     let actual = match guard.step(scene.step, &batch, &mut opt, loss_of) {
-        Ok(_) => None,
+        // A divergence's step comes back as its crossing of the line.
+        Ok(_) => guard.crossing_finding(scene.step, &opt),
         Err(GuardError::Unstable { finding, .. }) => Some(*finding),
         Err(GuardError::Invalid(e)) => return Err(e),
     };

@@ -125,11 +125,7 @@ impl Session<'_> {
             before,
             through,
         } = self.jump.take()?;
-        self.failed_before = before;
-        let mut f = self.finding(jump.step, explosion::failure(&jump, judged));
-        let scale = f.trace.loss_scale;
-        f.trace = f.trace.upto(through);
-        f.trace.loss_scale = scale;
-        Some(f)
+        let failure = explosion::failure(&jump, judged);
+        Some(self.kept_finding(jump.step, before, through, failure))
     }
 }

@@ -18,6 +18,7 @@ pub use crate::state::Snapshot;
 use candle_core::{DType, Device, Tensor, Var};
 
 mod batch;
+mod crossing;
 mod jumps;
 mod naming;
 mod options;
@@ -29,6 +30,7 @@ pub use options::RunOptions;
 
 use crate::checks::explosion::JumpWatch;
 use crate::data::DataSource;
+use crossing::Crossed;
 use jumps::{Jumped, StepSeen};
 use naming::Namer;
 use step::{Failed, Readback};
@@ -77,6 +79,8 @@ pub struct Session<'a> {
     /// The run's first jump (see [`crate::checks::explosion`]), with the state
     /// before its step; judged when the run ends.
     jump: Option<Jumped>,
+    /// The step whose loss crossed the divergence line, until judged.
+    crossing: Option<Crossed>,
     /// The stage guarded every step, if any.
     intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
 }
@@ -148,6 +152,7 @@ impl<'a> Session<'a> {
             grad_sq: Vec::new(),
             watch: JumpWatch::new(init_norm),
             jump: None,
+            crossing: None,
             intervention: opts.intervention.clone(),
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
             scaler: LossScaler::new(precision.loss_scaling()),
@@ -232,6 +237,11 @@ impl<'a> Session<'a> {
             // The previous step's update failed; this step's copy saw it.
             Some(Failed::PreviousUpdate(failure)) => return self.previous_update_failed(*failure),
         };
+        // A divergence judged after the step that crossed is that step's.
+        if failure.kind == FindingKind::Divergence && self.crossing_step().is_some_and(|s| s < step)
+        {
+            return Ok(self.judged_crossing(*failure));
+        }
         let failure = match before {
             Some(snapshot) => self.localized(step, lr, snapshot, &failure)?,
             None => *failure,
@@ -261,6 +271,7 @@ impl<'a> Session<'a> {
             previous,
         };
         self.watch_jumps(step, seen)?;
+        self.watch_crossing(step, before.as_ref());
         if self.readback == Readback::Deferred {
             self.unchecked = before.map(|b| (step, lr, b));
         }

@@ -361,8 +361,7 @@ impl Session<'_> {
         if !self.watch_divergence {
             return Ok(None);
         }
-        let factor = self.case.divergence_factor;
-        let Some(diverged) = checks::trend(&mut self.tracker, loss_value, factor) else {
+        let Some(diverged) = checks::trend(&mut self.tracker, loss_value) else {
             return Ok(None);
         };
         // A failed update comes before divergence, as when read in place

@@ -485,3 +485,88 @@ fn fused_activation_pooling_and_the_traced_two_ops_agree_exactly() {
         }
     }
 }
+
+/// The generator's batch of step 0 at every step, its dense targets set to
+/// the step's scripted value: with an output of about 0, the MSE loss of
+/// step `s` is about `script[s]²`.
+struct Scripted {
+    generator: crate::data::Generator,
+    script: Vec<f32>,
+}
+
+impl crate::data::DataSource for Scripted {
+    fn batch(&self, step: usize, batch_size: usize) -> Result<crate::data::HostBatch> {
+        let mut b = self.generator.batch(0, batch_size);
+        b.targets.fill(self.script[step]);
+        Ok(b)
+    }
+}
+
+/// A head whose output is about 0 (1e-6 × a linear layer).
+struct Quiet(candle_nn::Linear);
+
+impl Model for Quiet {
+    fn forward(&self, input: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+        candle_core::Module::forward(&self.0, input)? * 1e-6
+    }
+}
+
+#[test]
+fn a_divergence_judged_after_its_look_ahead_is_a_finding_at_the_step_that_crossed() {
+    let mut c = vector_case("quiet");
+    c.loss = LossSpec::Mse {
+        root: false,
+        eps: 0.0,
+    };
+    c.optimizer = OptimizerSpec::Sgd {
+        lr: 1e-9,
+        momentum: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    c.steps = 200;
+    let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(Quiet(candle_nn::linear(8, 4, vb.pp("fc"))?)))
+    };
+    // A loss of 1 for ten steps, then a plateau at 6: across the 4x line,
+    // below the 16x one, and never back.
+    let script: Vec<f32> = (0..200)
+        .map(|s| if s < 10 { 1.0 } else { 6f32.sqrt() })
+        .collect();
+    let source = Scripted {
+        generator: crate::data::Generator::new(&c),
+        script,
+    };
+    let opts = RunOptions::default();
+    let mut session = Session::with_source(&c, &factory, &opts, Box::new(source)).unwrap();
+    let mut tracker = DivergenceTracker::new(c.divergence_factor);
+    let (mut crossed, mut found) = (None, None);
+    for step in 0..c.steps {
+        if let Some(f) = session.step(step).unwrap() {
+            found = Some((step, f));
+            break;
+        }
+        tracker.push(*session.trace().losses.last().unwrap());
+        if tracker.crossed_now() {
+            crossed = Some(step);
+        }
+    }
+    let crossed = crossed.expect("the plateau crosses the line");
+    let (judged_at, f) = found.expect("judged");
+    assert_eq!(judged_at, crossed + crate::probe::LOOKAHEAD, "{f:?}");
+    assert_eq!((f.kind, f.step), (FindingKind::Divergence, crossed));
+    assert!(
+        f.detail.contains("had not recovered 50 steps later"),
+        "{}",
+        f.detail
+    );
+    assert_eq!(
+        f.trace.losses.len(),
+        crossed + 1,
+        "the history ends with its step"
+    );
+    assert!(
+        session.failed_before().is_some(),
+        "the state before the crossing is kept"
+    );
+}
