@@ -36,6 +36,7 @@ mod hunt;
 mod lrtable;
 mod one_engine;
 mod planted;
+mod randomness;
 mod readme;
 mod real_models;
 mod report;

@@ -142,7 +142,23 @@ fn guarded_loop() -> anyhow::Result<()> {
         let batch = Batch::new([("x", x.clone()), ("y", y.clone())]);
         guard.step(step, &batch, &mut opt, |b| model.loss(b.get("x")?, b.get("y")?))?;
     }
-    guard.finish(&opt)?; // a finite explosion is judged over the whole loop
+    guard.finish(&opt)?; // a finite explosion, or a divergence not yet judged, at the loop's end
+    // readme:end
+    Ok(())
+}
+
+#[rustfmt::skip]
+fn seeded_model() -> anyhow::Result<()> {
+    let x = Tensor::zeros((2, 8), DType::F32, &Device::Cpu)?;
+    // readme:begin
+    use candle_nn::Module;
+    use nanhunt::models::seeded;
+
+    let varmap = VarMap::new();
+    let vb = seeded::var_builder(&varmap, 42, DType::F32, &Device::Cpu);
+    let l1 = candle_nn::linear(8, 16, vb.pp("l1"))?;
+    let dropout = seeded::Dropout::new(0.1, 42, "l1.dropout");
+    let h = dropout.forward_t(&l1.forward(&x)?, true)?;
     // readme:end
     Ok(())
 }

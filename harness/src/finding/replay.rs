@@ -26,6 +26,10 @@ pub struct ReplayReport {
     pub actual: Option<Finding>,
     /// Dumps only: whether the failing step's loss has the recorded bits.
     pub bit_identical: Option<bool>,
+    /// Dumps only: whether two runs of the step's loss gave the same bits
+    /// when the scene was written (`false`: the model draws random numbers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deterministic: Option<bool>,
     pub message: String,
 }
 
@@ -67,8 +71,37 @@ impl ReplayReport {
             expected_step,
             actual,
             bit_identical,
+            deterministic: None,
             message,
         }
+    }
+
+    /// The report with what the scene recorded of the model's randomness:
+    /// a replay that is not bit-identical says why.
+    pub fn with_determinism(mut self, deterministic: Option<bool>) -> Self {
+        self.deterministic = deterministic;
+        let recorded = self
+            .expected
+            .as_ref()
+            .map_or_else(|| "a healthy step".to_string(), |e| e.to_string());
+        let step = self.expected_step;
+        let random = "the model draws random numbers (two runs of the step's loss differed when the scene was written; seed them: nanhunt::models::seeded)";
+        match (self.verdict, self.bit_identical, deterministic) {
+            (ReplayVerdict::Reproduced, Some(false), Some(false)) => {
+                self.message =
+                    format!("not bit-identical: {random}; {recorded} came back at step {step}");
+            }
+            (ReplayVerdict::Reproduced, Some(false), Some(true)) => {
+                self.message = format!(
+                    "not bit-identical: {recorded} came back at step {step}, but the step's loss differs from the recorded one, although two runs of it agreed when the scene was written (its state was not restored exactly)"
+                );
+            }
+            (ReplayVerdict::Fixed | ReplayVerdict::Different, _, Some(false)) => {
+                self.message = format!("{}; {random}", self.message);
+            }
+            _ => {}
+        }
+        self
     }
 
     pub fn reproduced(&self) -> bool {

@@ -141,7 +141,7 @@ impl Guard {
             v.set(t)?;
         }
         let check = self.precision_check(&finding, &before, &batch);
-        let dump = self.write_scene(&finding, &before, opt, &batch);
+        let dump = self.write_scene(&finding, &before, opt, &batch, None);
         for (v, t) in self.vars.iter().zip(&now) {
             v.set(t)?;
         }

@@ -276,6 +276,9 @@ impl Guard {
         opt: &mut O,
         mut loss_of: impl FnMut(&Batch) -> CandleResult<Tensor>,
     ) -> std::result::Result<f64, GuardError> {
+        // A seeded dropout draws the same masks whenever the loss is run
+        // again for this step (localization, the scene's check, a replay).
+        let mut loss_of = |b: &Batch| crate::models::seeded::at_step(step as u64, || loss_of(b));
         self.check_layout(batch)?;
         let before = self.save(opt)?;
         match self.checked_step(step, batch, opt, &mut loss_of, &before)? {

@@ -49,21 +49,38 @@ impl Guard {
         let mut finding = Finding::new(step, failure, &self.subject(opt), trace);
         let check = self.precision_check(&finding, before, batch)?;
         finding.precision = Some(Box::new(check));
-        let dump = self.write_scene(&finding, before, opt, batch)?;
+        let deterministic = match &self.opts.dump {
+            Some(_) => self.deterministic(batch, loss_of),
+            None => None,
+        };
+        let dump = self.write_scene(&finding, before, opt, batch, deterministic)?;
         Ok(GuardError::Unstable {
             finding: Box::new(finding),
             dump,
         })
     }
 
+    /// Whether two runs of the step's loss (from the state before it)
+    /// give the same bits; `None` when the loss fails to run.
+    fn deterministic(
+        &self,
+        batch: &Batch,
+        loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
+    ) -> Option<bool> {
+        let (a, b) = (loss_of(batch).ok()?, loss_of(batch).ok()?);
+        crate::scene::same_bits(&a, &b).ok()
+    }
+
     /// Writes the scene of `finding` (the variables hold the state from
-    /// before its step), when the options name a directory.
+    /// before its step), when the options name a directory, with whether
+    /// the loss came out the same twice.
     pub(super) fn write_scene<O: GuardOptimizer + ?Sized>(
         &self,
         finding: &Finding,
         before: &Before,
         opt: &O,
         batch: &Batch,
+        deterministic: Option<bool>,
     ) -> Result<Option<PathBuf>> {
         let Some(dir) = &self.opts.dump else {
             return Ok(None);
@@ -102,6 +119,7 @@ impl Guard {
             include: &self.opts.include,
             warnings: &self.warnings,
             device: finding.signature.device.to_string(),
+            deterministic,
         };
         crate::scene::write(dir, &saved)?;
         Ok(Some(dir.clone()))

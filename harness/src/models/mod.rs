@@ -11,6 +11,7 @@ pub mod layers;
 pub mod params;
 mod registry;
 mod rnn;
+pub mod seeded;
 pub(crate) mod tracer;
 mod transformer;
 

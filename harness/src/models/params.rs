@@ -145,7 +145,6 @@ impl ParamStore {
     }
 
     fn create(&self, name: &str, shape: &Shape, hint: Init) -> candle_core::Result<Var> {
-        let n = shape.elem_count();
         let mut rng = Rng::keyed(self.seed, &format!("init.{name}"), 0);
         let gain = self.init.gain;
         let (hint, gain) = match self.override_for(name) {
@@ -179,50 +178,60 @@ impl ParamStore {
                 (hint, gain)
             }
         };
-        let values: Vec<f64> = match hint {
-            Init::Const(c) => vec![c; n],
-            Init::Randn { mean, stdev } => {
-                (0..n).map(|_| mean + gain * stdev * rng.normal()).collect()
-            }
-            Init::Uniform { lo, up } => {
-                let (mid, half) = ((lo + up) / 2.0, (up - lo) / 2.0);
-                (0..n)
-                    .map(|_| mid + gain * half * rng.uniform_in(-1.0, 1.0))
-                    .collect()
-            }
-            Init::Kaiming {
-                dist,
-                fan,
-                non_linearity,
-            } => {
-                // candle-nn's default weight hint. The case's scheme decides:
-                // Kaiming keeps the hint's own fan and non-linearity, Xavier
-                // takes both fans (as built-in layers do, `init_std`).
-                let std = match self.init.scheme {
-                    crate::spec::InitScheme::Kaiming => {
-                        non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt()
-                    }
-                    crate::spec::InitScheme::Xavier => init_std(
-                        &self.init,
-                        candle_nn::init::FanInOut::FanIn.for_shape(shape),
-                        candle_nn::init::FanInOut::FanOut.for_shape(shape),
-                    ),
-                };
-                match dist {
-                    candle_nn::init::NormalOrUniform::Normal => {
-                        (0..n).map(|_| gain * std * rng.normal()).collect()
-                    }
-                    candle_nn::init::NormalOrUniform::Uniform => {
-                        let bound = 3f64.sqrt() * std;
-                        (0..n)
-                            .map(|_| gain * rng.uniform_in(-bound, bound))
-                            .collect()
-                    }
-                }
-            }
-        };
+        let values = hint_values(hint, shape, gain, &self.init, &mut rng);
         let t = Tensor::from_vec(values, shape.clone(), &self.device)?.to_dtype(self.master)?;
         Var::from_tensor(&t)
+    }
+}
+
+/// `shape`'s values under `hint`, drawn from `rng` and scaled by `gain`.
+/// For candle-nn's Kaiming hint (its default weight), `init`'s scheme decides:
+/// Kaiming keeps the hint's own fan and non-linearity, Xavier takes both
+/// fans (as built-in layers do, [`init_std`]).
+pub(crate) fn hint_values(
+    hint: Init,
+    shape: &Shape,
+    gain: f64,
+    init: &InitSpec,
+    rng: &mut Rng,
+) -> Vec<f64> {
+    let n = shape.elem_count();
+    match hint {
+        Init::Const(c) => vec![c; n],
+        Init::Randn { mean, stdev } => (0..n).map(|_| mean + gain * stdev * rng.normal()).collect(),
+        Init::Uniform { lo, up } => {
+            let (mid, half) = ((lo + up) / 2.0, (up - lo) / 2.0);
+            (0..n)
+                .map(|_| mid + gain * half * rng.uniform_in(-1.0, 1.0))
+                .collect()
+        }
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
+            let std = match init.scheme {
+                crate::spec::InitScheme::Kaiming => {
+                    non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt()
+                }
+                crate::spec::InitScheme::Xavier => init_std(
+                    init,
+                    candle_nn::init::FanInOut::FanIn.for_shape(shape),
+                    candle_nn::init::FanInOut::FanOut.for_shape(shape),
+                ),
+            };
+            match dist {
+                candle_nn::init::NormalOrUniform::Normal => {
+                    (0..n).map(|_| gain * std * rng.normal()).collect()
+                }
+                candle_nn::init::NormalOrUniform::Uniform => {
+                    let bound = 3f64.sqrt() * std;
+                    (0..n)
+                        .map(|_| gain * rng.uniform_in(-bound, bound))
+                        .collect()
+                }
+            }
+        }
     }
 }
 

@@ -412,8 +412,22 @@ impl<'a> Session<'a> {
                 include: &[],
                 warnings: &[],
                 device: self.case.device.to_string(),
+                deterministic: self.deterministic(step, &batch),
             },
         )
+    }
+
+    /// Whether two forward passes of `step` on `batch` give the same
+    /// outputs' bits (a seeded dropout does, candle's does not); `None`
+    /// when the forward pass fails.
+    fn deterministic(&self, step: usize, batch: &crate::data::HostBatch) -> Option<bool> {
+        let run = || {
+            crate::models::seeded::at_step(step as u64, || {
+                self.forward_loss(batch, &mut Tracer::off())
+            })
+        };
+        let (a, b) = (run().ok()?, run().ok()?);
+        crate::scene::same_bits(&a.output, &b.output).ok()
     }
 
     /// The state before the step that failed (after `step` returned a finding).

@@ -76,6 +76,17 @@ impl Session<'_> {
         tracer: &mut Tracer,
         fine: bool,
     ) -> Result<Option<Failed>> {
+        // A seeded dropout draws the same masks whenever the step runs.
+        crate::models::seeded::at_step(step as u64, || self.phases(step, lr, tracer, fine))
+    }
+
+    fn phases(
+        &mut self,
+        step: usize,
+        lr: f64,
+        tracer: &mut Tracer,
+        fine: bool,
+    ) -> Result<Option<Failed>> {
         self.trace.lrs.push(lr);
         let readback = if fine {
             Readback::InPlace

@@ -77,6 +77,10 @@ pub struct Scene {
     /// Warnings given before the step (half-precision margins, jumps).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Whether two runs of the step's loss gave the same bits when the
+    /// scene was written; `None`: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deterministic: Option<bool>,
 }
 
 /// One of the batch's tensors.
@@ -175,6 +179,24 @@ pub struct SceneParts<'a> {
     pub warnings: &'a [String],
     /// The device the step ran on.
     pub device: String,
+    /// Whether two runs of the step's loss gave the same bits ([`same_bits`]).
+    pub deterministic: Option<bool>,
+}
+
+/// Whether two runs of a step's computation gave the same bits: a model
+/// that draws unseeded random numbers (candle's dropout, `randn_like`)
+/// does not.
+pub fn same_bits(a: &Tensor, b: &Tensor) -> Result<bool> {
+    if a.dims() != b.dims() {
+        return Ok(false);
+    }
+    let values = |t: &Tensor| -> Result<Vec<f64>> {
+        Ok(t.flatten_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1()?)
+    };
+    let (a, b) = (values(a)?, values(b)?);
+    Ok(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()))
 }
 
 /// Fails early when `dir` already exists, so that no scene overwrites anything.
@@ -237,6 +259,7 @@ pub fn write(dir: &Path, s: &SceneParts) -> Result<()> {
         history: s.history.clone(),
         environment: Environment::collect(&s.device),
         warnings: s.warnings.to_vec(),
+        deterministic: s.deterministic,
     };
     let map: HashMap<String, Tensor> = kept
         .into_iter()

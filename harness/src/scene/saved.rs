@@ -245,6 +245,7 @@ impl SavedScene {
         };
         let expected = self.scene.finding.as_ref().map(|f| f.signature.clone());
         ReplayReport::new(expected, self.scene.step, actual, bit_identical)
+            .with_determinism(self.scene.deterministic)
     }
 }
 
@@ -292,6 +293,7 @@ fn legacy_scene(dir: &Path, case: &Case) -> Result<(Scene, PathBuf)> {
         history: stats.resume.trace,
         environment: stats.environment,
         warnings: Vec::new(),
+        deterministic: None,
     };
     Ok((scene, path))
 }
