@@ -125,6 +125,15 @@ pub fn remove_stale_temps(dir: &Path, pid: Option<u32>) -> usize {
     })
 }
 
+/// Removes every temp file in `dir` but this process's: for a caller that
+/// holds the directory's lock, so that no live writer is left outside it.
+/// A killed writer's orphaned children can still exist for a moment (a
+/// zombie answers signal 0), which [`remove_stale_temps`] would spare.
+pub fn remove_foreign_temps(dir: &Path) -> usize {
+    let me = std::process::id();
+    remove_stale(dir, |_, owner| owner != me)
+}
+
 /// Removes the temp files in `dir` for which `stale(the file it is a temp
 /// of, its writer's pid)` holds.
 fn remove_stale(dir: &Path, stale: impl Fn(&str, u32) -> bool) -> usize {
@@ -341,6 +350,10 @@ mod tests {
                 "x.json"
             ]
         );
+        // A lock holder removes every other writer's, a live one's too.
+        std::fs::write(dir.join(".d.json.tmp-1"), b"").unwrap();
+        assert_eq!(remove_foreign_temps(&dir), 1);
+        assert!(names(&dir).contains(&format!(".c.json.tmp-{me}")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -175,8 +175,9 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
     crate::device::open(opts.device)?;
     // Locks the journal: from here on no other process writes in `out`.
     let (mut journal, mut entries) = Journal::open(out)?;
+    // The lock is ours: every other writer's temp file is a killed one's.
     for dir in [out.clone(), out.join(REPRO_DIR)] {
-        crate::files::remove_stale_temps(&dir, None);
+        crate::files::remove_foreign_temps(&dir);
     }
     let header = Entry::Start {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),

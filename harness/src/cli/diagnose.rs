@@ -127,8 +127,10 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         println!("    none is supported: no tried fix helped and none has evidence at the failure's site");
     }
     for (i, c) in d.causes.iter().enumerate() {
-        let tag = if c.verified() {
+        let tag = if c.repaired() {
             " [verified fix]"
+        } else if c.verified() {
+            " [verified workaround: it removes the trigger, not the cause]"
         } else {
             " [ruled out: no tried fix helped]"
         };

@@ -4,7 +4,7 @@
 //! with the differential's arms standing in for the device and thread
 //! variants they already ran).
 
-use super::{BatchScan, CauseKind, Fix};
+use super::{BatchScan, CauseKind, Fix, Learning};
 use crate::differential::{ArmRun, Differential};
 use crate::error::Result;
 use crate::finding::{Finding, Outcome};
@@ -84,10 +84,11 @@ impl Runs<'_> {
     /// The variant of a `kind` cause run (or read from the arm that
     /// already ran it), as a fix of `base`.
     pub fn fix(&mut self, kind: CauseKind, v: &Variant, base: &Case) -> Result<Fix> {
-        let (verified, result) = match arm_for(kind, v, self.hardware) {
+        let (verified, result, learning) = match arm_for(kind, v, self.hardware) {
             Some(arm) => (
                 arm.verdict == crate::finding::Verdict::Stable,
                 arm_text(arm),
+                None,
             ),
             None => {
                 let outcome = if v.one_thread {
@@ -100,6 +101,7 @@ impl Runs<'_> {
                 (
                     matches!(outcome, Outcome::Stable { .. }),
                     result_text(&outcome),
+                    Learning::of(&outcome),
                 )
             }
         };
@@ -109,6 +111,8 @@ impl Runs<'_> {
             verified,
             result,
             intervention: None,
+            learning,
+            workaround: false,
         })
     }
 }

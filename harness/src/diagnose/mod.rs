@@ -8,7 +8,9 @@
 //!    built with CUDA).
 //!
 //! Every candidate cause comes with the changed cases that were run; a fix is
-//! *verified* only when its case trained stably. Each cause lives in a file
+//! *verified* only when its case trained stably and learned (`learning.rs`:
+//! near the best fix from the same start, its gradients not zero), and a
+//! fix that only removes the trigger is a workaround. Each cause lives in a file
 //! of its own under `causes/` with its candidates, its evidence and its
 //! relevance; `rank.rs` orders them: a verified fix first, then how well
 //! the cause fits where the failure was produced.
@@ -16,12 +18,14 @@
 mod batch;
 mod causes;
 mod context;
+mod learning;
 mod rank;
 mod scene;
 
 pub use crate::spec::{case_diff, FieldChange};
 pub use batch::{BatchScan, EXTREME};
 pub use causes::{stable_loss, CauseKind, KNOB_CANDIDATES, LR_SEARCH_DECADES};
+pub use learning::{Learning, DROP_TOLERANCE, FLOOR_TOLERANCE};
 pub use scene::diagnose_scene;
 
 use crate::differential::{compare, Arms, Differential, Tolerance};
@@ -42,13 +46,21 @@ pub use causes::INPUT_SCALE;
 pub struct Fix {
     pub description: String,
     pub changes: Vec<FieldChange>,
-    /// The changed case trained stably.
+    /// The changed case trained stably and learned.
     pub verified: bool,
     /// `stable`, or the signature it failed with.
     pub result: String,
     /// The stage an intervention guarded, for a fix that changes no field.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub intervention: Option<crate::intervention::Intervention>,
+    /// How its run trained, when it stayed stable over a whole case.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learning: Option<Learning>,
+    /// It only removes the failure's trigger (a lower rate for a NaN the
+    /// code makes, a smaller init, cleaning clean data): it ranks below a
+    /// verified repair of the code.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub workaround: bool,
 }
 
 /// A candidate root cause with its evidence and the fixes that were tried.
@@ -63,6 +75,9 @@ pub struct Cause {
     pub evidence: Vec<String>,
     pub fixes: Vec<Fix>,
     pub score: i32,
+    /// How well it fits the failure (the score without its fixes).
+    #[serde(skip)]
+    relevance: Relevance,
 }
 
 impl Cause {
@@ -85,11 +100,28 @@ impl Cause {
             evidence,
             fixes,
             score: relevance.score(verified),
+            relevance,
         }
     }
 
     pub fn verified(&self) -> bool {
         self.fixes.iter().any(|f| f.verified)
+    }
+
+    /// A verified fix that repairs the code, not only its trigger.
+    pub fn repaired(&self) -> bool {
+        self.fixes.iter().any(|f| f.verified && !f.workaround)
+    }
+
+    /// The score again after its fixes were judged.
+    fn rescore(&mut self) {
+        self.score = self.relevance.score(self.verified());
+    }
+
+    /// This cause as unrelated to the failure, whatever its fixes did.
+    fn unrelate(&mut self) {
+        self.relevance = Relevance::Unrelated;
+        self.rescore();
     }
 }
 
@@ -175,9 +207,13 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
             .iter_mut()
             .filter(|c| c.kind != CauseKind::NoBackward)
         {
-            c.score = Relevance::Unrelated.score(c.verified());
+            c.unrelate();
         }
     }
+    let raw = &evidence.raw;
+    let data_clean =
+        raw.nan + raw.inf + raw.extreme + raw.labels_out_of_range == 0 && bad.is_empty();
+    learning::judge(&mut causes, &finding, data_clean);
     let supported = rank(&mut causes);
     let runs = runs.count;
     Ok(Diagnosis {
@@ -326,8 +362,11 @@ mod tests {
                 verified,
                 result: String::new(),
                 intervention: None,
+                learning: None,
+                workaround: false,
             }],
             score,
+            relevance: Relevance::Unrelated,
         }
     }
 

@@ -1,4 +1,5 @@
-//! How causes are ranked: a verified fix first, then how well the cause's
+//! How causes are ranked: a verified fix first (a repair of the code before
+//! a workaround that removes the trigger), then how well the cause's
 //! evidence meets the failure ([`Relevance`]), then the article's order.
 //! A cause with neither a verified fix nor evidence at the failure's site
 //! never leads the list, however little else there is.
@@ -56,6 +57,7 @@ pub fn rank(causes: &mut [Cause]) -> usize {
     causes.sort_by(|a, b| {
         supported(b)
             .cmp(&supported(a))
+            .then(b.repaired().cmp(&a.repaired()))
             .then(b.score.cmp(&a.score))
             .then(a.article_step.cmp(&b.article_step))
     });

@@ -53,6 +53,8 @@ pub fn diagnose_scene(
             verified,
             result,
             intervention,
+            learning: None,
+            workaround: false,
         })
     };
     let mut all = Vec::new();
@@ -253,6 +255,8 @@ fn precision(f: &Finding) -> Option<Cause> {
             verified: !r.reproduced,
             result: r.note.clone(),
             intervention: None,
+            learning: None,
+            workaround: false,
         })
         .collect();
     let evidence = vec![

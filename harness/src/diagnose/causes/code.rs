@@ -108,5 +108,10 @@ fn guarded_run(ctx: &Context, runs: &mut Runs, intervention: Intervention, repai
         verified,
         result,
         intervention: Some(intervention),
+        learning: outcome
+            .as_ref()
+            .ok()
+            .and_then(crate::diagnose::Learning::of),
+        workaround: false,
     }
 }

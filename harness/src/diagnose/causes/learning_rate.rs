@@ -79,6 +79,8 @@ fn lr_search(ctx: &Context, runs: &mut Runs) -> Result<Vec<Fix>> {
             verified,
             result: crate::diagnose::context::result_text(&outcome),
             intervention: None,
+            learning: crate::diagnose::Learning::of(&outcome),
+            workaround: false,
         };
         tried.push((to, fix));
         Ok(verified)
