@@ -12,7 +12,7 @@ use nanhunt::diagnose::{diagnose, CauseKind, Diagnosis};
 use nanhunt::explain::Pattern;
 use nanhunt::models::{Model, ModelFactory, ModuleModel, Tracer};
 use nanhunt::spec::*;
-use nanhunt::{run_model, Finding, FindingKind, Outcome, Phase, RunOptions};
+use nanhunt::{run_model, Finding, FindingKind, OpKind, Outcome, Phase, RunOptions};
 
 fn custom(name: &str, input: InputSpec) -> Case {
     let mut c = Case::example("cnn").unwrap();
@@ -544,4 +544,88 @@ pub(crate) fn planted_patterns() -> Vec<Planted> {
             Pattern::NegativeDomain,
         ),
     ]
+}
+
+/// A user's cross-entropy written as -(t · log(softmax(z))) in one
+/// statement, on logits that grow past what f32's exp spans: the softmax
+/// underflows to exact zeros, and 0 · log(0) = NaN inside the loss stage.
+/// The record before it (`probs`) holds those zeros.
+fn hand_written_xent(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+    let p = nanhunt::trace("probs", candle_nn::ops::softmax(logits, D::Minus1)?)?;
+    let terms = (targets * p.log()?)?;
+    nanhunt::trace_as(
+        "xent",
+        OpKind::Loss,
+        terms.sum(D::Minus1)?.neg()?.mean_all()?,
+    )
+}
+
+#[test]
+fn target_times_log_in_one_statement_is_zero_times_the_log_of_zero() {
+    let mut c = vector("xent_mlp");
+    c.loss = LossSpec::Custom {
+        name: "xent".into(),
+        targets: TargetKind::Labels,
+    };
+    c.data.scale = 400.0;
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(ModuleModel(linear(8, 4, vb.pp("fc"))?)))
+    };
+    let opts = RunOptions::default().with_loss(std::sync::Arc::new(hand_written_xent));
+    let f = match run_model(&c, &factory, &opts).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("expected a finding, got {}", other.verdict()),
+    };
+    let e = f.explanation.as_deref().expect("an explanation");
+    assert_eq!(
+        (e.stage.as_str(), e.pattern),
+        ("xent", Pattern::ZeroTimesLogOfZero),
+        "{}",
+        e.sentence
+    );
+    assert_eq!(e.input.as_deref(), Some("probs"));
+    assert!(e.sentence.contains("values exactly 0"), "{}", e.sentence);
+    assert!(e.repair.contains("log_softmax"), "{}", e.repair);
+}
+
+/// A batch norm written by hand without eps, (h - mean) / std over the
+/// batch, after a layer whose unit 0 is dead (a relu of a constant
+/// negative bias): that column is constant, its std 0, and 0/0 = NaN.
+struct HandBatchNorm(Linear);
+
+impl Model for HandBatchNorm {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("h", self.0.forward(x)?.relu()?)?;
+        let mean = h.mean_keepdim(0)?;
+        let centered = h.broadcast_sub(&mean)?;
+        let std = centered.sqr()?.mean_keepdim(0)?.sqrt()?;
+        tr.record_as("bn", OpKind::Norm, centered.broadcast_div(&std)?)
+    }
+}
+
+#[test]
+fn a_batch_std_of_zero_on_a_constant_column_is_a_constant_normalized() {
+    let c = vector("hand_bn");
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        let w = vb.get_with_hints((4, 8), "fc.weight", candle_nn::init::DEFAULT_KAIMING_NORMAL)?;
+        // Unit 0: weight 0 and bias -1, relu'd to exactly 0 for every sample.
+        let mask = Tensor::new(&[0f32, 1.0, 1.0, 1.0], w.device())?.reshape((4, 1))?;
+        let w = w.broadcast_mul(&mask)?;
+        let b = Tensor::new(&[-1f32, 0.0, 0.0, 0.0], w.device())?;
+        Ok(Box::new(HandBatchNorm(Linear::new(w, Some(b)))))
+    };
+    let f = finding(&c, &factory);
+    let e = f.explanation.as_deref().expect("an explanation");
+    assert_eq!(
+        (e.stage.as_str(), e.pattern),
+        ("bn", Pattern::ConstantNormalized),
+        "{}",
+        e.sentence
+    );
+    assert!(
+        e.sentence.contains("column 0 holds 0 in all"),
+        "{}",
+        e.sentence
+    );
+    assert!(e.repair.contains("var + eps"), "{}", e.repair);
 }

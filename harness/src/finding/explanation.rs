@@ -28,6 +28,19 @@ pub enum Pattern {
     InfiniteSlopeAtZero,
     /// The backward pass overflowed from finite values.
     BackwardOverflow,
+    /// A log of exact zeros times zero inside one stage (target · log(p)
+    /// where p and the target are 0): 0·(−inf) = NaN.
+    ZeroTimesLogOfZero,
+    /// A log of a softmax that underflowed inside the stage: a row of the
+    /// logits spans more than the dtype's exp can hold, so some
+    /// probabilities are exactly 0 and their log is −inf.
+    LogOfUnderflowedSoftmax,
+    /// exp of a value the stage scales up inside (exp(k·x)): +inf where the
+    /// input itself is well inside ln(max).
+    ExpOfScaledInput,
+    /// A normalization over a constant row or column: its standard
+    /// deviation is exactly 0 and (x − mean)/std is 0/0.
+    ConstantNormalized,
     /// Non-finite values from finite inputs, with none of the patterns above.
     Unexplained,
 }
@@ -44,6 +57,10 @@ impl Pattern {
             Pattern::AccumulationOverflow => "an accumulation past the dtype's range",
             Pattern::InfiniteSlopeAtZero => "sqrt or pow at 0 in the backward pass",
             Pattern::BackwardOverflow => "an overflow in the backward pass",
+            Pattern::ZeroTimesLogOfZero => "0 times the log of 0",
+            Pattern::LogOfUnderflowedSoftmax => "log of an underflowed softmax",
+            Pattern::ExpOfScaledInput => "exp of a scaled-up input",
+            Pattern::ConstantNormalized => "normalization of a constant row or column",
             Pattern::Unexplained => "non-finite values from finite inputs",
         }
     }

@@ -195,6 +195,11 @@ impl OpKind {
             OpKind::Residual
         } else if has("embed") || has("embedding") {
             OpKind::Embedding
+        } else if ["loss", "nll", "xent", "entropy", "kl"]
+            .iter()
+            .any(|w| has(w))
+        {
+            OpKind::Loss
         } else {
             return None;
         };

@@ -68,7 +68,7 @@ pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
         stage: e.stage.clone(),
         input: e.input.clone(),
         // An overflowing exp's repair is a clamp of its input: saturation.
-        saturate: e.pattern == Pattern::ExpOverflow,
+        saturate: matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput),
     }
 }
 

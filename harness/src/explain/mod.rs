@@ -12,6 +12,8 @@
 //! back went non-finite (the derivative of sqrt or x^p, p < 1, at 0), or
 //! its backward pass overflowed.
 
+mod inside;
+
 use crate::error::Result;
 use crate::finding::OpKind;
 pub use crate::finding::{Explanation, Pattern};
@@ -83,7 +85,21 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         None => Vec::new(),
     };
     let mut from_values = false;
-    if let Some(read) = read.filter(|t| t.dims() == r.output.dims() && !x.is_empty()) {
+    let seen = inside::Seen {
+        x: &x,
+        x_dims: read.map_or(&[][..], |t| t.dims()),
+        out: &out,
+        out_dims: r.output.dims(),
+        limit,
+        tiny: dtype_tiny(dtype),
+    };
+    let inner = op.and_then(|o| inside::find(o.kind, &seen));
+    // A log's NaN where its input is 0 is 0·log(0), not 0/0: the
+    // composition is read before the element patterns for a log or a loss.
+    let log_like = op.is_some_and(|o| matches!(o.kind, OpKind::Log | OpKind::Loss));
+    let read_elementwise = read
+        .filter(|t| t.dims() == r.output.dims() && !x.is_empty() && !(log_like && inner.is_some()));
+    if let Some(read) = read_elementwise {
         let width = (*read.dims().last().unwrap_or(&1)).max(1);
         // A row-wise op's NaN is not an element's: a softmax over finite
         // scores that happen to be negative did not take their log.
@@ -98,6 +114,13 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         }
     }
     let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
+    let mut quote = None;
+    if let (Pattern::Unexplained, Some(found)) = (e.pattern, inner) {
+        e.pattern = found.pattern;
+        e.count = found.count;
+        e.by_name = op.is_some_and(|op| op.guessed());
+        quote = Some(found.quote);
+    }
     if e.pattern == Pattern::Unexplained {
         // The values cannot tell (the record before is not what the op
         // read, a log applied to a softmax inside the stage): the op's kind does.
@@ -126,7 +149,24 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         read.filter(|_| quoted).map(|_| x_max),
         from_values,
     );
+    if let Some(q) = quote {
+        e.sentence = e.sentence.replace(QUOTE, &q);
+    }
     Ok(e)
+}
+
+/// Where a composition's sentence takes its numbers.
+const QUOTE: &str = "{quote}";
+
+/// The smallest positive value of `dtype` (a subnormal): exp underflows to
+/// exactly 0 below its log.
+fn dtype_tiny(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 5.960_464_5e-8,
+        DType::BF16 => 9.183_549_6e-41,
+        DType::F64 => f64::from_bits(1),
+        _ => f64::from(f32::from_bits(1)),
+    }
 }
 
 /// The element- or row-wise pattern that accounts for the non-finite
@@ -319,6 +359,22 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
             format!("the backward pass of `{s}` overflows {dt} in {} from finite ones", counted(n, "gradient value")),
             "scale the values the stage works on down, or run the stage in f32".to_string(),
         ),
+        Pattern::ZeroTimesLogOfZero => (
+            format!("`{s}` multiplies a log by 0 inside the stage: {input} holds probabilities, {QUOTE}; their log is -inf, and a factor of 0 there (a target's zero entry) makes 0·(-inf) = NaN"),
+            "skip the zero terms (where(p > 0, t·log(p), 0), as xlogy does), clamp p to at least an eps before the log, or compute the loss from logits with log_softmax".to_string(),
+        ),
+        Pattern::LogOfUnderflowedSoftmax => (
+            format!("`{s}` takes the log of a softmax that underflowed inside the stage: in {input}, {QUOTE}, so exp of their smallest entries is exactly 0 in {dt} and the log of those probabilities is -inf"),
+            "use log_softmax (the max subtracted, the log taken in log space) or a cross-entropy on the logits instead of log(softmax(z))".to_string(),
+        ),
+        Pattern::ExpOfScaledInput => (
+            format!("`{s}` takes an exp that is +inf at {vals} although {input} is inside the range: {QUOTE}"),
+            format!("scale the input down, or clamp what the exp reads (k·x) below {:.0}, or work in log space", limit.ln().floor()),
+        ),
+        Pattern::ConstantNormalized => (
+            format!("`{s}` divides by a standard deviation that is exactly 0: {input} has {QUOTE}, so (x - mean)/std is 0/0"),
+            "add an eps under the root: (x - mean) / sqrt(var + eps)".to_string(),
+        ),
         Pattern::Unexplained => (
             format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),
             "keep the stage's inputs in its op's safe domain".to_string(),
@@ -436,6 +492,76 @@ mod tests {
         assert_eq!(
             (e.pattern, e.stage.as_str(), e.count),
             (Pattern::MaskedRow, "attn.softmax", 1)
+        );
+    }
+
+    #[test]
+    fn compositions_inside_one_stage_are_told_with_true_numbers() {
+        // target · log(p) in one statement: p has exact zeros, the loss NaN.
+        let p = record("probs", &[0.0, 1.0, 0.25, 0.75], 2);
+        let loss = declared("loss", OpKind::Loss, &[f32::NAN], 1);
+        let e = forward(&[p.clone(), loss], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::ZeroTimesLogOfZero, 1),
+            "{}",
+            e.sentence
+        );
+        assert!(
+            e.sentence
+                .contains("1 of 4 values exactly 0 (the others at least 2.500e-1)"),
+            "{}",
+            e.sentence
+        );
+        // Element-wise under a log, the same NaN is no 0/0.
+        let xlogx = declared("xlogx", OpKind::Log, &[f32::NAN, 0.0, -0.3466, -0.2158], 2);
+        let e = forward(&[p, xlogx], 1, &[]).unwrap();
+        assert_eq!(e.pattern, Pattern::ZeroTimesLogOfZero, "{}", e.sentence);
+        // log(softmax(z)) on logits 200 apart: the softmax underflows in f32.
+        let z = record("logits", &[200.0, 0.0, 1.0, 2.0], 2);
+        let nll = declared("nll", OpKind::Loss, &[f32::INFINITY], 1);
+        let e = forward(&[z, nll], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::LogOfUnderflowedSoftmax, 1),
+            "{}",
+            e.sentence
+        );
+        assert!(
+            e.sentence.contains("1 of 2 rows span more than 103.3"),
+            "{}",
+            e.sentence
+        );
+        // exp(50·z) with z recorded: z is at most 2.806, no input above 88.7.
+        let z = record("z", &[2.806, 0.5], 2);
+        let act = declared("act", OpKind::Exp, &[INF, 1e10], 2);
+        let e = forward(&[z, act], 1, &[]).unwrap();
+        assert_eq!(e.pattern, Pattern::ExpOfScaledInput, "{}", e.sentence);
+        assert!(
+            e.sentence
+                .contains("at most 2.8060, so the stage multiplies it by at least 31.6"),
+            "{}",
+            e.sentence
+        );
+        // A batch norm without eps over a column constant across the batch.
+        let h = record("h", &[1.0, 3.0, 2.0, 3.0, 5.0, 3.0], 2);
+        let bn = declared(
+            "bn",
+            OpKind::Norm,
+            &[-1.0, f32::NAN, 0.0, f32::NAN, 1.0, f32::NAN],
+            2,
+        );
+        let e = forward(&[h, bn], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::ConstantNormalized, 1),
+            "{}",
+            e.sentence
+        );
+        assert!(
+            e.sentence.contains("column 1 holds 3 in all 3 rows"),
+            "{}",
+            e.sentence
         );
     }
 
