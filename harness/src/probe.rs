@@ -470,7 +470,7 @@ impl DivergenceTracker {
     /// steps and then converges (recovered); a run knocked back to chance
     /// by a spike has not. Judged over a whole run, only the latter diverged.
     pub fn still_diverged(&self) -> bool {
-        self.at_end().is_some()
+        self.pending()
     }
 
     pub fn factor(&self) -> f64 {

@@ -236,9 +236,15 @@ pub fn crossing(tracker: &DivergenceTracker) -> Option<Failure> {
     })
 }
 
+/// At a run's end, with a jump and a crossing both kept: whether the
+/// crossing is judged first (it came earlier; at the same step the jump,
+/// which names a tensor).
+pub fn crossing_first(jumped: Option<usize>, crossed: Option<usize>) -> bool {
+    matches!((jumped, crossed), (Some(j), Some(c)) if c < j)
+}
+
 /// The end of a replayed crossing's detail.
-pub const CROSSING_ALONE: &str =
-    " (the crossing alone: recovery is judged over the steps after it)";
+const CROSSING_ALONE: &str = " (the crossing alone: recovery is judged over the steps after it)";
 
 fn divergence(factor: f64, d: &Diverged) -> Failure {
     let (smoothed, best, after) = (d.smoothed, d.best, d.steps_after);

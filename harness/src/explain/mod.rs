@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::finding::OpKind;
 pub use crate::finding::{Explanation, Pattern};
 use crate::models::Record;
-use crate::spec::dtype_max;
+use crate::spec::{dtype_max, smallest_positive};
 use candle_core::{DType, Tensor};
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
@@ -91,7 +91,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         out: &out,
         out_dims: r.output.dims(),
         limit,
-        tiny: dtype_tiny(dtype),
+        tiny: smallest_positive(dtype),
     };
     let inner = op.and_then(|o| inside::find(o.kind, &seen));
     // A log's NaN where its input is 0 is 0·log(0), not 0/0: the
@@ -157,17 +157,6 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
 
 /// Where a composition's sentence takes its numbers.
 const QUOTE: &str = "{quote}";
-
-/// The smallest positive value of `dtype` (a subnormal): exp underflows to
-/// exactly 0 below its log.
-fn dtype_tiny(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 5.960_464_5e-8,
-        DType::BF16 => 9.183_549_6e-41,
-        DType::F64 => f64::from_bits(1),
-        _ => f64::from(f32::from_bits(1)),
-    }
-}
 
 /// The element- or row-wise pattern that accounts for the non-finite
 /// outputs `out` of the input `x` (rows of `width`), with its count.

@@ -67,13 +67,12 @@ impl Guard {
     ) -> std::result::Result<(), GuardError> {
         let jumped = self.jump.as_ref().map(|j| j.kept.step);
         let crossed = self.crossing.as_ref().map(|c| c.step);
-        let error = match (jumped, crossed) {
-            (Some(j), Some(c)) if c < j => self
-                .unrecovered_divergence(opt)
-                .or_else(|| self.unrecovered_explosion(opt)),
-            _ => self
-                .unrecovered_explosion(opt)
-                .or_else(|| self.unrecovered_divergence(opt)),
+        let error = if crate::checks::crossing_first(jumped, crossed) {
+            self.unrecovered_divergence(opt)
+                .or_else(|| self.unrecovered_explosion(opt))
+        } else {
+            self.unrecovered_explosion(opt)
+                .or_else(|| self.unrecovered_divergence(opt))
         };
         error.map_or(Ok(()), Err)
     }

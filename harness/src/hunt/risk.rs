@@ -13,7 +13,7 @@
 
 use crate::error::Result;
 use crate::finding::OpKind;
-use crate::spec::dtype_max;
+use crate::spec::{dtype_max, smallest_positive};
 use candle_core::{DType, Tensor, D};
 use serde::Serialize;
 
@@ -143,16 +143,6 @@ impl Risk {
 
 fn flat(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?)
-}
-
-/// The smallest positive value of a float dtype (subnormal).
-pub fn smallest_positive(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => half::f16::from_bits(1).to_f64(),
-        DType::BF16 => half::bf16::from_bits(1).to_f64(),
-        DType::F32 => f32::from_bits(1) as f64,
-        _ => f64::from_bits(1),
-    }
 }
 
 #[cfg(test)]

@@ -54,14 +54,12 @@ impl Session<'_> {
     /// its crossing of the divergence line that the loss never recovered
     /// from (the jump when they share a step: it names a tensor).
     pub fn unrecovered(&mut self) -> Option<Finding> {
-        let jumped = self.jump().map(|j| j.step);
-        match (jumped, self.crossing_step()) {
-            (Some(j), Some(c)) if c < j => self
-                .unrecovered_divergence()
-                .or_else(|| self.unrecovered_explosion()),
-            _ => self
-                .unrecovered_explosion()
-                .or_else(|| self.unrecovered_divergence()),
+        if checks::crossing_first(self.jump().map(|j| j.step), self.crossing_step()) {
+            self.unrecovered_divergence()
+                .or_else(|| self.unrecovered_explosion())
+        } else {
+            self.unrecovered_explosion()
+                .or_else(|| self.unrecovered_divergence())
         }
     }
 

@@ -21,7 +21,9 @@ pub use diff::{case_diff, FieldChange};
 pub use loss::{LossSpec, TargetKind};
 pub use model::*;
 pub use optim::{ClipSpec, OptimizerSpec, ScheduleSpec};
-pub use precision::{dtype_max, HalfType, LossScaling, Precision, PrecisionKind};
+pub use precision::{
+    dtype_max, smallest_positive, HalfType, LossScaling, Precision, PrecisionKind,
+};
 pub use size::{round1, CaseSize};
 pub use validate::Limits;
 

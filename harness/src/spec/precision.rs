@@ -225,6 +225,17 @@ impl Precision {
     }
 }
 
+/// The smallest positive value of a floating dtype (a subnormal): exp
+/// underflows to exactly 0 below its log.
+pub fn smallest_positive(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => half::f16::from_bits(1).to_f64(),
+        DType::BF16 => half::bf16::from_bits(1).to_f64(),
+        DType::F32 => f32::from_bits(1) as f64,
+        _ => f64::from_bits(1),
+    }
+}
+
 /// Largest finite value of a floating dtype.
 pub fn dtype_max(dtype: DType) -> f64 {
     match dtype {
