@@ -124,7 +124,7 @@ pub(super) fn judge(causes: &mut [Cause], finding: &Finding, data_clean: bool) {
         .filter_map(|f| f.learning.filter(Learning::moving))
         .collect();
     for cause in causes.iter_mut() {
-        let workaround = workaround(cause.kind, finding, data_clean);
+        let workaround = workaround(cause.kind, finding.kind, data_clean);
         for fix in &mut cause.fixes {
             fix.workaround = workaround;
             judge_fix(fix, &trained);
@@ -161,11 +161,8 @@ fn judge_fix(fix: &mut Fix, trained: &[Learning]) {
 }
 
 /// Whether a fix of `kind` only removes the trigger of `finding`.
-fn workaround(kind: CauseKind, finding: &Finding, data_clean: bool) -> bool {
-    let trend = matches!(
-        finding.kind,
-        FindingKind::Divergence | FindingKind::Explosion
-    );
+fn workaround(kind: CauseKind, finding: FindingKind, data_clean: bool) -> bool {
+    let trend = matches!(finding, FindingKind::Divergence | FindingKind::Explosion);
     match kind {
         // For a trend the rate is the repair; for a NaN the code makes it
         // only postpones it.
@@ -199,5 +196,21 @@ mod tests {
         assert!(learning(1.39, 0.80, 0.5)
             .describe(&reference)
             .starts_with("stable and learning: loss 1.3900 -> 0.8000 (reference 0.7790)"));
+        // A run whose loss rose is not learning where the reference's fell.
+        assert!(!learning(1.39, 1.6, 0.5).learns(&reference));
+    }
+
+    #[test]
+    fn a_lower_rate_is_a_workaround_for_a_nan_and_the_repair_of_a_trend() {
+        let nan = FindingKind::Nan;
+        assert!(workaround(CauseKind::LearningRate, nan, false));
+        assert!(!workaround(CauseKind::Data, nan, false));
+        assert!(workaround(CauseKind::Data, nan, true));
+        assert!(!workaround(CauseKind::UnsafeLoss, nan, true));
+        assert!(!workaround(
+            CauseKind::LearningRate,
+            FindingKind::Divergence,
+            false
+        ));
     }
 }

@@ -404,6 +404,12 @@ mod tests {
                 CauseKind::InitScale
             ]
         );
+        // A verified workaround ranks below a verified repair, whatever the scores.
+        let mut lower_rate = cause(CauseKind::LearningRate, 160, true);
+        lower_rate.fixes[0].workaround = true;
+        let mut causes = vec![lower_rate, cause(CauseKind::OptimizerEps, 120, true)];
+        assert_eq!(rank(&mut causes), 2);
+        assert_eq!(causes[0].kind, CauseKind::OptimizerEps);
     }
 
     #[test]
