@@ -253,7 +253,14 @@ fn a_hand_written_sigmoid_overflows_its_exp() {
         "{:?}",
         d.causes[0].evidence
     );
-    assert!(d.causes[0].fixes[0].intervention.as_ref().unwrap().saturate);
+    // exp(-h) is repaired as exp(min(-h, 79)): the factor -1 read from its values.
+    let iv = d.causes[0].fixes[0].intervention.as_ref().unwrap();
+    match iv.substitute {
+        Some(nanhunt::finding::Substitute::ClampedScaledExp { scale, cap }) => {
+            assert!((scale + 1.0).abs() < 1e-3 && cap == 79.0, "{scale} {cap}")
+        }
+        ref other => panic!("{other:?}"),
+    }
 }
 
 /// Self-attention over embedded tokens with an off-by-one causal mask

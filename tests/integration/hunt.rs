@@ -453,12 +453,12 @@ fn the_hunt_pads_a_row_to_fire_a_softmax_over_a_fully_masked_row() {
         "{:?}",
         t.by
     );
-    // The encoder applies its -inf mask between two records, so what the
-    // softmax read cannot be quoted: unexplained, not a wrong pattern (a
-    // softmax over negative scores is no log of negatives).
+    // The encoder applies its -inf mask between two records: the softmax
+    // stage read finite scores and made whole rows of NaN, a mask added
+    // inside the stage (not a log of negatives).
     let explained = t.explanation.as_deref().unwrap_or_default();
     assert!(
-        explained.contains("none of the known patterns"),
+        explained.contains("a mask added inside the stage left those rows no position"),
         "{explained}"
     );
     let (stage, report) = hunted(MaskKind::Additive { value: -10000.0 });

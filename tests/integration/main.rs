@@ -39,6 +39,7 @@ mod planted;
 mod randomness;
 mod readme;
 mod real_models;
+mod repairs;
 mod report;
 mod support;
 mod verdicts;

@@ -106,6 +106,9 @@ fn print_outcome(outcome: &Outcome) {
             }
             if let Some(e) = &finding.explanation {
                 println!("  explanation: {}; the repair: {}", e.sentence, e.repair);
+                if let Some(code) = e.repair_code() {
+                    println!("  as code: {code}");
+                }
             }
             if let Some(check) = &finding.precision {
                 println!("  precision: {}", check.summary());

@@ -78,7 +78,10 @@ impl Learning {
         }
     }
 
-    fn learns(&self, reference: &Learning) -> bool {
+    /// Whether this run learns as well as `reference` (a fixed model's
+    /// run, the best fix): moving, within the tolerance of its final loss,
+    /// and not risen where it did not.
+    pub fn learns(&self, reference: &Learning) -> bool {
         self.against(reference) == Trained::Learning
     }
 

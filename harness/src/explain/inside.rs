@@ -35,8 +35,76 @@ pub(super) fn find(kind: OpKind, s: &Seen) -> Option<Inside> {
         OpKind::Log | OpKind::Loss => zero_times_log_of_zero(s).or_else(|| underflowed_softmax(s)),
         OpKind::Exp => scaled_exp(s),
         OpKind::Norm => constant_normalized(s),
+        OpKind::Softmax => mask_inside_softmax(s),
         _ => None,
     }
+}
+
+/// Rows of a softmax that are NaN in full where its input is finite: a
+/// mask added inside the stage masked every position of them.
+fn mask_inside_softmax(s: &Seen) -> Option<Inside> {
+    let width = *s.x_dims.last()?;
+    if s.x_dims != s.out_dims || width == 0 {
+        return None;
+    }
+    let rows: Vec<&[f64]> = s.out.chunks(width).collect();
+    let nan_rows = rows.iter().filter(|r| r.iter().all(|v| v.is_nan())).count();
+    let partly = rows
+        .iter()
+        .any(|r| r.iter().any(|v| !v.is_finite()) && !r.iter().all(|v| v.is_nan()));
+    (nan_rows > 0 && !partly).then(|| Inside {
+        pattern: Pattern::MaskInsideSoftmax,
+        count: nan_rows,
+        quote: format!(
+            "{nan_rows} of its {} rows are NaN in every position",
+            rows.len()
+        ),
+    })
+}
+
+/// The dimension along which `out` is `x` one shorter: a ratio (or a
+/// difference) of `x` to itself shifted by one.
+pub(super) fn shifted_dim(x_dims: &[usize], out_dims: &[usize]) -> Option<usize> {
+    if x_dims.len() != out_dims.len() {
+        return None;
+    }
+    let differ: Vec<usize> = (0..x_dims.len())
+        .filter(|&d| x_dims[d] != out_dims[d])
+        .collect();
+    match differ[..] {
+        [d] if out_dims[d] + 1 == x_dims[d] => Some(d),
+        _ => None,
+    }
+}
+
+/// x[i+1] / x[i] along a dimension where `x` holds exact zeros: every
+/// non-finite output divides by one of them (0/0 where both are 0).
+pub(super) fn shifted_ratio(s: &Seen) -> Option<Inside> {
+    let d = shifted_dim(s.x_dims, s.out_dims)?;
+    let n = s.x_dims[d];
+    let inner: usize = s.x_dims[d + 1..].iter().product();
+    let mut bad = 0;
+    for (j, y) in s.out.iter().enumerate() {
+        if y.is_finite() {
+            continue;
+        }
+        let (outer, rest) = (j / ((n - 1) * inner), j % ((n - 1) * inner));
+        let (i, k) = (rest / inner, rest % inner);
+        let at = |i: usize| s.x[outer * n * inner + i * inner + k];
+        if at(i) != 0.0 || (y.is_nan() && at(i + 1) != 0.0) {
+            return None;
+        }
+        bad += 1;
+    }
+    let zeros = s.x.iter().filter(|&&v| v == 0.0).count();
+    (bad > 0).then(|| Inside {
+        pattern: Pattern::ShiftedRatio,
+        count: bad,
+        quote: format!(
+            "{zeros} of its {} values are exactly 0 (an underflowed cumulative product, say), so {bad} of the ratios x[i+1] / x[i] along dimension {d} divide by 0",
+            s.x.len()
+        ),
+    })
 }
 
 fn nan_without_inf(out: &[f64]) -> bool {

@@ -13,12 +13,13 @@
 //! its backward pass overflowed.
 
 mod inside;
+mod substitute;
 
 use crate::error::Result;
 use crate::finding::OpKind;
 pub use crate::finding::{Explanation, Pattern};
 use crate::models::Record;
-use crate::spec::{dtype_max, smallest_positive};
+use crate::spec::{dtype_max, machine_epsilon, smallest_positive};
 use candle_core::{DType, Tensor};
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
@@ -75,6 +76,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         by_name: false,
         sentence: String::new(),
         repair: String::new(),
+        formulation: None,
     };
     let read = match before {
         Some(p) => Some(&p.output),
@@ -93,7 +95,9 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         limit,
         tiny: smallest_positive(dtype),
     };
-    let inner = op.and_then(|o| inside::find(o.kind, &seen));
+    let inner = op
+        .and_then(|o| inside::find(o.kind, &seen))
+        .or_else(|| inside::shifted_ratio(&seen));
     // A log's NaN where its input is 0 is 0·log(0), not 0/0: the
     // composition is read before the element patterns for a log or a loss.
     let log_like = op.is_some_and(|o| matches!(o.kind, OpKind::Log | OpKind::Loss));
@@ -135,6 +139,9 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
             e.count = out.iter().filter(|v| v.is_infinite()).count();
         }
     }
+    // The tracer substitutes at records: the stage must read one.
+    let reads: Vec<&Record> = records[..i].iter().rev().take(2).collect();
+    e.formulation = substitute::choose(e.pattern, from_values, &reads, &r.output)?;
     let x_max = x
         .iter()
         .filter(|v| v.is_finite())
@@ -188,6 +195,28 @@ fn by_values(x: &[f64], out: &[f64], width: usize, limit: f64) -> Option<(Patter
     });
     let negative = all(elems(&|a, b| a < 0.0 && b.is_nan()), f64::is_nan);
     let zero_over_zero = all(elems(&|a, b| a == 0.0 && b.is_nan()), f64::is_nan);
+    // Every infinity where the input is 0 and none that a log of it makes.
+    let over_zero = if out.contains(&f64::INFINITY) {
+        // Or so close to it that the quotient overflows (a subnormal).
+        all(
+            elems(&|a, b| a.abs() * limit < 1.0 && b.is_infinite()),
+            f64::is_infinite,
+        )
+    } else {
+        0
+    };
+    // A gate at exactly 1 where 1 - gate is taken (0 where gate is): every
+    // non-finite output at an edge of [0, 1], and one at least at 1.
+    let unit = x.iter().all(|a| (0.0..=1.0).contains(a));
+    let at_one = elems(&|a, b| a == 1.0 && !b.is_finite());
+    let gate = if unit && at_one > 0 {
+        all(
+            elems(&|a, b| (a == 0.0 || a == 1.0) && !b.is_finite()),
+            |v| !v.is_finite(),
+        )
+    } else {
+        0
+    };
     let exp_past = all(
         elems(&|a, b| a.is_finite() && a > limit.ln() && b == f64::INFINITY),
         |v| v == f64::INFINITY,
@@ -195,9 +224,11 @@ fn by_values(x: &[f64], out: &[f64], width: usize, limit: f64) -> Option<(Patter
     [
         (Pattern::MaskedRow, masked),
         (Pattern::ZeroNormRow, zero_rows),
+        (Pattern::SaturatedGate, gate),
         (Pattern::LogOfZero, log_zero),
         (Pattern::NegativeDomain, negative),
         (Pattern::ZeroOverZero, zero_over_zero),
+        (Pattern::DivisionByZero, over_zero),
         (Pattern::ExpOverflow, exp_past),
     ]
     .into_iter()
@@ -239,6 +270,7 @@ pub fn backward(
         by_name: false,
         sentence: String::new(),
         repair: String::new(),
+        formulation: None,
     };
     if out.len() == g.len() {
         let at_zero = out
@@ -253,11 +285,51 @@ pub fn backward(
             e.count = at_zero;
         }
     }
+    let x = &records[receiver].output;
+    if e.pattern == Pattern::Unexplained {
+        if let Some(rows) = zero_rows_of_a_root(x, &out, &r.output, &g)? {
+            e.pattern = Pattern::RootOfReducedZero;
+            e.count = rows;
+        }
+    }
     if e.pattern == Pattern::Unexplained && !g.iter().any(|v| v.is_nan()) {
         e.pattern = Pattern::BackwardOverflow;
     }
+    e.formulation = substitute::choose(e.pattern, false, &[&records[receiver]], &r.output)?;
     describe(&mut e, dtype, limit, None, false);
     Ok(e)
+}
+
+/// For a stage that reduces its input's last dimension (a root of a sum
+/// of squares), the rows whose output is exactly 0 where the gradient
+/// passed back is not finite, when they account for every such gradient.
+fn zero_rows_of_a_root(
+    x: &Tensor,
+    out: &[f64],
+    stage: &Tensor,
+    g: &[f64],
+) -> Result<Option<usize>> {
+    let (xd, od) = (x.dims(), stage.dims());
+    let Some((&width, lead)) = xd.split_last() else {
+        return Ok(None);
+    };
+    let reduced = od == lead || (od.split_last() == Some((&1, lead)));
+    if !reduced || width == 0 || g.len() != out.len() * width {
+        return Ok(None);
+    }
+    let xs = values(x)?;
+    let bad = g.iter().filter(|v| !v.is_finite()).count();
+    let mut covered = 0;
+    let mut rows = 0;
+    for (i, &y) in out.iter().enumerate() {
+        let row = i * width..(i + 1) * width;
+        let n = g[row.clone()].iter().filter(|v| !v.is_finite()).count();
+        if n > 0 && y == 0.0 && xs[row].iter().all(|&v| v == 0.0) {
+            covered += n;
+            rows += 1;
+        }
+    }
+    Ok((rows > 0 && covered == bad).then_some(rows))
 }
 
 /// "1 row", "3 rows".
@@ -308,6 +380,10 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
         Pattern::ZeroOverZero => (
             format!("`{s}` computes 0/0 at {vals} where {input} is exactly 0"),
             "add an eps to the denominator".to_string(),
+        ),
+        Pattern::DivisionByZero => (
+            format!("`{s}` divides by {vals} of {input} that are exactly 0 (or so close to it that the quotient overflows): x/0 = inf (and the log of it, as in log(t/p), is +inf too)"),
+            "add an eps to the denominator (or clamp it to at least an eps), or compute the ratio's log as a difference of logs in log space".to_string(),
         ),
         Pattern::MaskedRow => (
             format!("`{s}` takes a softmax over {rows} of {input} that are entirely -inf (every position masked): 0/0 = NaN"),
@@ -363,6 +439,25 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
         Pattern::ConstantNormalized => (
             format!("`{s}` divides by a standard deviation that is exactly 0: {input} has {QUOTE}, so (x - mean)/std is 0/0"),
             "add an eps under the root: (x - mean) / sqrt(var + eps)".to_string(),
+        ),
+        Pattern::SaturatedGate => (
+            format!("`{s}` reads {input} at exactly 1 (or 0) in {vals}: a sigmoid rounds to exactly 1 in {dt} above {:.1}, so 1 - x there is 0, its log -inf, and a zero factor on it NaN", (2.0 / machine_epsilon(dtype)).ln()),
+            "compute it from the logits: -softplus(z) for log(1 - sigmoid(z)) and -softplus(-z) for log(sigmoid(z)) (a binary cross-entropy on logits), or clamp the gate into [eps, 1 - eps]".to_string(),
+        ),
+        Pattern::MaskInsideSoftmax => (
+            format!("`{s}` is NaN in whole rows although {input} is finite there: {QUOTE}; a mask added inside the stage left those rows no position, and the softmax of a row of -inf is 0/0"),
+            "mask with a finite value the dtype holds (-1e9; -1e4 in half precision), or give fully masked rows a defined output".to_string(),
+        ),
+        Pattern::ShiftedRatio => (
+            format!("`{s}` divides {input} by itself shifted by one: {QUOTE}, and 0/0 is NaN"),
+            "compute the product in log space (a cumulative sum of logs; the ratio is the exp of a difference), use the factor itself, or add an eps to the denominator".to_string(),
+        ),
+        Pattern::RootOfReducedZero => (
+            format!(
+                "the backward pass of `{s}` takes the derivative of a root of a sum of squares at exactly 0 (sqrt(a² + b²) at the origin): {rows} of `{}` are all zeros, and the gradient there is 0/0",
+                e.input.as_deref().unwrap_or("its input")
+            ),
+            "sqrt(sum(x²) + eps) instead of sqrt(sum(x²))".to_string(),
         ),
         Pattern::Unexplained => (
             format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),
@@ -552,6 +647,73 @@ mod tests {
             "{}",
             e.sentence
         );
+    }
+
+    #[test]
+    fn gates_masks_inside_shifted_ratios_and_zero_divisors_are_told_with_their_repairs() {
+        use crate::finding::Substitute;
+        // log(1 - gate) with the gate rounded to exactly 1.
+        let gate = record("gate", &[1.0, 0.5, 0.25, 1.0], 2);
+        let loss = declared("bce", OpKind::Loss, &[-INF, 0.69, 0.29, f32::NAN], 2);
+        let e = forward(&[gate, loss], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::SaturatedGate, 2),
+            "{}",
+            e.sentence
+        );
+        assert!(e.sentence.contains("above 16.6"), "{}", e.sentence);
+        assert!(matches!(
+            e.formulation.map(|f| f.substitute),
+            Some(Substitute::ClampRange { .. })
+        ));
+        // A mask added inside the softmax: finite scores, a whole NaN row.
+        let scores = record("scores", &[1.0, 2.0, 0.5, 0.1], 2);
+        let soft = declared("soft", OpKind::Softmax, &[f32::NAN, f32::NAN, 0.6, 0.4], 2);
+        let e = forward(&[scores, soft], 1, &[]).unwrap();
+        assert_eq!(e.pattern, Pattern::MaskInsideSoftmax, "{}", e.sentence);
+        assert!(e.sentence.contains("1 of its 2 rows"), "{}", e.sentence);
+        // c[i+1]/c[i] of a product that underflowed: 0/0 where both are 0.
+        let c = record("c", &[0.5, 0.0, 0.0, 0.25, 0.125, 0.0], 3);
+        let ratio = record("ratio", &[0.0, f32::NAN, 0.5, 0.0], 2);
+        let e = forward(&[c, ratio], 1, &[]).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::ShiftedRatio, 1),
+            "{}",
+            e.sentence
+        );
+        assert_eq!(
+            e.formulation.map(|f| f.substitute),
+            Some(Substitute::ShiftedRatioEps { dim: 1, eps: 1e-8 })
+        );
+        // t / p with p exactly 0: +inf.
+        let p = record("p", &[0.0, 1.0], 2);
+        let kl = declared("kl", OpKind::Loss, &[INF, 0.1], 2);
+        let e = forward(&[p, kl], 1, &[]).unwrap();
+        assert_eq!(e.pattern, Pattern::DivisionByZero, "{}", e.sentence);
+    }
+
+    #[test]
+    fn a_root_of_a_sum_of_squares_at_zero_is_its_own_backward_pattern() {
+        let pairs = record("pairs", &[0.0, 0.0, 3.0, 4.0], 2);
+        let m = Tensor::new(&[0f32, 5.0], &Device::Cpu).unwrap();
+        let modulus = Record {
+            name: "modulus".into(),
+            op: None,
+            grad_probe: Var::zeros(m.shape(), m.dtype(), m.device()).unwrap(),
+            output: m,
+        };
+        let grad = Tensor::new(&[[f32::NAN, f32::NAN], [0.6, 0.8]], &Device::Cpu).unwrap();
+        let e = backward(&[pairs, modulus], 1, 0, &grad).unwrap();
+        assert_eq!(
+            (e.pattern, e.count),
+            (Pattern::RootOfReducedZero, 1),
+            "{}",
+            e.sentence
+        );
+        assert!(e.sentence.contains("1 row of `pairs`"), "{}", e.sentence);
+        assert!(e.formulation.is_some());
     }
 
     #[test]

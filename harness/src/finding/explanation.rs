@@ -17,6 +17,9 @@ pub enum Pattern {
     ZeroNormRow,
     /// 0/0 element-wise: NaN where the input is exactly 0.
     ZeroOverZero,
+    /// x/0 element-wise: ±inf where the input is exactly 0 (a ratio's log
+    /// with it, log(t/p) where p is 0, is +inf).
+    DivisionByZero,
     /// softmax over a row that is entirely -inf (every position masked).
     MaskedRow,
     /// exp(x) past the dtype's range: ∞ where the input exceeds ln(max).
@@ -41,6 +44,18 @@ pub enum Pattern {
     /// A normalization over a constant row or column: its standard
     /// deviation is exactly 0 and (x − mean)/std is 0/0.
     ConstantNormalized,
+    /// A gate (a sigmoid) that rounded to exactly 1 (or 0) where the stage
+    /// takes the log of 1 − gate (or of gate): −inf, and NaN times a zero.
+    SaturatedGate,
+    /// A softmax whose rows turn NaN in full from finite scores: a mask
+    /// added inside the stage left those rows no position.
+    MaskInsideSoftmax,
+    /// A ratio of a tensor to itself shifted by one (x[i+1] / x[i]) where
+    /// it holds consecutive exact zeros (an underflowed cumulative product).
+    ShiftedRatio,
+    /// The backward pass of a root of a sum of squares (sqrt(a² + b²), a
+    /// norm) at exactly 0: 0/0 in every entry of the row.
+    RootOfReducedZero,
     /// Non-finite values from finite inputs, with none of the patterns above.
     Unexplained,
 }
@@ -52,6 +67,7 @@ impl Pattern {
             Pattern::NegativeDomain => "log or square root of negative values",
             Pattern::ZeroNormRow => "norm of an all-zero row",
             Pattern::ZeroOverZero => "0/0",
+            Pattern::DivisionByZero => "division by exact zeros",
             Pattern::MaskedRow => "softmax over a fully masked row",
             Pattern::ExpOverflow => "exp past the dtype's range",
             Pattern::AccumulationOverflow => "an accumulation past the dtype's range",
@@ -61,6 +77,10 @@ impl Pattern {
             Pattern::LogOfUnderflowedSoftmax => "log of an underflowed softmax",
             Pattern::ExpOfScaledInput => "exp of a scaled-up input",
             Pattern::ConstantNormalized => "normalization of a constant row or column",
+            Pattern::SaturatedGate => "a gate saturated to exactly 1 or 0",
+            Pattern::MaskInsideSoftmax => "a mask added inside a softmax",
+            Pattern::ShiftedRatio => "a ratio of shifted slices at 0/0",
+            Pattern::RootOfReducedZero => "a root of a sum of squares at 0 in the backward pass",
             Pattern::Unexplained => "non-finite values from finite inputs",
         }
     }
@@ -85,4 +105,16 @@ pub struct Explanation {
     pub sentence: String,
     /// The repair the pattern calls for.
     pub repair: String,
+    /// The repair as the stable formulation that fits the stage (its naive
+    /// op of what it read reproduces its output): what diagnose
+    /// substitutes through the tracer to verify it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formulation: Option<super::Formulation>,
+}
+
+impl Explanation {
+    /// The repair as code to paste, where a stable formulation fits the stage.
+    pub fn repair_code(&self) -> Option<String> {
+        self.formulation.as_ref().map(|f| f.code(&self.stage))
+    }
 }

@@ -15,6 +15,7 @@ mod op;
 mod precision;
 mod replay;
 mod signature;
+mod substitute;
 
 pub use coverage::{FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
 pub use explanation::{Explanation, Pattern};
@@ -25,6 +26,7 @@ pub use op::{OpKind, OpSource, StageOp};
 pub use precision::{PrecisionCheck, Rerun, Robustness};
 pub use replay::{ReplayReport, ReplayVerdict};
 pub use signature::{replace_indices, stage_key, user_stage_key, Signature, StageKeys, Subject};
+pub use substitute::{Axis, Formulation, Substitute};
 
 use crate::probe::TensorStats;
 use serde::{Deserialize, Serialize};

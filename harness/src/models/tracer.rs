@@ -32,6 +32,9 @@ pub struct Tracer {
     /// A guarded stage (diagnose's interventions): applied to the tensor a
     /// model continues with, whether or not tracing is on.
     intervention: Option<Arc<Intervention>>,
+    /// What the intervention's stage read, kept between the two records
+    /// for a repair that recomputes the stage (shared by the clones).
+    read: Rc<RefCell<Option<Tensor>>>,
 }
 
 /// One recorded stage.
@@ -154,7 +157,7 @@ impl Tracer {
         }
         if !self.enabled {
             return match &self.intervention {
-                Some(iv) => iv.apply(&name, t),
+                Some(iv) => iv.apply(&name, t, &self.read),
                 None => Ok(t),
             };
         }
@@ -163,7 +166,7 @@ impl Tracer {
         // Guarded after the probe: the record holds what the model goes on
         // with, and the probe's gradient is the one the guard passed back.
         if let Some(iv) = &self.intervention {
-            out = iv.apply(&name, out)?;
+            out = iv.apply(&name, out, &self.read)?;
         }
         self.records.borrow_mut().push(Record {
             name,

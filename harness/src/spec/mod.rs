@@ -22,7 +22,7 @@ pub use loss::{LossSpec, TargetKind};
 pub use model::*;
 pub use optim::{ClipSpec, OptimizerSpec, ScheduleSpec};
 pub use precision::{
-    dtype_max, smallest_positive, HalfType, LossScaling, Precision, PrecisionKind,
+    dtype_max, machine_epsilon, smallest_positive, HalfType, LossScaling, Precision, PrecisionKind,
 };
 pub use size::{round1, CaseSize};
 pub use validate::Limits;

@@ -236,6 +236,17 @@ pub fn smallest_positive(dtype: DType) -> f64 {
     }
 }
 
+/// The machine epsilon of a floating dtype: the gap between 1 and the
+/// next larger value (a sigmoid rounds to exactly 1 within half of it).
+pub fn machine_epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => half::f16::EPSILON.to_f64(),
+        DType::BF16 => half::bf16::EPSILON.to_f64(),
+        DType::F32 => f32::EPSILON as f64,
+        _ => f64::EPSILON,
+    }
+}
+
 /// Largest finite value of a floating dtype.
 pub fn dtype_max(dtype: DType) -> f64 {
     match dtype {

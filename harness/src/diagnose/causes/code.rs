@@ -64,11 +64,16 @@ pub(in crate::diagnose) fn title(e: &Explanation) -> String {
 
 /// The intervention that stands in for the repair of `e`'s stage.
 pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
-    Intervention {
-        stage: e.stage.clone(),
-        input: e.input.clone(),
-        // An overflowing exp's repair is a clamp of its input: saturation.
-        saturate: matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput),
+    // Without a formulation that fits, an overflowing exp's stand-in is
+    // a clamp of its input: saturation.
+    let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
+    match &e.formulation {
+        Some(f) => Intervention {
+            substitute: Some(f.substitute),
+            at: f.replaces.clone(),
+            ..Intervention::guard(&e.stage, Some(&f.reads), false)
+        },
+        None => Intervention::guard(&e.stage, e.input.as_deref(), saturate),
     }
 }
 
@@ -99,11 +104,15 @@ fn guarded_run(ctx: &Context, runs: &mut Runs, intervention: Intervention, repai
         ),
         Ok(Outcome::Rejected { reason }) => (false, format!("rejected: {reason}")),
     };
-    Fix {
-        description: format!(
+    let description = match intervention.substitute {
+        Some(_) => intervention.describe(),
+        None => format!(
             "{} (an intervention standing in for the repair: {repair})",
             intervention.describe()
         ),
+    };
+    Fix {
+        description,
         changes: Vec::new(),
         verified,
         result,

@@ -182,7 +182,11 @@ pub(super) fn at_knob_stage(knob: &KnobSpec, f: &Finding) -> bool {
 /// The code-bug cause's evidence: the explanation and the repair.
 pub(super) fn code_evidence(finding: &Finding) -> Vec<String> {
     match finding.explanation.as_deref() {
-        Some(e) => vec![e.sentence.clone(), format!("the repair: {}", e.repair)],
+        Some(e) => {
+            let mut lines = vec![e.sentence.clone(), format!("the repair: {}", e.repair)];
+            lines.extend(e.repair_code().map(|c| format!("as code: {c}")));
+            lines
+        }
         None => Vec::new(),
     }
 }

@@ -9,12 +9,21 @@
 //! then stays stable, that stage was the whole problem; if it fails
 //! elsewhere, the run says where next. The guard acts where the model calls
 //! `tr.record` / `nanhunt::trace`, so it reaches only named stages.
+//!
+//! With a [`Substitute`] the intervention is the repair itself: the stable
+//! formulation the explanation chose, computed where the stage (or the
+//! record it reads) is recorded, with its gradient flowing through the
+//! repaired op; the guard stays for the patterns no formulation fits.
 
+pub mod substitute;
+
+use crate::finding::Substitute;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 
 /// Which stages a run guards.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Intervention {
     /// The producing stage: its non-finite outputs become 0.
     pub stage: String,
@@ -27,6 +36,14 @@ pub struct Intervention {
     /// 1/(1 + exp(-x)) is then ~0, as it should be, not 1).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub saturate: bool,
+    /// The stable formulation substituted at the stage (or at the record it
+    /// reads) instead of the guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub substitute: Option<Substitute>,
+    /// The record the substitute recomputes when it is not the stage (the
+    /// probabilities a loss stage takes the log of).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// Whether record `name` is an instance of `stage`: the same name, or the
@@ -54,8 +71,73 @@ fn instance_key(name: &str) -> String {
 }
 
 impl Intervention {
+    /// The guard of `stage` (its non-finite outputs set to 0, or saturated)
+    /// and of the gradients it passes back to `input`.
+    pub fn guard(stage: &str, input: Option<&str>, saturate: bool) -> Intervention {
+        Intervention {
+            stage: stage.to_string(),
+            input: input.map(str::to_string),
+            saturate,
+            substitute: None,
+            at: None,
+        }
+    }
+
     /// The tensor a model continues with after recording `t` as `name`.
-    pub fn apply(&self, name: &str, t: Tensor) -> Result<Tensor> {
+    /// `read` keeps what the stage read, between the input's record and
+    /// the stage's, for a substitute that recomputes the stage.
+    pub fn apply(&self, name: &str, t: Tensor, read: &RefCell<Option<Tensor>>) -> Result<Tensor> {
+        match self.substitute {
+            Some(s) => self.substituted(s, name, t, read),
+            None => self.guarded(name, t),
+        }
+    }
+
+    fn substituted(
+        &self,
+        s: Substitute,
+        name: &str,
+        t: Tensor,
+        read: &RefCell<Option<Tensor>>,
+    ) -> Result<Tensor> {
+        let at_input = self.input.as_deref().is_some_and(|i| same_stage(name, i));
+        if at_input && s.moves_input() {
+            return substitute::moved(s, &t);
+        }
+        if at_input {
+            *read.borrow_mut() = Some(t.clone());
+            // The stage's own code keeps reading it; where that code's
+            // output is kept (the rows a mask left finite), its
+            // non-finite gradients are not passed on.
+            return match s {
+                Substitute::SoftmaxOfMaskedRows => t.contiguous()?.apply_op1(ZeroNonFiniteGrad),
+                _ => Ok(t),
+            };
+        }
+        let target = self.at.as_deref().unwrap_or(&self.stage);
+        if !same_stage(name, target) || s.moves_input() {
+            return Ok(t);
+        }
+        let Some(x) = read.borrow_mut().take() else {
+            candle_core::bail!(
+                "the repair of `{}` recomputes it from `{}`, which was not recorded before it",
+                self.stage,
+                self.input.as_deref().unwrap_or("its input")
+            );
+        };
+        let repaired = substitute::stable(s, &x, &t)?;
+        if repaired.dims() != t.dims() {
+            candle_core::bail!(
+                "the repair of `{}` has shape {:?}, the stage {:?}",
+                self.stage,
+                repaired.dims(),
+                t.dims()
+            );
+        }
+        Ok(repaired)
+    }
+
+    fn guarded(&self, name: &str, t: Tensor) -> Result<Tensor> {
         let t = match &self.input {
             Some(input) if same_stage(name, input) => {
                 t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?
@@ -70,6 +152,18 @@ impl Intervention {
     }
 
     pub fn describe(&self) -> String {
+        if let Some(s) = self.substitute {
+            let formulation = crate::finding::Formulation {
+                reads: self.input.clone().unwrap_or_else(|| "x".into()),
+                replaces: self.at.clone(),
+                substitute: s,
+            };
+            return format!(
+                "`{}` repaired in place, the stable formulation substituted for a whole run: `{}`",
+                self.stage,
+                formulation.code(&self.stage)
+            );
+        }
         let outputs = if self.saturate {
             "its infinite outputs set to the dtype's largest finite value and NaN to 0"
         } else {
@@ -151,22 +245,50 @@ mod tests {
     }
 
     #[test]
+    fn a_substitute_recomputes_the_stage_from_what_it_read_with_its_gradient() {
+        // log(softmax(z)) with logits 200 apart: -inf in f32, and the
+        // substitute log_softmax(z) is finite with a gradient that flows.
+        let z = Var::new(&[[200f32, 0.0]], &Device::Cpu).unwrap();
+        let iv = Intervention {
+            substitute: Some(Substitute::LogSoftmax),
+            ..Intervention::guard("log_probs", Some("logits"), false)
+        };
+        let read = RefCell::new(None);
+        let zs = iv.apply("logits", z.as_tensor().clone(), &read).unwrap();
+        let p = iv
+            .apply(
+                "probs",
+                candle_nn::ops::softmax_last_dim(&zs).unwrap(),
+                &read,
+            )
+            .unwrap();
+        let y = iv.apply("log_probs", p.log().unwrap(), &read).unwrap();
+        let v = y.to_vec2::<f32>().unwrap();
+        assert_eq!(v[0], [0.0, -200.0]);
+        let g = y.sum_all().unwrap().backward().unwrap();
+        let gz = g.get(z.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(gz[0], [-1.0, 1.0]);
+        // The stage before its input was recorded is an error, not a guess.
+        let fresh = RefCell::new(None);
+        assert!(iv.apply("log_probs", p.log().unwrap(), &fresh).is_err());
+    }
+
+    #[test]
     fn the_guard_zeroes_non_finite_outputs_and_gradients_only_where_named() {
         let x = Var::new(&[0f32, 1.0, 4.0], &Device::Cpu).unwrap();
-        let iv = Intervention {
-            stage: "log".into(),
-            input: Some("x".into()),
-            saturate: false,
-        };
-        let xs = iv.apply("x", x.as_tensor().clone()).unwrap();
-        let y = iv.apply("log", xs.log().unwrap()).unwrap();
+        let iv = Intervention::guard("log", Some("x"), false);
+        let read = RefCell::new(None);
+        let xs = iv.apply("x", x.as_tensor().clone(), &read).unwrap();
+        let y = iv.apply("log", xs.log().unwrap(), &read).unwrap();
         assert_eq!(y.to_vec1::<f32>().unwrap(), [0.0, 0.0, 4f32.ln()]);
         let g = y.sum_all().unwrap().backward().unwrap();
         // d log(x)/dx = 1/x: ∞ at 0 (masked forward: 0·∞ = NaN) is set to 0.
         let gx = g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(gx, [0.0, 1.0, 0.25]);
         // Unnamed stages pass through untouched.
-        let other = iv.apply("other", x.as_tensor().log().unwrap()).unwrap();
+        let other = iv
+            .apply("other", x.as_tensor().log().unwrap(), &read)
+            .unwrap();
         assert_eq!(other.to_vec1::<f32>().unwrap()[0], f32::NEG_INFINITY);
     }
 }
