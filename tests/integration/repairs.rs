@@ -638,3 +638,66 @@ fn every_planted_bug_is_explained_repaired_by_its_stable_formulation_and_learns_
         failures.join("\n")
     );
 }
+
+/// A user's KL divergence head as its authors wrote it, with the eps a
+/// declared knob at 0: log(p + eps) of a softmax of sharp logits, which
+/// underflows to exact zeros. The knob's fix (eps 1e-8) is verified as
+/// learning and ranks first; a smaller init, which only removes the
+/// trigger, ranks below it.
+struct KlHead {
+    fc1: Linear,
+    fc2: Linear,
+    eps: f64,
+}
+
+impl Model for KlHead {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("fc1", self.fc1.forward(x)?.relu()?)?;
+        let z = tr.record("logits", (self.fc2.forward(&h)? * 60.0)?)?;
+        let p = tr.record("probs", candle_nn::ops::softmax(&z, D::Minus1)?)?;
+        tr.record_as("log_q", OpKind::Log, (p + self.eps)?.log()?)
+    }
+}
+
+#[test]
+fn a_kl_heads_eps_knob_at_zero_is_repaired_by_the_knob_and_ranks_above_the_init() {
+    use nanhunt::models::{Knobs, WithKnobs};
+    let mut case = vector("kl_head");
+    let ModelSpec::Custom(spec) = &mut case.model else {
+        unreachable!()
+    };
+    spec.knobs.insert(
+        "eps".into(),
+        KnobSpec::new(0.0, 0.0, 1e-8).at_stage("log_q"),
+    );
+    let factory = WithKnobs(
+        |vb: VarBuilder<'static>, knobs: &Knobs| -> candle_core::Result<Box<dyn Model>> {
+            Ok(Box::new(KlHead {
+                fc1: linear(8, 16, vb.pp("fc1"))?,
+                fc2: linear(16, 4, vb.pp("fc2"))?,
+                eps: knobs.get_or("eps", 0.0),
+            }))
+        },
+    );
+    let d = diagnose(&case, &factory, &RunOptions::default()).unwrap();
+    let ranked: Vec<_> = d
+        .causes
+        .iter()
+        .map(|c| format!("{} [{}]: {}", c.title, c.score, c.fixes[0].result))
+        .collect();
+    let top = &d.causes[0];
+    assert_eq!(top.kind, CauseKind::ModelKnob, "{ranked:#?}");
+    let fix = top
+        .fixes
+        .iter()
+        .find(|f| f.verified)
+        .unwrap_or_else(|| panic!("{ranked:#?} {:#?}", top.fixes));
+    assert!(
+        fix.result.starts_with("stable and learning"),
+        "{}",
+        fix.result
+    );
+    println!("{}: {}", fix.description, fix.result);
+    let init = d.causes.iter().position(|c| c.kind == CauseKind::InitScale);
+    assert!(init.is_none_or(|i| i > 0), "{ranked:#?}");
+}

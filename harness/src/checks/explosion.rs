@@ -29,6 +29,12 @@ use candle_core::Tensor;
 /// `tests/integration/explosion.rs`).
 pub const JUMP: f64 = 1e3;
 
+/// The least gradient norm, as a fraction of the parameters' norm, a jump
+/// is measured from: a start whose gradient is nearly 0 (a saturated
+/// softmax, 3.4e-7 against weights of norm 5) that turns typical (0.54)
+/// grew a million-fold and is no explosion.
+pub const GRADIENT_FLOOR: f64 = 1e-3;
+
 /// Losses averaged to judge recovery; a run with fewer steps after its jump
 /// is not judged (no finding).
 pub const RECOVERY_WINDOW: usize = 5;
@@ -115,7 +121,13 @@ impl JumpWatch {
     pub fn gradient(&mut self, norm: f64) -> Option<f64> {
         let before = self.grad_norm_max;
         self.grad_norm_max = before.max(norm);
-        is_jump(before, norm).then_some(before)
+        // From a nearly-zero gradient, the floor is what it must jump over.
+        let from = if before > 0.0 {
+            before.max(GRADIENT_FLOOR * self.param_norm)
+        } else {
+            before
+        };
+        is_jump(from, norm).then_some(from)
     }
 
     /// The global parameter norm after an update: the norm before the
@@ -199,6 +211,18 @@ mod tests {
             !is_jump(1.0, f64::INFINITY),
             "a non-finite value is another finding"
         );
+    }
+
+    #[test]
+    fn a_gradient_from_nearly_zero_to_typical_is_no_jump() {
+        // A saturated start: 3.4e-7 against weights of norm 5, then 0.54.
+        let mut w = JumpWatch::new(5.0);
+        assert_eq!(w.gradient(3.4e-7), None);
+        assert_eq!(w.gradient(0.54), None);
+        // From the floor (5e-3), a thousand-fold is still a jump.
+        let mut w = JumpWatch::new(5.0);
+        assert_eq!(w.gradient(3.4e-7), None);
+        assert_eq!(w.gradient(6.0), Some(5e-3));
     }
 
     #[test]
