@@ -333,6 +333,21 @@ fn modulus_fixed(n: &Net, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Te
     tr.record("head", n.fc2.forward(&m)?)
 }
 
+// 16. A logsumexp pooling written as log(sum(exp(h))): exp overflows.
+fn lse_pool(n: &Net, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+    let h = tr.record("scores", n.fc1.forward(x)?)?;
+    let pooled = tr.record_as("pool", OpKind::Log, h.exp()?.sum_keepdim(D::Minus1)?.log()?)?;
+    tr.record("head", n.fc2.forward(&pooled)?)
+}
+
+fn lse_pool_fixed(n: &Net, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+    let h = tr.record("scores", n.fc1.forward(x)?)?;
+    let m = h.max_keepdim(D::Minus1)?;
+    let lse = (h.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + m)?;
+    let pooled = tr.record_as("pool", OpKind::Log, lse)?;
+    tr.record("head", n.fc2.forward(&pooled)?)
+}
+
 /// Sharp logits: a softmax of them underflows to exact zeros in f32.
 fn sharp(n: &Net, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
     let h = relu1(n, x, tr)?;
@@ -525,6 +540,15 @@ fn suite() -> Vec<Bug> {
             Pattern::RootOfReducedZero,
             "are all zeros",
         ),
+        bug(
+            scaled(vector("lse_pool"), 30.0),
+            Shape { head_in: 1, ..MLP },
+            lse_pool,
+            lse_pool_fixed,
+            "pool",
+            Pattern::LogOfOverflowedExp,
+            "rows have an entry above 88.7",
+        ),
         Bug {
             losses: losses(xent, xent_fixed),
             ..bug(
@@ -628,7 +652,7 @@ fn check(b: &Bug) -> Option<String> {
 #[test]
 fn every_planted_bug_is_explained_repaired_by_its_stable_formulation_and_learns_like_its_fix() {
     let bugs = suite();
-    assert!(bugs.len() >= 15);
+    assert!(bugs.len() >= 16);
     let failures: Vec<String> = bugs.iter().filter_map(check).collect();
     assert!(
         failures.is_empty(),

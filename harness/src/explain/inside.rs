@@ -32,7 +32,9 @@ pub(super) fn find(kind: OpKind, s: &Seen) -> Option<Inside> {
         return None;
     }
     match kind {
-        OpKind::Log | OpKind::Loss => zero_times_log_of_zero(s).or_else(|| underflowed_softmax(s)),
+        OpKind::Log | OpKind::Loss => zero_times_log_of_zero(s)
+            .or_else(|| overflowed_exp(s))
+            .or_else(|| underflowed_softmax(s)),
         OpKind::Exp => scaled_exp(s),
         OpKind::Norm => constant_normalized(s),
         OpKind::Softmax => mask_inside_softmax(s),
@@ -129,6 +131,38 @@ fn zero_times_log_of_zero(s: &Seen) -> Option<Inside> {
         quote: format!(
             "{zeros} of {} values exactly 0 (the others at least {positive_min:.3e})",
             s.x.len()
+        ),
+    })
+}
+
+/// A log of a sum of exps over the last dimension (the stage reduces it:
+/// one output per row) that is +inf on rows with an entry past ln(max):
+/// the exp overflows before the sum and the log.
+fn overflowed_exp(s: &Seen) -> Option<Inside> {
+    let (&width, lead) = s.x_dims.split_last()?;
+    let reduced = s.out_dims == lead || s.out_dims.split_last() == Some((&1, lead));
+    if !reduced || width == 0 || s.out.iter().any(|v| v.is_nan()) {
+        return None;
+    }
+    let ln_max = s.limit.ln();
+    let peaks: Vec<f64> =
+        s.x.chunks(width)
+            .map(|r| r.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+            .collect();
+    let bad = s.out.iter().filter(|&&v| v == f64::INFINITY).count();
+    let rows = s
+        .out
+        .iter()
+        .zip(&peaks)
+        .filter(|&(&y, &p)| y == f64::INFINITY && p > ln_max)
+        .count();
+    let top = peaks.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (rows > 0 && rows == bad).then(|| Inside {
+        pattern: Pattern::LogOfOverflowedExp,
+        count: rows,
+        quote: format!(
+            "{rows} of its {} rows have an entry above {ln_max:.1} (up to {top:.4e})",
+            peaks.len()
         ),
     })
 }

@@ -459,6 +459,10 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
             ),
             "sqrt(sum(x²) + eps) instead of sqrt(sum(x²))".to_string(),
         ),
+        Pattern::LogOfOverflowedExp => (
+            format!("`{s}` takes the log of a sum of exps of {input}, which overflows: {QUOTE}, so exp of it is +inf in {dt}, and so are the sum and its log"),
+            "subtract the row's max first: max + log(sum(exp(x - max))), a logsumexp".to_string(),
+        ),
         Pattern::Unexplained => (
             format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),
             "keep the stage's inputs in its op's safe domain".to_string(),

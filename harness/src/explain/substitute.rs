@@ -74,6 +74,12 @@ pub(super) fn choose(
         }),
         Pattern::MaskInsideSoftmax => vec![(Substitute::SoftmaxOfMaskedRows, 0)],
         Pattern::ZeroNormRow => vec![(Substitute::NormEps { eps: e }, 0)],
+        Pattern::LogOfOverflowedExp => vec![(
+            Substitute::LogSumExp {
+                keepdim: out.rank() == x.rank(),
+            },
+            0,
+        )],
         Pattern::ExpOverflow | Pattern::ExpOfScaledInput => match exp_scale(x, out)? {
             Some(scale) => vec![(
                 Substitute::ClampedScaledExp {

@@ -56,6 +56,9 @@ pub enum Pattern {
     /// The backward pass of a root of a sum of squares (sqrt(a² + b²), a
     /// norm) at exactly 0: 0/0 in every entry of the row.
     RootOfReducedZero,
+    /// The log of a sum of exps (a logsumexp) without the max subtracted:
+    /// an entry past ln(max) makes the exp, the sum and the log +inf.
+    LogOfOverflowedExp,
     /// Non-finite values from finite inputs, with none of the patterns above.
     Unexplained,
 }
@@ -81,6 +84,7 @@ impl Pattern {
             Pattern::MaskInsideSoftmax => "a mask added inside a softmax",
             Pattern::ShiftedRatio => "a ratio of shifted slices at 0/0",
             Pattern::RootOfReducedZero => "a root of a sum of squares at 0 in the backward pass",
+            Pattern::LogOfOverflowedExp => "exp then log: a logsumexp without its max",
             Pattern::Unexplained => "non-finite values from finite inputs",
         }
     }

@@ -41,6 +41,9 @@ pub enum Substitute {
     SqrtEps { eps: f64, rectified: bool },
     /// sqrt(sum(x²) + eps) over the last dimension for sqrt(sum(x²)).
     RootEps { eps: f64, keepdim: bool },
+    /// max + log(sum(exp(x − max))) over the last dimension for
+    /// log(sum(exp(x))).
+    LogSumExp { keepdim: bool },
     /// exp(min(scale·x, cap)) for exp(scale·x).
     ClampedScaledExp { scale: f64, cap: f64 },
     /// (x − mean) / sqrt(var + eps) for (x − mean) / std.
@@ -145,6 +148,16 @@ impl Substitute {
             Substitute::RootEps { eps, keepdim } => {
                 let sum = if keepdim { "sum_keepdim" } else { "sum" };
                 format!("let {s} = ({x}.sqr()?.{sum}(D::Minus1)? + {eps:e})?.sqrt()?;")
+            }
+            Substitute::LogSumExp { keepdim } => {
+                let (m, sum) = if keepdim {
+                    ("m", "sum_keepdim")
+                } else {
+                    ("m.squeeze(D::Minus1)?", "sum")
+                };
+                format!(
+                    "let m = {x}.max_keepdim(D::Minus1)?; let {s} = ({x}.broadcast_sub(&m)?.exp()?.{sum}(D::Minus1)?.log()? + {m})?;"
+                )
             }
             Substitute::ClampedScaledExp { scale, cap } => {
                 format!("let {s} = ({x} * {scale})?.minimum({cap})?.exp()?;")

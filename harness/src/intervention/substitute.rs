@@ -68,6 +68,15 @@ pub fn stable(s: Substitute, x: &Tensor, out: &Tensor) -> Result<Tensor> {
         }
         Substitute::SqrtEps { eps, rectified } => (rectify(x, rectified)? + eps)?.sqrt(),
         Substitute::RootEps { eps, keepdim } => (sum_squares(x, keepdim)? + eps)?.sqrt(),
+        Substitute::LogSumExp { keepdim } => {
+            let m = x.max_keepdim(D::Minus1)?.detach();
+            let lse = (x.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + &m)?;
+            if keepdim {
+                Ok(lse)
+            } else {
+                lse.squeeze(D::Minus1)
+            }
+        }
         Substitute::ClampedScaledExp { scale, cap } => (x * scale)?.minimum(cap)?.exp(),
         Substitute::Standardize {
             axis,
@@ -121,6 +130,15 @@ pub fn naive(s: Substitute, x: &Tensor) -> Result<Option<Tensor>> {
         Substitute::NormEps { .. } => x.broadcast_div(&x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?)?,
         Substitute::SqrtEps { rectified, .. } => rectify(x, rectified)?.sqrt()?,
         Substitute::RootEps { keepdim, .. } => sum_squares(x, keepdim)?.sqrt()?,
+        Substitute::LogSumExp { keepdim } => {
+            let s = x.exp()?;
+            let s = if keepdim {
+                s.sum_keepdim(D::Minus1)?
+            } else {
+                s.sum(D::Minus1)?
+            };
+            s.log()?
+        }
         Substitute::ClampedScaledExp { scale, .. } => (x * scale)?.exp()?,
         Substitute::Standardize { axis, unbiased, .. } => standardized(x, axis, unbiased, 0.0)?,
         Substitute::ShiftedRatioEps { dim, .. } => {
