@@ -406,6 +406,21 @@ fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
             assert_ne!(verdict, "timeout", "run {index}");
         }
     }
+    // A timeout is its own verdict wherever verdicts are counted.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["timeouts"], 1, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert!(
+        stdout(&out).contains("0 errors, 1 timed out"),
+        "{}",
+        stdout(&out)
+    );
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| errors | timed out |"), "{md}");
+    assert!(md.contains("| 0 | 1 |"), "{md}");
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("<th>timed out</th>"), "{html}");
 }
 
 #[test]

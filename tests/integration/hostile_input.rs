@@ -222,3 +222,73 @@ fn minimize_checks_its_output_before_it_starts() {
         &["--out", "is a directory"],
     );
 }
+
+/// A `.npy` file: version-1 header for `shape` of little-endian f32, then
+/// `data` (which may hold fewer values than the shape says).
+fn npy(path: &Path, shape: &str, data: &[f32]) {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((header.len() as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    for v in data {
+        bytes.extend(v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// nanhunt under a 3 GiB address-space limit (`ulimit -v`): an allocation
+/// a header declares would abort the process instead of failing cleanly.
+fn limited(args: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -v 3145728 && exec \"$0\" \"$@\"")
+        .arg(binary())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn data_files_that_declare_more_than_they_hold_are_refused_before_they_allocate() {
+    let dir = scratch("hostile-npy");
+    // 13 bytes whose version-2 header declares 4 GiB.
+    let huge_header = dir.join("huge_header.npy");
+    let mut bytes = b"\x93NUMPY\x02\x00".to_vec();
+    bytes.extend(u32::MAX.to_le_bytes());
+    bytes.push(b'x');
+    std::fs::write(&huge_header, bytes).unwrap();
+    // A valid header for 2^40 samples, and no data.
+    let huge_shape = dir.join("huge_shape.npy");
+    npy(&huge_shape, "(1099511627776, 4)", &[]);
+    let empty = dir.join("empty.npy");
+    npy(&empty, "(0, 4)", &[]);
+    let cases = [
+        (
+            &huge_header,
+            "its header declares 4294967295 bytes, but the file has 1",
+        ),
+        (&huge_shape, "its header declares shape [1099511627776, 4]"),
+        (&empty, "it holds no samples"),
+    ];
+    for (file, reason) in cases {
+        let f = file.to_str().unwrap();
+        let out = limited(&["scan-data", f, "--no-labels"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{f}: {err}");
+        assert!(err.contains(f) && err.contains(reason), "{f}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("memory allocation"),
+            "{err}"
+        );
+    }
+    // Inputs alone scan (training would need labels or targets).
+    let inputs = dir.join("inputs.npy");
+    npy(&inputs, "(3, 2)", &[1.0, 2.0, f32::NAN, 4.0, 5.0, 6.0]);
+    let out = limited(&["scan-data", inputs.to_str().unwrap(), "--no-labels"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).contains("3 samples"), "{}", stdout(&out));
+}

@@ -35,7 +35,11 @@ pub struct Summary {
     pub stable: u64,
     pub unstable: u64,
     pub rejected: u64,
+    /// Runs that ended in an error, a panic or a crash.
     pub errors: u64,
+    /// Runs stopped at `--case-timeout`: neither stable nor a finding.
+    #[serde(default)]
+    pub timeouts: u64,
     pub signatures: Vec<SignatureSummary>,
     /// Signatures that no earlier session reported: found in this session,
     /// or in one that was killed before it ended (the exit code is 1 when any).
@@ -76,6 +80,7 @@ pub fn summarize(
 ) -> Summary {
     let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
     let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
+    let mut timeouts = 0;
     for e in crate::journal::runs_once(entries) {
         let Entry::Run {
             index,
@@ -91,7 +96,8 @@ pub fn summarize(
             Verdict::Stable => stable += 1,
             Verdict::Unstable => unstable += 1,
             Verdict::Rejected => rejected += 1,
-            Verdict::Error | Verdict::Panic | Verdict::Crash | Verdict::Timeout => errors += 1,
+            Verdict::Timeout => timeouts += 1,
+            Verdict::Error | Verdict::Panic | Verdict::Crash => errors += 1,
         }
         if let Some(sig) = signature {
             let s = sigs.entry(sig.slug()).or_insert_with(|| SignatureSummary {
@@ -133,6 +139,7 @@ pub fn summarize(
         unstable,
         rejected,
         errors,
+        timeouts,
         signatures: sigs.into_values().collect(),
         new_signatures: new,
         elapsed_s: secs,

@@ -177,8 +177,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
 
 pub fn print_summary(s: &Summary, out: &std::path::Path) {
     println!(
-        "{} runs ({} this session, {:.1} runs/s): {} stable, {} unstable, {} errors",
-        s.runs, s.runs_this_session, s.runs_per_s, s.stable, s.unstable, s.errors
+        "{} runs ({} this session, {:.1} runs/s): {} stable, {} unstable, {} errors, {} timed out",
+        s.runs, s.runs_this_session, s.runs_per_s, s.stable, s.unstable, s.errors, s.timeouts
     );
     println!(
         "{} distinct signatures ({} new):",

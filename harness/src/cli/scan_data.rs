@@ -81,6 +81,15 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.extreme = args.extreme;
     opts.max_listed = args.max_listed as usize;
     let scan = scan_file(&source, &opts).map_err(super::in_file(&args.file))?;
+    // Nothing scanned is no clean bill: training would refuse it too.
+    if scan.samples == 0 {
+        return Err(crate::error::Error::malformed(
+            crate::error::Document::Dataset,
+            &args.file,
+            "it holds no samples: there is nothing to scan",
+        )
+        .into());
+    }
     let text = match args.report {
         Format::Md => scan.to_markdown(),
         Format::Json => scan.to_json() + "\n",

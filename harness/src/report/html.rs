@@ -203,9 +203,9 @@ code {{ font-size: 0.9em; }}
     let t = &r.totals;
     let _ = writeln!(
         s,
-        "<table><tr><th>runs</th><th>stable</th><th>unstable</th><th>errors</th><th>signatures</th></tr>\
-<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>",
-        t.runs, t.stable, t.unstable, t.errors, r.signatures.len()
+        "<table><tr><th>runs</th><th>stable</th><th>unstable</th><th>errors</th><th>timed out</th><th>signatures</th></tr>\
+<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>",
+        t.runs, t.stable, t.unstable, t.errors, t.timeouts, r.signatures.len()
     );
     let _ = writeln!(s, "<h2>Plots</h2><div class=\"plots\">");
     for family in &h.families {

@@ -29,15 +29,19 @@ pub fn render(r: &StabilityReport) -> String {
         h.nanhunt_version
     );
     let t = &r.totals;
-    let _ = writeln!(s, "| runs | stable | unstable | errors | signatures |");
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|");
     let _ = writeln!(
         s,
-        "| {} | {} | {} | {} | {} |\n",
+        "| runs | stable | unstable | errors | timed out | signatures |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| {} | {} | {} | {} | {} | {} |\n",
         t.runs,
         t.stable,
         t.unstable,
         t.errors,
+        t.timeouts,
         r.signatures.len()
     );
 

@@ -34,6 +34,9 @@ pub struct Totals {
     pub unstable: u64,
     /// Rejected, errored or panicked runs.
     pub errors: u64,
+    /// Runs stopped at the case timeout.
+    #[serde(default)]
+    pub timeouts: u64,
 }
 
 /// One configuration: family × loss × optimizer × precision × device.
@@ -200,6 +203,7 @@ impl StabilityReport {
                 match verdict {
                     Verdict::Stable => t.stable += 1,
                     Verdict::Unstable => t.unstable += 1,
+                    Verdict::Timeout => t.timeouts += 1,
                     // Rejected runs too: the summary counts them apart.
                     _ => t.errors += 1,
                 }

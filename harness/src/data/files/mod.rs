@@ -249,6 +249,14 @@ fn check_hash(source: &FileSource, have: &str) -> Result<()> {
 fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
     let mut reader = open(source)?;
     let shape = reader.shape().clone();
+    // Scanning reads inputs alone; training needs what to train toward.
+    if shape.labels == 0 && shape.targets == 0 {
+        return Err(Error::malformed(
+            Document::Dataset,
+            &source.path,
+            "it has neither labels nor targets: name one (`labels`, `targets`)",
+        ));
+    }
     let per_sample = 4 * (shape.numel() + shape.targets) + 8 * shape.labels;
     if let Some(n) = reader.samples() {
         let need = n as u128 * per_sample as u128;
@@ -352,11 +360,6 @@ fn layout(
             }
             *slot = w.per;
         }
-    }
-    if shape.labels == 0 && shape.targets == 0 {
-        return Err(bad(
-            "it has neither labels nor targets: name one (`labels`, `targets`)".into(),
-        ));
     }
     let labels = match labels {
         Some((name, w)) if !w.integer => {

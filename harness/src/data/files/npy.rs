@@ -9,7 +9,7 @@ use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
 use npyz::{DType, NpyFile, TypeChar};
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
@@ -53,16 +53,20 @@ impl Array {
         }
     }
 
-    /// Opens the array and hands its header and element stream to `f`.
-    fn with<T>(&self, f: impl FnOnce(NpyFile<&mut dyn Read>) -> Result<T>) -> Result<T> {
+    /// Opens the array and hands its header, its element stream and its
+    /// length in bytes to `f`.
+    fn with<T>(&self, f: impl FnOnce(NpyFile<&mut dyn Read>, u64) -> Result<T>) -> Result<T> {
         let path = self.path();
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
         match self {
             Array::File(_) => {
+                let prefix = file.fill_buf().map_err(|e| Error::io(path, e))?;
+                declared_header(prefix, len).map_err(|r| bad(path, r))?;
                 let npy = NpyFile::new(&mut file as &mut dyn Read)
                     .map_err(|e| bad(path, format!("not a .npy file: {e}")))?;
-                f(npy)
+                f(npy, len)
             }
             Array::Member(_, name) => {
                 let mut zip = zip::ZipArchive::new(file)
@@ -72,7 +76,7 @@ impl Array {
                     .file_names()
                     .filter_map(|n| n.ok().map(|n| n.to_string()))
                     .collect();
-                let mut entry = zip.by_name(&member).map_err(|_| {
+                let entry = zip.by_name(&member).map_err(|_| {
                     let mut arrays: Vec<&str> = names
                         .iter()
                         .filter_map(|n| n.strip_suffix(".npy"))
@@ -83,17 +87,51 @@ impl Array {
                         format!("it has no array `{name}` (it has {})", arrays.join(", ")),
                     )
                 })?;
+                let size = entry.size();
+                let mut entry = std::io::BufReader::with_capacity(1 << 16, entry);
+                let prefix = entry.fill_buf().map_err(|e| Error::io(path, e))?;
+                declared_header(prefix, size)
+                    .map_err(|r| bad(path, format!("array `{name}`: {r}")))?;
                 let npy = NpyFile::new(&mut entry as &mut dyn Read)
                     .map_err(|e| bad(path, format!("array `{name}`: {e}")))?;
-                f(npy)
+                f(npy, size)
             }
         }
     }
 }
 
+/// The bytes of a `.npy` array's prefix and header, from its first bytes:
+/// npyz allocates the header's declared length, so a header longer than
+/// the file (a 13-byte file declaring 4 GiB) is refused before it reads.
+fn declared_header(bytes: &[u8], len: u64) -> std::result::Result<u64, String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        // Not a .npy prefix: npyz says what is wrong with it.
+        return Ok(0);
+    }
+    let (header, prefix) = match bytes[6] {
+        1 => (u64::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u64::from(u32::from_le_bytes([
+                bytes[8], bytes[9], bytes[10], bytes[11],
+            ])),
+            12,
+        ),
+        _ => return Ok(0),
+    };
+    if prefix + header > len {
+        return Err(format!(
+            "its header declares {header} bytes, but the file has {} after its {prefix}-byte prefix",
+            len.saturating_sub(prefix)
+        ));
+    }
+    Ok(prefix + header)
+}
+
 /// The array's shape and whether its dtype is an integer type; errors for
-/// dtypes that are not numbers and for Fortran order.
-fn header(array: &Array, npy: &NpyFile<&mut dyn Read>) -> Result<(Vec<usize>, bool)> {
+/// dtypes that are not numbers, for Fortran order, and for a shape whose
+/// data is larger than the `len` bytes the array has (checked before any
+/// element is read).
+fn header(array: &Array, npy: &NpyFile<&mut dyn Read>, len: u64) -> Result<(Vec<usize>, bool)> {
     let what = array.name();
     if npy.order() == npyz::Order::Fortran {
         return Err(bad(
@@ -122,6 +160,24 @@ fn header(array: &Array, npy: &NpyFile<&mut dyn Read>) -> Result<(Vec<usize>, bo
             ))
         }
     };
+    let DType::Plain(ts) = npy.dtype() else {
+        unreachable!("plain dtypes only past the match above")
+    };
+    let need = npy
+        .shape()
+        .iter()
+        .try_fold(ts.size_field(), |n, &d| n.checked_mul(d));
+    if need.is_none_or(|n| n > len) {
+        return Err(bad(
+            array.path(),
+            format!(
+                "{what}: its header declares shape {:?} of {}-byte values{}, but the array has {len} bytes",
+                npy.shape(),
+                ts.size_field(),
+                need.map_or(String::from(" (more bytes than a u64 counts)"), |n| format!(" ({n} bytes)")),
+            ),
+        ));
+    }
     Ok((npy.shape().iter().map(|&d| d as usize).collect(), integer))
 }
 
@@ -186,8 +242,8 @@ fn elements(
 
 /// A small array read whole.
 fn whole(array: &Array) -> Result<Whole> {
-    array.with(|npy| {
-        let (dims, integer) = header(array, &npy)?;
+    array.with(|npy, len| {
+        let (dims, integer) = header(array, &npy, len)?;
         let mut values = Vec::new();
         elements(array, npy, |v| {
             values.push(v);
@@ -229,7 +285,7 @@ impl Reader {
         labels: Option<Array>,
         targets: Option<Array>,
     ) -> Result<Self> {
-        let (dims, integer) = inputs.with(|npy| header(&inputs, &npy))?;
+        let (dims, integer) = inputs.with(|npy, len| header(&inputs, &npy, len))?;
         let len = dims.first().copied().unwrap_or(1);
         let read = |a: Option<Array>| -> Result<Option<(String, Whole)>> {
             a.map(|a| Ok((a.name(), whole(&a)?))).transpose()
@@ -249,7 +305,7 @@ impl Reader {
         // The inputs stream from their own thread, two blocks ahead at most.
         let (tx, blocks) = sync_channel(2);
         std::thread::spawn(move || {
-            let result = inputs.with(|npy| {
+            let result = inputs.with(|npy, _| {
                 let mut block = Vec::with_capacity(BLOCK);
                 let mut open = true;
                 elements(&inputs, npy, |v| {
