@@ -164,8 +164,15 @@ fn remove_stale(dir: &Path, stale: impl Fn(&str, u32) -> bool) -> usize {
     removed
 }
 
-/// Whether a process with this id runs (on other platforms: assume it does).
+/// Whether a process with this id runs (on other platforms: assume it
+/// does). A zombie — a killed worker its parent has not reaped yet, for
+/// the second or so it lingers — exists for `kill(pid, 0)` but writes
+/// nothing: on Linux its state in `/proc/PID/stat` says so.
 fn process_exists(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    if zombie(pid) {
+        return false;
+    }
     #[cfg(unix)]
     {
         let Ok(pid) = libc::pid_t::try_from(pid) else {
@@ -180,6 +187,20 @@ fn process_exists(pid: u32) -> bool {
         let _ = pid;
         true
     }
+}
+
+/// Whether `/proc/PID/stat` gives the process the state Z (a zombie) or X
+/// (dead). The state follows the command name's closing parenthesis,
+/// which may itself hold spaces and parentheses.
+#[cfg(target_os = "linux")]
+fn zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    matches!(state, Some("Z" | "X"))
 }
 
 /// `path` without `.` components and with `a/..` pairs removed (lexically:
@@ -258,6 +279,23 @@ pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_zombie_is_no_live_writer() {
+        // A child that has exited and is not reaped yet is a zombie.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !super::zombie(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(super::zombie(pid), "pid {pid} never became a zombie");
+        assert!(!super::process_exists(pid));
+        child.wait().unwrap();
+        assert!(super::process_exists(std::process::id()));
+        assert!(!super::zombie(std::process::id()));
+    }
+
     use super::*;
 
     #[test]

@@ -129,6 +129,31 @@ fn a_missing_file_is_named_once() {
 }
 
 #[test]
+fn a_stable_run_asked_for_a_dump_says_there_is_none_and_replay_says_why() {
+    let dir = scratch("no-dump");
+    let case = example_file(&dir, "cnn");
+    let scene = dir.join("scene");
+    let out = nanhunt(&[
+        "run",
+        case.to_str().unwrap(),
+        "--dump",
+        scene.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("no crash dump in"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stdout(&out).contains("--dump-at STEP"), "{}", stdout(&out));
+    let out = nanhunt(&["replay", scene.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--dump-at STEP"), "{err}");
+    assert_eq!(err.matches(scene.to_str().unwrap()).count(), 1, "{err}");
+}
+
+#[test]
 fn corrupt_journals_are_journal_errors_with_the_line() {
     let dir = scratch("hostile-journal");
     let out = nanhunt(&[

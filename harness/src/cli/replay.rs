@@ -13,6 +13,12 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
+    if !args.path.exists() {
+        anyhow::bail!(
+            "{}: no such scene or reproducer (`run --dump DIR` writes a scene only when the run fails; add `--dump-at STEP` for the scene of a step that does not)",
+            args.path.display()
+        );
+    }
     let report = crate::replay::replay_path(&args.path).map_err(super::in_file(&args.path))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -70,6 +70,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
                 println!("  crash dump: {}", dir.display())
             }
             (Some(dir), _, Some(at)) => println!("  scene of step {at}: {}", dir.display()),
+            (Some(dir), Outcome::Stable { .. }, None) => println!(
+                "  no crash dump in {}: the run stayed stable (`--dump-at STEP` writes the scene of a step whether or not it fails)",
+                dir.display()
+            ),
             _ => {}
         }
     }
