@@ -679,3 +679,81 @@ fn gradcheck_diff_and_lr_tables_run_on_a_dataset() {
         "{text}"
     );
 }
+
+/// The pin: a file swapped for an all-NaN one (by rename, in a loop) while
+/// it loads is refused as changed, or loaded as the file whose SHA-256 the
+/// load records — never a NaN file under the good file's hash.
+#[test]
+fn a_file_swapped_while_it_loads_is_refused_or_read_as_the_file_it_hashed() {
+    use nanhunt::data::files::{load, sha256};
+    let dir = crate::support::scratch("pin-swap");
+    let rows = |v: &str| {
+        let mut s = String::from("a,b,c,d,label\n");
+        for i in 0..2000 {
+            s.push_str(&format!("{v},{v},{v},{v},{}\n", i % 3));
+        }
+        s
+    };
+    let (good, bad) = (dir.join("good.csv"), dir.join("bad.csv"));
+    std::fs::write(&good, rows("1.5")).unwrap();
+    std::fs::write(&bad, rows("nan")).unwrap();
+    let good_hash = sha256(std::slice::from_ref(&good)).unwrap();
+    let bad_hash = sha256(std::slice::from_ref(&bad)).unwrap();
+    let data = dir.join("data.csv");
+    std::fs::copy(&good, &data).unwrap();
+    let mut source = nanhunt::spec::FileSource::new(&data);
+    source.labels = Some("label".into());
+    source.sha256 = Some(good_hash.clone());
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let swaps = std::sync::Arc::new(AtomicU64::new(0));
+    let swapper = {
+        let (stop, swaps, dir, data) = (stop.clone(), swaps.clone(), dir.clone(), data.clone());
+        let (good, bad) = (good.clone(), bad.clone());
+        std::thread::spawn(move || {
+            let tmp = dir.join("next.csv");
+            while !stop.load(Ordering::Relaxed) {
+                let n = swaps.load(Ordering::Relaxed);
+                let from = if n % 2 == 0 { &bad } else { &good };
+                std::fs::copy(from, &tmp).unwrap();
+                std::fs::rename(&tmp, &data).unwrap();
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    let started = std::time::Instant::now();
+    let mut i = 0;
+    // 300 loads and 100 swaps at least (within 30 s).
+    while (i < 300 || swaps.load(Ordering::Relaxed) < 100)
+        && started.elapsed() < std::time::Duration::from_secs(30)
+    {
+        i += 1;
+        // The process's cache is keyed by the file's size and mtime,
+        // which every swap changes: each load reads the file again.
+        match load(&source, 64 << 20) {
+            Ok(d) => {
+                assert_eq!(d.sha256.as_deref(), Some(good_hash.as_str()));
+                assert!(
+                    d.values.iter().all(|v| v.is_finite()),
+                    "load {i}: NaN under the good hash"
+                );
+                loaded += 1;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("the file changed") && e.contains(&bad_hash)
+                        || e.contains("No such file"),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    let swaps = swaps.load(Ordering::Relaxed);
+    assert!(swaps >= 100 && loaded + refused >= 300, "{swaps} swaps");
+    println!("{loaded} loaded, {refused} refused over {swaps} swaps");
+}

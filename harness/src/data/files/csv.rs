@@ -40,7 +40,7 @@ impl Reader {
                 "CSV datasets take a label column; dense targets need safetensors or NumPy",
             ));
         }
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = super::pinned::open(&path)?;
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(true)
             .trim(csv::Trim::All)

@@ -6,6 +6,7 @@
 
 mod csv;
 mod npy;
+pub mod pinned;
 mod safetensors;
 
 use super::dataset::{MemoryDataset, SampleShape};
@@ -144,7 +145,7 @@ pub fn sha256(files: &[PathBuf]) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for path in files {
-        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut f = pinned::open(path)?;
         loop {
             let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
             if n == 0 {
@@ -216,10 +217,12 @@ pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>>
                 return Err(too_large(source, u128::from(size), max_bytes));
             }
             // The hash first: a changed file is named as changed, not as
-            // whatever the change broke.
+            // whatever the change broke. Both read the pinned files.
+            let pins = pinned::Pins::hold(&files)?;
             let hash = sha256(&files)?;
             check_hash(source, &hash)?;
             let mut d = read_all(source, max_bytes)?;
+            drop(pins);
             d.sha256 = Some(hash);
             let d = Arc::new(d);
             let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());

@@ -57,7 +57,7 @@ impl Array {
     /// length in bytes to `f`.
     fn with<T>(&self, f: impl FnOnce(NpyFile<&mut dyn Read>, u64) -> Result<T>) -> Result<T> {
         let path = self.path();
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = super::pinned::open(path)?;
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
         match self {

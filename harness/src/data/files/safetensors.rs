@@ -80,7 +80,7 @@ fn convert(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) {
 impl Reader {
     pub fn open(source: &FileSource) -> Result<Self> {
         let path = source.path.clone();
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = super::pinned::open(&path)?;
         // SAFETY: the map is read-only; a file truncated under a running
         // scan is the one hazard of any mapped read, as in candle's loaders.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
