@@ -64,6 +64,14 @@ fn mask_inside_softmax(s: &Seen) -> Option<Inside> {
     })
 }
 
+/// The width of the last dimension of `x` when `out` is `x` reduced over
+/// it (with or without that dimension kept as 1), and it is not empty.
+pub(super) fn reduced_last(x_dims: &[usize], out_dims: &[usize]) -> Option<usize> {
+    let (&width, lead) = x_dims.split_last()?;
+    let reduced = out_dims == lead || out_dims.split_last() == Some((&1, lead));
+    (reduced && width > 0).then_some(width)
+}
+
 /// The dimension along which `out` is `x` one shorter: a ratio (or a
 /// difference) of `x` to itself shifted by one.
 pub(super) fn shifted_dim(x_dims: &[usize], out_dims: &[usize]) -> Option<usize> {
@@ -139,9 +147,8 @@ fn zero_times_log_of_zero(s: &Seen) -> Option<Inside> {
 /// one output per row) that is +inf on rows with an entry past ln(max):
 /// the exp overflows before the sum and the log.
 fn overflowed_exp(s: &Seen) -> Option<Inside> {
-    let (&width, lead) = s.x_dims.split_last()?;
-    let reduced = s.out_dims == lead || s.out_dims.split_last() == Some((&1, lead));
-    if !reduced || width == 0 || s.out.iter().any(|v| v.is_nan()) {
+    let width = reduced_last(s.x_dims, s.out_dims)?;
+    if s.out.iter().any(|v| v.is_nan()) {
         return None;
     }
     let ln_max = s.limit.ln();

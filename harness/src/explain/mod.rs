@@ -309,12 +309,10 @@ fn zero_rows_of_a_root(
     stage: &Tensor,
     g: &[f64],
 ) -> Result<Option<usize>> {
-    let (xd, od) = (x.dims(), stage.dims());
-    let Some((&width, lead)) = xd.split_last() else {
+    let Some(width) = inside::reduced_last(x.dims(), stage.dims()) else {
         return Ok(None);
     };
-    let reduced = od == lead || (od.split_last() == Some((&1, lead)));
-    if !reduced || width == 0 || g.len() != out.len() * width {
+    if g.len() != out.len() * width {
         return Ok(None);
     }
     let xs = values(x)?;

@@ -12,6 +12,7 @@ use crate::intervention::substitute::{
     below_one, eps, exp_cap, exp_scale, fits, log_space_floor, mask_fill, norm_eps,
 };
 use crate::models::Record;
+use crate::spec::machine_epsilon;
 use candle_core::Tensor;
 
 /// The formulation for `pattern` at a stage that made `out`; `reads` are
@@ -57,7 +58,7 @@ pub(super) fn choose(
         Pattern::SaturatedGate => vec![
             (
                 Substitute::LogSpaceSigmoid {
-                    eps: 1.0 - below_one(dt),
+                    eps: machine_epsilon(dt),
                 },
                 LOGITS,
             ),
@@ -133,9 +134,9 @@ pub(super) fn choose(
             continue;
         };
         let made = replaced.map_or(out, |r| &r.output);
-        // Moving the input needs no fit: the pattern was read from it.
-        let shape_only = matches!(s, Substitute::SoftmaxOfMaskedRows);
-        if s.moves_input() || shape_only || fits(s, &read.output, made)? {
+        // Moving the input needs no fit (the pattern was read from it):
+        // `fits` has no naive form to check for it.
+        if fits(s, &read.output, made)? {
             return Ok(Some(Formulation {
                 reads: read.name.clone(),
                 replaces: replaced.map(|r| r.name.clone()),

@@ -100,13 +100,13 @@ impl Array {
     }
 }
 
-/// The bytes of a `.npy` array's prefix and header, from its first bytes:
-/// npyz allocates the header's declared length, so a header longer than
-/// the file (a 13-byte file declaring 4 GiB) is refused before it reads.
-fn declared_header(bytes: &[u8], len: u64) -> std::result::Result<u64, String> {
+/// Checks the header length a `.npy` array's first bytes declare against
+/// its `len` bytes: npyz allocates the declared length, so a header longer
+/// than the file (a 13-byte file declaring 4 GiB) is refused before it reads.
+fn declared_header(bytes: &[u8], len: u64) -> std::result::Result<(), String> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         // Not a .npy prefix: npyz says what is wrong with it.
-        return Ok(0);
+        return Ok(());
     }
     let (header, prefix) = match bytes[6] {
         1 => (u64::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
@@ -116,7 +116,7 @@ fn declared_header(bytes: &[u8], len: u64) -> std::result::Result<u64, String> {
             ])),
             12,
         ),
-        _ => return Ok(0),
+        _ => return Ok(()),
     };
     if prefix + header > len {
         return Err(format!(
@@ -124,7 +124,7 @@ fn declared_header(bytes: &[u8], len: u64) -> std::result::Result<u64, String> {
             len.saturating_sub(prefix)
         ));
     }
-    Ok(prefix + header)
+    Ok(())
 }
 
 /// The array's shape and whether its dtype is an integer type; errors for
@@ -139,10 +139,11 @@ fn header(array: &Array, npy: &NpyFile<&mut dyn Read>, len: u64) -> Result<(Vec<
             format!("{what} is in Fortran order: save it with np.ascontiguousarray"),
         ));
     }
-    let integer = match npy.dtype() {
+    let (integer, size) = match npy.dtype() {
         DType::Plain(ts) => match (ts.type_char(), ts.size_field()) {
-            (TypeChar::Float, 2 | 4 | 8) => false,
-            (TypeChar::Int | TypeChar::Uint, 1 | 2 | 4 | 8) | (TypeChar::Bool, 1) => true,
+            (TypeChar::Float, size @ (2 | 4 | 8)) => (false, size),
+            (TypeChar::Int | TypeChar::Uint, size @ (1 | 2 | 4 | 8))
+            | (TypeChar::Bool, size @ 1) => (true, size),
             _ => {
                 return Err(bad(
                     array.path(),
@@ -160,20 +161,14 @@ fn header(array: &Array, npy: &NpyFile<&mut dyn Read>, len: u64) -> Result<(Vec<
             ))
         }
     };
-    let DType::Plain(ts) = npy.dtype() else {
-        unreachable!("plain dtypes only past the match above")
-    };
-    let need = npy
-        .shape()
-        .iter()
-        .try_fold(ts.size_field(), |n, &d| n.checked_mul(d));
+    let need = npy.shape().iter().try_fold(size, |n, &d| n.checked_mul(d));
     if need.is_none_or(|n| n > len) {
         return Err(bad(
             array.path(),
             format!(
                 "{what}: its header declares shape {:?} of {}-byte values{}, but the array has {len} bytes",
                 npy.shape(),
-                ts.size_field(),
+                size,
                 need.map_or(String::from(" (more bytes than a u64 counts)"), |n| format!(" ({n} bytes)")),
             ),
         ));

@@ -64,16 +64,18 @@ pub(in crate::diagnose) fn title(e: &Explanation) -> String {
 
 /// The intervention that stands in for the repair of `e`'s stage.
 pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
-    // Without a formulation that fits, an overflowing exp's stand-in is
-    // a clamp of its input: saturation.
-    let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
     match &e.formulation {
         Some(f) => Intervention {
             substitute: Some(f.substitute),
             at: f.replaces.clone(),
             ..Intervention::guard(&e.stage, Some(&f.reads), false)
         },
-        None => Intervention::guard(&e.stage, e.input.as_deref(), saturate),
+        // Without a formulation that fits, an overflowing exp's stand-in
+        // is a clamp of its input: saturation.
+        None => {
+            let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
+            Intervention::guard(&e.stage, e.input.as_deref(), saturate)
+        }
     }
 }
 
