@@ -317,3 +317,151 @@ fn data_files_that_declare_more_than_they_hold_are_refused_before_they_allocate(
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stdout(&out).contains("3 samples"), "{}", stdout(&out));
 }
+
+/// Runs nanhunt as the one child of a Python parent and returns its
+/// output with its peak resident memory in MiB (`getrusage` of the
+/// parent's children: only this process counts).
+fn with_peak_memory(args: &[&str]) -> (std::process::Output, f64) {
+    let dir = scratch("peak-memory");
+    let rss = dir.join(format!("rss-{}", std::process::id()));
+    let script = "import resource, subprocess, sys\n\
+                  r = subprocess.run(sys.argv[2:])\n\
+                  open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n\
+                  sys.exit(r.returncode)";
+    let out = Command::new("python3")
+        .args(["-c", script, rss.to_str().unwrap()])
+        .arg(binary())
+        .args(args)
+        .output()
+        .expect("python3 runs the memory probe");
+    let kib: f64 = std::fs::read_to_string(&rss)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (out, kib / 1024.0)
+}
+
+#[test]
+fn scan_data_memory_does_not_grow_with_the_sample_count() {
+    let dir = scratch("scan-bounded");
+    // 4M one-value samples, all distinct but every 100th a copy of the one
+    // before it, and three NaNs: an exact duplicate table alone would take
+    // 64 MiB.
+    let n = 1usize << 22;
+    let values: Vec<f32> = (0..n)
+        .map(|i| match i {
+            7 | 70_000 | 4_000_000 => f32::NAN,
+            i if i % 100 == 99 => (i - 1) as f32,
+            i => i as f32,
+        })
+        .collect();
+    let file = dir.join("many.npy");
+    npy(&file, &format!("({n}, 1)"), &values);
+    let f = file.to_str().unwrap();
+    let args = [
+        "scan-data",
+        f,
+        "--no-labels",
+        "--max-memory-mib",
+        "16",
+        "--report",
+        "json",
+    ];
+    let (out, peak) = with_peak_memory(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        peak <= 48.0,
+        "scan-data held {peak:.1} MiB at --max-memory-mib 16"
+    );
+    let scan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(scan["samples"], n);
+    let problem = |kind: &str| {
+        scan["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} in {scan}"))
+    };
+    assert_eq!(problem("nan")["count"], 3);
+    assert_eq!(
+        problem("nan")["indices"],
+        serde_json::json!([7, 70_000, 4_000_000])
+    );
+    // Duplicates are estimated past the table, within the error stated.
+    let sketch = &scan["sketches"]["duplicates"];
+    assert_eq!(sketch["exact"], false, "{sketch}");
+    // Every 100th sample, and the two NaN samples after the first (equal bits).
+    let truth = (n / 100 + 2) as f64;
+    let estimated = problem("duplicate_sample")["count"].as_f64().unwrap();
+    let error = sketch["relative_error"].as_f64().unwrap();
+    assert!(
+        (estimated - truth).abs() <= error * truth,
+        "estimated {estimated} duplicates of {truth}, ±{error}"
+    );
+}
+
+#[test]
+fn a_csv_line_past_its_bound_and_an_inflating_archive_stay_within_the_limit() {
+    let dir = scratch("hostile-csv-npz");
+    // One 2 MiB line: at a 16 MiB limit a record is bounded to 1 MiB.
+    let csv = dir.join("long_line.csv");
+    let mut text = String::from("x,label\n1,0\n");
+    text.push_str(&"1".repeat(2 << 20));
+    text.push_str(",0\n");
+    std::fs::write(&csv, text).unwrap();
+    let c = csv.to_str().unwrap();
+    let out = limited(&[
+        "scan-data",
+        c,
+        "--labels",
+        "label",
+        "--max-memory-mib",
+        "16",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(csv.to_str().unwrap()) && err.contains("line 3 is longer than 1 MiB"),
+        "{err}"
+    );
+    // A 256 MiB array of zeros deflated to a fraction of a MiB: scanned in
+    // bounded memory, every sample all-zero.
+    let npz = dir.join("bomb.npz");
+    let script = "import sys, zipfile\n\
+                  n, f = 1 << 20, 64\n\
+                  h = \"{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }\" % (n, f)\n\
+                  h += ' ' * ((64 - (10 + len(h) + 1) % 64) % 64) + '\\n'\n\
+                  with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z:\n\
+                  \x20   with z.open('inputs.npy', 'w', force_zip64=True) as m:\n\
+                  \x20       m.write(b'\\x93NUMPY\\x01\\x00' + len(h).to_bytes(2, 'little') + h.encode())\n\
+                  \x20       block = bytes(1 << 20)\n\
+                  \x20       for _ in range(n * f * 4 >> 20): m.write(block)\n";
+    let made = Command::new("python3")
+        .args(["-c", script, npz.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    assert!(std::fs::metadata(&npz).unwrap().len() < 2 << 20);
+    let f = npz.to_str().unwrap();
+    let args = [
+        "scan-data",
+        f,
+        "--no-labels",
+        "--max-memory-mib",
+        "16",
+        "--report",
+        "json",
+    ];
+    let (out, peak) = with_peak_memory(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        peak <= 48.0,
+        "scan-data held {peak:.1} MiB inflating 256 MiB"
+    );
+    let scan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(scan["problems"][0]["kind"], "all_zero_sample");
+    assert_eq!(scan["problems"][0]["count"], 1 << 20);
+}

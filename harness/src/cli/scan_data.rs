@@ -41,6 +41,11 @@ pub struct Args {
     /// Sample indices listed per problem (all are counted).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     max_listed: u64,
+    /// Memory the scan may hold, in MiB: it sizes the chunk read at a time,
+    /// the quantile sample and the duplicate table (exact up to about 7k
+    /// samples per MiB, estimated past it, with the error stated).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
+    max_memory_mib: u64,
     #[arg(long, value_enum, default_value = "md")]
     report: Format,
     /// Write the report here instead of printing it.
@@ -80,6 +85,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.classes = args.classes.map(|c| c as usize);
     opts.extreme = args.extreme;
     opts.max_listed = args.max_listed as usize;
+    opts.max_memory = (args.max_memory_mib as usize) << 20;
     let scan = scan_file(&source, &opts).map_err(super::in_file(&args.file))?;
     // Nothing scanned is no clean bill: training would refuse it too.
     if scan.samples == 0 {

@@ -270,6 +270,7 @@ impl Evidence {
                     classes: Some(case.model.classes()),
                     extreme: EXTREME,
                     max_listed: usize::MAX,
+                    max_memory: max,
                 };
                 Some(crate::data::scan::scan_dataset(&**d, Some(&drawn), &opts)?)
             }

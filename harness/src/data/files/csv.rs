@@ -2,7 +2,9 @@
 //! row, the label column named by the source and every other column a
 //! numeric feature. An empty field or `nan` is a missing value (NaN), as
 //! pandas reads it; anything else that is not a number is an error naming
-//! the line and the column.
+//! the line and the column. A line longer than the reader's bound is
+//! refused before the parser buffers it (a record costs about ten times
+//! its text once split into fields and values).
 
 use super::{Chunk, SampleReader};
 use crate::data::dataset::SampleShape;
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub struct Reader {
     path: PathBuf,
-    rows: csv::StringRecordsIntoIter<std::io::BufReader<std::fs::File>>,
+    rows: csv::StringRecordsIntoIter<Lines<std::io::BufReader<std::fs::File>>>,
     header: Vec<String>,
     label: Option<usize>,
     shape: SampleShape,
@@ -20,6 +22,43 @@ pub struct Reader {
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::malformed(Document::Dataset, path, reason)
+}
+
+/// A reader that fails once a line runs past `max` bytes.
+struct Lines<R> {
+    inner: R,
+    max: usize,
+    line: usize,
+    /// Lines ended so far (the one that runs long is this plus one).
+    number: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Lines<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // Hand out at most what is left of the line's allowance, so the
+        // parser never holds more than one bound of a line.
+        let room = (self.max - self.line).max(1).min(buf.len());
+        let n = self.inner.read(&mut buf[..room])?;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                self.line = 0;
+                self.number += 1;
+            } else {
+                self.line += 1;
+                if self.line >= self.max {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "line {} is longer than {} MiB, the bound for a CSV record under this memory limit",
+                            self.number + 1,
+                            self.max >> 20
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// A field as a number; empty and `nan` are missing values.
@@ -32,7 +71,8 @@ fn number(field: &str) -> Option<f64> {
 }
 
 impl Reader {
-    pub fn open(source: &FileSource) -> Result<Self> {
+    /// Opens the file; a line longer than `max_line` bytes is an error.
+    pub fn open(source: &FileSource, max_line: usize) -> Result<Self> {
         let path = source.path.clone();
         if source.targets.is_some() {
             return Err(Error::invalid(
@@ -44,7 +84,12 @@ impl Reader {
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(true)
             .trim(csv::Trim::All)
-            .from_reader(std::io::BufReader::with_capacity(1 << 20, file));
+            .from_reader(Lines {
+                inner: std::io::BufReader::with_capacity(1 << 20, file),
+                max: max_line.max(1 << 16),
+                line: 0,
+                number: 0,
+            });
         let header: Vec<String> = reader
             .headers()
             .map_err(|e| bad(&path, e.to_string()))?

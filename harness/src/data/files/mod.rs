@@ -30,21 +30,6 @@ impl Chunk {
         self.labels.clear();
         self.targets.clear();
     }
-
-    /// Appends the preloaded labels and targets of samples `rows`.
-    fn extend_parts(
-        &mut self,
-        shape: &SampleShape,
-        labels: &[i64],
-        targets: &[f64],
-        rows: std::ops::Range<usize>,
-    ) {
-        let (l, t) = (shape.labels, shape.targets);
-        self.labels
-            .extend_from_slice(&labels[rows.start * l..rows.end * l]);
-        self.targets
-            .extend_from_slice(&targets[rows.start * t..rows.end * t]);
-    }
 }
 
 /// A dataset file opened for reading, sample by sample.
@@ -109,14 +94,15 @@ pub fn files_of(source: &FileSource) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Opens a source's file(s) for streaming.
-pub fn open(source: &FileSource) -> Result<Box<dyn SampleReader>> {
+/// Opens a source's file(s) for streaming, under a memory limit of
+/// `max_bytes` (it bounds a CSV record to a sixteenth of it).
+pub fn open(source: &FileSource, max_bytes: usize) -> Result<Box<dyn SampleReader>> {
     present(source, &files_of(source)?)?;
     Ok(match format_of(source)? {
         FileFormat::Safetensors => Box::new(safetensors::Reader::open(source)?),
         FileFormat::Npy => Box::new(npy::Reader::open_npy(source)?),
         FileFormat::Npz => Box::new(npy::Reader::open_npz(source)?),
-        FileFormat::Csv => Box::new(csv::Reader::open(source)?),
+        FileFormat::Csv => Box::new(csv::Reader::open(source, max_bytes / 16)?),
     })
 }
 
@@ -250,7 +236,7 @@ fn check_hash(source: &FileSource, have: &str) -> Result<()> {
 }
 
 fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
-    let mut reader = open(source)?;
+    let mut reader = open(source, max_bytes)?;
     let shape = reader.shape().clone();
     // Scanning reads inputs alone; training needs what to train toward.
     if shape.labels == 0 && shape.targets == 0 {
@@ -318,24 +304,30 @@ fn sample_dims(dims: &[usize]) -> Vec<usize> {
     }
 }
 
-/// A part of a file read whole: its values, the values per sample (the
-/// product of the dims after the first) and whether its dtype is integer.
-struct Whole {
-    values: Vec<f64>,
+/// A part of a file (labels or targets) as its header declares it: the
+/// samples it holds, its values per sample (the product of the dims after
+/// the first) and whether its dtype is integer. Parts stream beside the
+/// inputs, so a scan holds a chunk of them, never the whole part.
+struct Part {
+    name: String,
+    samples: usize,
     per: usize,
     integer: bool,
 }
 
-/// The parts of a file laid out per sample: the samples' shape, the
-/// integer labels and the dense targets.
-struct Layout {
-    shape: SampleShape,
-    labels: Vec<i64>,
-    targets: Vec<f64>,
+impl Part {
+    fn of(name: &str, dims: &[usize], integer: bool) -> Self {
+        Part {
+            name: name.to_string(),
+            samples: dims.first().copied().unwrap_or(1),
+            per: dims.iter().skip(1).product(),
+            integer,
+        }
+    }
 }
 
-/// Lays out a file of `len` samples of `dims` (`integer` inputs) with its
-/// labels (named as the error should name them) and targets, checking
+/// The shape of a file of `len` samples of `dims` (`integer` inputs) with
+/// its labels and targets (named as the error should name them), checking
 /// that they hold as many samples as the inputs; errors name the file and
 /// the part. Labels must be of an integer dtype.
 fn layout(
@@ -343,9 +335,9 @@ fn layout(
     len: usize,
     dims: Vec<usize>,
     integer: bool,
-    labels: Option<(String, Whole)>,
-    targets: Option<(String, Whole)>,
-) -> Result<Layout> {
+    labels: Option<&Part>,
+    targets: Option<&Part>,
+) -> Result<SampleShape> {
     let bad = |reason: String| Error::malformed(Document::Dataset, path, reason);
     let mut shape = SampleShape {
         dims,
@@ -353,31 +345,24 @@ fn layout(
         labels: 0,
         targets: 0,
     };
-    for (part, slot) in [(&labels, &mut shape.labels), (&targets, &mut shape.targets)] {
-        if let Some((name, w)) = part {
-            if w.values.len() != len * w.per {
+    for (part, slot) in [(labels, &mut shape.labels), (targets, &mut shape.targets)] {
+        if let Some(p) = part {
+            if p.samples != len {
                 return Err(bad(format!(
-                    "`{name}` holds {} samples, the inputs {len}",
-                    w.values.len() / w.per.max(1)
+                    "`{}` holds {} samples, the inputs {len}",
+                    p.name, p.samples
                 )));
             }
-            *slot = w.per;
+            *slot = p.per;
         }
     }
-    let labels = match labels {
-        Some((name, w)) if !w.integer => {
-            return Err(bad(format!(
-                "`{name}` must hold integer class labels, but its dtype is a float type"
-            )))
-        }
-        Some((_, w)) => w.values.into_iter().map(|v| v as i64).collect(),
-        None => Vec::new(),
-    };
-    Ok(Layout {
-        shape,
-        labels,
-        targets: targets.map(|(_, w)| w.values).unwrap_or_default(),
-    })
+    if let Some(p) = labels.filter(|p| !p.integer) {
+        return Err(bad(format!(
+            "`{}` must hold integer class labels, but its dtype is a float type",
+            p.name
+        )));
+    }
+    Ok(shape)
 }
 
 #[cfg(test)]

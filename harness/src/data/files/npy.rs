@@ -1,10 +1,11 @@
 //! NumPy datasets, parsed by `npyz`: a `.npy` file holds the inputs (its
 //! labels and targets are `.npy` files beside it, named by the source), a
 //! `.npz` archive (`np.savez`, compressed or not, read with `zip`) holds
-//! them as named arrays. The inputs stream from a reader thread through a
-//! bounded channel, so an archive member is decompressed a chunk at a time.
+//! them as named arrays. Every array streams from its own reader thread
+//! through a bounded channel, so an archive member is decompressed a chunk
+//! at a time and no part is held whole.
 
-use super::{layout, sample_dims, Chunk, Layout, SampleReader, Whole};
+use super::{layout, sample_dims, Chunk, Part, SampleReader};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
@@ -21,11 +22,62 @@ pub struct Reader {
     shape: SampleShape,
     len: usize,
     next: usize,
-    labels: Vec<i64>,
-    targets: Vec<f64>,
+    inputs: Stream,
+    labels: Option<Stream>,
+    targets: Option<Stream>,
+}
+
+/// An array's elements as they arrive from its reader thread.
+struct Stream {
     blocks: Receiver<Result<Vec<f64>>>,
     /// Values received but not handed out yet.
     pending: Vec<f64>,
+}
+
+impl Stream {
+    /// Starts reading the array's elements on their own thread, two blocks
+    /// ahead at most.
+    fn spawn(array: Array) -> Stream {
+        let (tx, blocks) = sync_channel(2);
+        std::thread::spawn(move || {
+            let result = array.with(|npy, _| {
+                let mut block = Vec::with_capacity(BLOCK);
+                let mut open = true;
+                elements(&array, npy, |v| {
+                    block.push(v);
+                    if block.len() == BLOCK {
+                        let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
+                        // The reader was dropped: stop reading.
+                        open = tx.send(Ok(full)).is_ok();
+                    }
+                    open
+                })?;
+                if open && !block.is_empty() {
+                    let _ = tx.send(Ok(block));
+                }
+                Ok(())
+            });
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+            }
+        });
+        Stream {
+            blocks,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Hands the next `n` elements to `out`; false when the array ended first.
+    fn take(&mut self, n: usize, mut out: impl FnMut(f64)) -> Result<bool> {
+        while self.pending.len() < n {
+            match self.blocks.recv() {
+                Ok(block) => self.pending.extend(block?),
+                Err(_) => return Ok(false),
+            }
+        }
+        self.pending.drain(..n).for_each(&mut out);
+        Ok(true)
+    }
 }
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
@@ -235,24 +287,6 @@ fn elements(
     Ok(())
 }
 
-/// A small array read whole.
-fn whole(array: &Array) -> Result<Whole> {
-    array.with(|npy, len| {
-        let (dims, integer) = header(array, &npy, len)?;
-        let mut values = Vec::new();
-        elements(array, npy, |v| {
-            values.push(v);
-            true
-        })?;
-        let per = dims.iter().skip(1).product();
-        Ok(Whole {
-            values,
-            per,
-            integer,
-        })
-    })
-}
-
 impl Reader {
     pub fn open_npy(source: &FileSource) -> Result<Self> {
         let files = super::files_of(source)?;
@@ -282,54 +316,30 @@ impl Reader {
     ) -> Result<Self> {
         let (dims, integer) = inputs.with(|npy, len| header(&inputs, &npy, len))?;
         let len = dims.first().copied().unwrap_or(1);
-        let read = |a: Option<Array>| -> Result<Option<(String, Whole)>> {
-            a.map(|a| Ok((a.name(), whole(&a)?))).transpose()
+        let declared = |a: &Option<Array>| -> Result<Option<Part>> {
+            a.as_ref()
+                .map(|a| {
+                    let (dims, integer) = a.with(|npy, len| header(a, &npy, len))?;
+                    Ok(Part::of(&a.name(), &dims, integer))
+                })
+                .transpose()
         };
-        let Layout {
-            shape,
-            labels,
-            targets,
-        } = layout(
+        let shape = layout(
             &source.path,
             len,
             sample_dims(&dims),
             integer,
-            read(labels)?,
-            read(targets)?,
+            declared(&labels)?.as_ref(),
+            declared(&targets)?.as_ref(),
         )?;
-        // The inputs stream from their own thread, two blocks ahead at most.
-        let (tx, blocks) = sync_channel(2);
-        std::thread::spawn(move || {
-            let result = inputs.with(|npy, _| {
-                let mut block = Vec::with_capacity(BLOCK);
-                let mut open = true;
-                elements(&inputs, npy, |v| {
-                    block.push(v);
-                    if block.len() == BLOCK {
-                        let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
-                        // The reader was dropped: stop reading.
-                        open = tx.send(Ok(full)).is_ok();
-                    }
-                    open
-                })?;
-                if open && !block.is_empty() {
-                    let _ = tx.send(Ok(block));
-                }
-                Ok(())
-            });
-            if let Err(e) = result {
-                let _ = tx.send(Err(e));
-            }
-        });
         Ok(Reader {
             path: source.path.clone(),
             shape,
             len,
             next: 0,
-            labels,
-            targets,
-            blocks,
-            pending: Vec::new(),
+            inputs: Stream::spawn(inputs),
+            labels: labels.map(Stream::spawn),
+            targets: targets.map(Stream::spawn),
         })
     }
 }
@@ -348,23 +358,28 @@ impl SampleReader for Reader {
         if k == 0 {
             return Ok(0);
         }
-        let need = k * self.shape.numel();
-        while self.pending.len() < need {
-            match self.blocks.recv() {
-                Ok(block) => self.pending.extend(block?),
-                Err(_) => break,
+        let ended = |what: &str| {
+            bad(
+                &self.path,
+                format!("the {what} ended before their shape said"),
+            )
+        };
+        if !self
+            .inputs
+            .take(k * self.shape.numel(), |v| chunk.values.push(v))?
+        {
+            return Err(ended("inputs"));
+        }
+        if let Some(s) = &mut self.labels {
+            if !s.take(k * self.shape.labels, |v| chunk.labels.push(v as i64))? {
+                return Err(ended("labels"));
             }
         }
-        if self.pending.len() < need {
-            return Err(bad(&self.path, "the inputs ended before their shape said"));
+        if let Some(s) = &mut self.targets {
+            if !s.take(k * self.shape.targets, |v| chunk.targets.push(v))? {
+                return Err(ended("targets"));
+            }
         }
-        chunk.values.extend(self.pending.drain(..need));
-        chunk.extend_parts(
-            &self.shape,
-            &self.labels,
-            &self.targets,
-            self.next..self.next + k,
-        );
         self.next += k;
         Ok(k)
     }

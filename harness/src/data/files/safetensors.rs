@@ -1,10 +1,10 @@
 //! safetensors datasets: named tensors for the inputs (samples first), the
 //! labels ((N) or (N, T) for per-token labels) and the dense targets.
-//! The file is memory-mapped and parsed by the `safetensors` crate; inputs
-//! are converted a chunk at a time and the pages already read are given
-//! back, so a scan of a file larger than memory stays small.
+//! The file is memory-mapped and parsed by the `safetensors` crate; every
+//! tensor is converted a chunk of samples at a time and the pages already
+//! read are given back, so a scan of a file larger than memory stays small.
 
-use super::{layout, sample_dims, Chunk, Layout, SampleReader, Whole};
+use super::{layout, sample_dims, Chunk, Part, SampleReader};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
@@ -12,19 +12,46 @@ use ::safetensors::{Dtype, SafeTensors};
 use memmap2::Mmap;
 use std::path::Path;
 
-pub struct Reader {
-    map: Mmap,
-    /// The inputs' bytes within the map, their dtype and bytes per sample.
+/// One tensor's bytes within the map, read a chunk of samples at a time.
+struct Region {
     start: usize,
     dtype: Dtype,
     sample_bytes: usize,
+    /// Bytes before this offset were read and given back to the OS.
+    released: usize,
+}
+
+impl Region {
+    /// The bytes of samples `rows`.
+    fn range(&self, rows: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        self.start + rows.start * self.sample_bytes..self.start + rows.end * self.sample_bytes
+    }
+
+    /// Gives the pages before `upto` back to the OS (whole pages only): the
+    /// map then holds what a chunk needs, not the file.
+    fn release(&mut self, map: &Mmap, upto: usize) {
+        const PAGE: usize = 4096;
+        let from = self.released.max(self.start / PAGE * PAGE);
+        let end = upto / PAGE * PAGE;
+        if end > from {
+            // SAFETY: the pages are never read again (samples are read in
+            // order); were they, they would be read from the file again.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, end - from)
+            };
+            self.released = end;
+        }
+    }
+}
+
+pub struct Reader {
+    map: Mmap,
+    inputs: Region,
+    labels: Option<Region>,
+    targets: Option<Region>,
     len: usize,
     next: usize,
     shape: SampleShape,
-    labels: Vec<i64>,
-    targets: Vec<f64>,
-    /// Bytes before this offset were read and given back to the OS.
-    released: usize,
     classes: Option<usize>,
 }
 
@@ -77,6 +104,30 @@ fn convert(dtype: Dtype, bytes: &[u8], out: &mut Vec<f64>) {
     }
 }
 
+/// Appends little-endian integer elements of `dtype` as i64 (labels).
+fn integers(dtype: Dtype, bytes: &[u8], out: &mut Vec<i64>) {
+    macro_rules! each {
+        ($t:ty, $n:expr) => {
+            out.extend(
+                bytes
+                    .chunks_exact($n)
+                    .map(|b| <$t>::from_le_bytes(b.try_into().expect("chunk size")) as i64),
+            )
+        };
+    }
+    match dtype {
+        Dtype::I64 => each!(i64, 8),
+        Dtype::U64 => each!(u64, 8),
+        Dtype::I32 => each!(i32, 4),
+        Dtype::U32 => each!(u32, 4),
+        Dtype::I16 => each!(i16, 2),
+        Dtype::U16 => each!(u16, 2),
+        Dtype::I8 => each!(i8, 1),
+        Dtype::U8 => each!(u8, 1),
+        _ => unreachable!("layout() admits integer labels only"),
+    }
+}
+
 impl Reader {
     pub fn open(source: &FileSource) -> Result<Self> {
         let path = source.path.clone();
@@ -95,74 +146,51 @@ impl Reader {
                 )
             })
         };
-        let inputs = view(&source.inputs)?;
-        let dtype = inputs.dtype();
         let (_, meta) = SafeTensors::read_metadata(&map).map_err(|e| bad(&path, e.to_string()))?;
         let classes = meta
             .metadata()
             .as_ref()
             .and_then(|m| m.get("classes"))
             .and_then(|c| c.parse().ok());
-        let (size, integer) = element(&path, &source.inputs, inputs.dtype())?;
+        // A tensor's region, and its declared part.
+        let region = |name: &str| -> Result<(Region, Part)> {
+            let v = view(name)?;
+            let (size, integer) = element(&path, name, v.dtype())?;
+            let part = Part::of(name, v.shape(), integer);
+            let region = Region {
+                start: v.data().as_ptr() as usize - map.as_ptr() as usize,
+                dtype: v.dtype(),
+                sample_bytes: size * part.per,
+                released: 0,
+            };
+            Ok((region, part))
+        };
+        let inputs = view(&source.inputs)?;
+        let (_, integer) = element(&path, &source.inputs, inputs.dtype())?;
         let len = inputs.shape().first().copied().unwrap_or(1);
         let dims = sample_dims(inputs.shape());
-        let start = inputs.data().as_ptr() as usize - map.as_ptr() as usize;
-        let whole = |name: &str| -> Result<(String, Whole)> {
-            let v = view(name)?;
-            let (_, integer) = element(&path, name, v.dtype())?;
-            let mut values = Vec::new();
-            convert(v.dtype(), v.data(), &mut values);
-            let per = v.shape().iter().skip(1).product();
-            Ok((
-                name.to_string(),
-                Whole {
-                    values,
-                    per,
-                    integer,
-                },
-            ))
-        };
-        let labels = source.labels.as_deref().map(whole).transpose()?;
-        let targets = source.targets.as_deref().map(whole).transpose()?;
-        let Layout {
-            shape,
-            labels,
-            targets,
-        } = layout(&path, len, dims, integer, labels, targets)?;
-        let sample_bytes = size * shape.numel();
+        let (inputs, _) = region(&source.inputs)?;
+        let labels = source.labels.as_deref().map(region).transpose()?;
+        let targets = source.targets.as_deref().map(region).transpose()?;
+        let shape = layout(
+            &path,
+            len,
+            dims,
+            integer,
+            labels.as_ref().map(|(_, p)| p),
+            targets.as_ref().map(|(_, p)| p),
+        )?;
         drop(st);
         Ok(Reader {
             map,
-            start,
-            dtype,
-            sample_bytes,
+            inputs,
+            labels: labels.map(|(r, _)| r),
+            targets: targets.map(|(r, _)| r),
             len,
             next: 0,
             shape,
-            labels,
-            targets,
-            released: 0,
             classes,
         })
-    }
-
-    /// Gives the pages of inputs already read back to the OS (whole pages
-    /// only): the map then holds what a chunk needs, not the file.
-    fn release(&mut self, upto: usize) {
-        const PAGE: usize = 4096;
-        let end = upto / PAGE * PAGE;
-        if end > self.released {
-            // SAFETY: the pages are never read again (samples are read in
-            // order); were they, they would be read from the file again.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    self.released,
-                    end - self.released,
-                )
-            };
-            self.released = end;
-        }
     }
 }
 
@@ -184,17 +212,22 @@ impl SampleReader for Reader {
         if k == 0 {
             return Ok(0);
         }
-        let from = self.start + self.next * self.sample_bytes;
-        let to = from + k * self.sample_bytes;
-        convert(self.dtype, &self.map[from..to], &mut chunk.values);
-        chunk.extend_parts(
-            &self.shape,
-            &self.labels,
-            &self.targets,
-            self.next..self.next + k,
-        );
+        let rows = self.next..self.next + k;
+        let map = &self.map;
+        let bytes = self.inputs.range(rows.clone());
+        convert(self.inputs.dtype, &map[bytes.clone()], &mut chunk.values);
+        self.inputs.release(map, bytes.end);
+        if let Some(r) = &mut self.labels {
+            let bytes = r.range(rows.clone());
+            integers(r.dtype, &map[bytes.clone()], &mut chunk.labels);
+            r.release(map, bytes.end);
+        }
+        if let Some(r) = &mut self.targets {
+            let bytes = r.range(rows);
+            convert(r.dtype, &map[bytes.clone()], &mut chunk.targets);
+            r.release(map, bytes.end);
+        }
         self.next += k;
-        self.release(to);
         Ok(k)
     }
 }
