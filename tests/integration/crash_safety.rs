@@ -129,7 +129,7 @@ fn a_journal_cut_between_a_run_and_its_finding_resumes_with_every_signature_mini
 }
 
 #[test]
-fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_signatures() {
+fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_found() {
     let (reference_dir, want) = reference("reported-reference");
     // The session was killed after its last run, before it reported: drop
     // its `reported` entry.
@@ -142,6 +142,13 @@ fn a_campaign_resumed_after_a_kill_reports_what_the_killed_session_signatures() 
         .collect();
     assert_ne!(unreported.len(), text.len(), "the session reported");
     std::fs::write(dir.join(JOURNAL_FILE), unreported).unwrap();
+    // A session killed after it printed its summary, before it journaled
+    // the signatures as reported: they are still the next session's news.
+    let abort = [(nanhunt::campaign::ABORT_BEFORE_REPORTED_ENV, "1")];
+    let out = fuzz_with(&dir, &["--resume"], &abort);
+    assert_eq!(out.status.code(), None, "killed: {}", stderr(&out));
+    let news = format!("({} new)", signatures(&want).len());
+    assert!(stdout(&out).contains(&news), "{}", stdout(&out));
     let out = fuzz_with(&dir, &["--resume"], &[]);
     // No run left to do, but signatures no session reported: exit 1.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

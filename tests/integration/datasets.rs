@@ -204,6 +204,17 @@ fn run_diagnose_and_minimize_name_only_planted_samples() {
         .find(|c| c["kind"] == "data")
         .unwrap();
     assert_eq!(diag["causes"][0]["kind"], "data", "ranked first");
+    // A batch bad before the model ran spends no run on the model's settings.
+    let kinds: Vec<&str> = diag["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["kind"].as_str())
+        .collect();
+    assert!(!kinds.contains(&"learning_rate"), "{kinds:?}");
+    // The reproduction, the hardware arm and the data's fixes (14 runs when
+    // the learning-rate search ran too).
+    assert!(diag["runs"].as_u64().unwrap() <= 6, "{}", diag["runs"]);
     let fix = data["fixes"]
         .as_array()
         .unwrap()

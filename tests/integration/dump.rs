@@ -257,6 +257,37 @@ fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_nam
     reshaped.insert("optimizer/m.block0.conv.weight".into(), t);
     candle_core::safetensors::save(&reshaped, &state).unwrap();
     replay_fails_with(&dump, &["`optimizer/m.block0.conv.weight`", "shape"]);
+    // A batch that is not the step's: one input value changed.
+    let mut edited = tensors.clone();
+    let name = tensors
+        .keys()
+        .find(|k| k.starts_with("batch/"))
+        .expect("a dump saves its batch")
+        .clone();
+    let t = &tensors[&name];
+    let bumped = t
+        .flatten_all()
+        .unwrap()
+        .to_dtype(candle_core::DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| if i == 0 { v + 1.0 } else { v })
+        .collect::<Vec<f64>>();
+    let bumped = candle_core::Tensor::new(bumped, &candle_core::Device::Cpu)
+        .unwrap()
+        .to_dtype(t.dtype())
+        .unwrap()
+        .reshape(t.dims())
+        .unwrap();
+    edited.insert(name.clone(), bumped);
+    candle_core::safetensors::save(&edited, &state).unwrap();
+    replay_fails_with(
+        &dump,
+        &[&format!("`{name}`"), "is not the batch scene.json records"],
+    );
     // Not safetensors at all.
     std::fs::write(&state, b"not a safetensors file").unwrap();
     replay_fails_with(&dump, &["cannot parse dump", "scene.safetensors"]);

@@ -465,3 +465,24 @@ fn a_csv_line_past_its_bound_and_an_inflating_archive_stay_within_the_limit() {
     assert_eq!(scan["problems"][0]["kind"], "all_zero_sample");
     assert_eq!(scan["problems"][0]["count"], 1 << 20);
 }
+
+#[test]
+fn a_campaign_starts_under_a_hard_address_space_limit_below_its_workers_limit() {
+    let dir = scratch("ulimit-campaign");
+    let out = dir.join("runs");
+    // Workers would get 3 GiB + 1 GiB of headroom, over the 3 GiB hard limit.
+    let o = limited(&[
+        "fuzz",
+        "--runs",
+        "3",
+        "--quiet",
+        "--max-memory-mib",
+        "3072",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{err}");
+    assert!(err.contains("ulimit -v") && err.contains("workers run under 3072 MiB"), "{err}");
+    assert!(out.join("summary.json").is_file());
+}

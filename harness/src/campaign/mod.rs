@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use workers::Executor;
 
 /// The share of runs that mutate a found case instead of generating a new one.
@@ -131,12 +131,36 @@ fn reproduce_job(
         minimize_runs: opts.minimize_runs,
         campaign_seed: opts.seed,
         limits: opts.limits.case.clone(),
-        time_limit: opts.budget.map(|b| b.saturating_sub(started.elapsed())),
+        time_limit: Some(match opts.budget {
+            Some(b) => b.saturating_sub(started.elapsed()),
+            None => MINIMIZE_TIME_LIMIT,
+        }),
     }
 }
 
 /// Runs a campaign to its budget; see the module docs.
 pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
+    run_campaign_then(opts, |_| {})
+}
+
+/// How long one minimization may shrink when the campaign has no time
+/// budget (`--runs N`): it then writes the smallest case it reached. With a
+/// budget, what is left of the budget bounds it instead.
+pub const MINIMIZE_TIME_LIMIT: Duration = Duration::from_secs(10 * 60);
+
+/// Fault injection for the exit-code test: the session aborts after it
+/// reported its summary, before the journal records that it did.
+pub const ABORT_BEFORE_REPORTED_ENV: &str = "NANHUNT_ABORT_BEFORE_REPORTED";
+
+/// Runs a campaign to its budget, hands the summary to `report` (the CLI
+/// prints it) and only then journals its new signatures as reported: a
+/// session killed at any point before that last write leaves them to the
+/// next session, which exits 1 for them. What remains is the exit itself,
+/// after the journal's last write.
+pub fn run_campaign_then(
+    opts: &CampaignOptions,
+    report: impl FnOnce(&Summary),
+) -> Result<Summary> {
     let (journal, entries) = open_journal(opts)?;
     let resumed = Resumed::of(&entries, &opts.out.join(crate::journal::JOURNAL_FILE))?;
     let state = Mutex::new(State {
@@ -149,12 +173,18 @@ pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     let started = Instant::now();
     finish_pending(opts, &state, resumed.pending, started)?;
     let session_runs = run_workers(opts, &state, started)?;
-    conclude(
-        opts,
-        state.into_inner().expect("campaign state poisoned"),
-        session_runs,
-        started,
-    )
+    let mut st = state.into_inner().expect("campaign state poisoned");
+    let summary = conclude(opts, &st, session_runs, started)?;
+    report(&summary);
+    if std::env::var_os(ABORT_BEFORE_REPORTED_ENV).is_some() {
+        std::process::abort();
+    }
+    if !summary.new_signatures.is_empty() {
+        st.append(vec![Entry::Reported {
+            signatures: summary.new_signatures.clone(),
+        }])?;
+    }
+    Ok(summary)
 }
 
 /// Opens (and locks) the campaign's journal: new, or one this campaign
@@ -258,11 +288,10 @@ fn run_workers(opts: &CampaignOptions, state: &Mutex<State>, started: Instant) -
     ran.map(|()| session_runs.load(Ordering::SeqCst))
 }
 
-/// Writes the summary and the reports, then records what this session
-/// reported (last: a session killed before it leaves them to the next one).
+/// Writes the summary and the reports.
 fn conclude(
     opts: &CampaignOptions,
-    mut st: State,
+    st: &State,
     session_runs: u64,
     started: Instant,
 ) -> Result<Summary> {
@@ -270,7 +299,7 @@ fn conclude(
     let summary = summarize(
         opts,
         &st.entries,
-        new.clone(),
+        new,
         session_runs,
         started.elapsed(),
     );
@@ -281,9 +310,6 @@ fn conclude(
             .as_bytes(),
     )?;
     write_reports(&opts.out, &st.entries)?;
-    if !new.is_empty() {
-        st.append(vec![Entry::Reported { signatures: new }])?;
-    }
     Ok(summary)
 }
 

@@ -298,6 +298,7 @@ fn isolate(command: &mut Command, memory_bytes: Option<u64>) {
         use std::os::unix::process::CommandExt;
         command.process_group(0);
         let parent = std::process::id();
+        let memory_bytes = memory_bytes.map(within_hard_limit);
         // SAFETY: the closure runs in the child between fork and exec and
         // calls only async-signal-safe functions (prctl, getppid, setrlimit).
         unsafe {
@@ -328,6 +329,34 @@ fn isolate(command: &mut Command, memory_bytes: Option<u64>) {
     }
     #[cfg(not(unix))]
     let _ = (command, memory_bytes);
+}
+
+/// `bytes`, or the address-space limit the campaign itself runs under when
+/// that is lower: a child cannot raise a hard limit (`ulimit -v`), and
+/// asking it to would stop every worker from starting. Said once.
+#[cfg(unix)]
+fn within_hard_limit(bytes: u64) -> u64 {
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut current) } != 0
+        || current.rlim_max == libc::RLIM_INFINITY
+        || current.rlim_max as u64 >= bytes
+    {
+        return bytes;
+    }
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "warning: the address-space limit (ulimit -v) is {} MiB, below the {} MiB a worker is given (--max-memory-mib + headroom): workers run under {} MiB",
+            current.rlim_max as u64 >> 20,
+            bytes >> 20,
+            current.rlim_max as u64 >> 20
+        );
+    });
+    current.rlim_max as u64
 }
 
 /// Runs a write to a pipe with SIGPIPE blocked in this thread, so that a

@@ -3,7 +3,7 @@
 
 use super::Exit;
 use crate::campaign::{
-    parse_duration, run_campaign, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
+    parse_duration, run_campaign_then, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
 };
 use crate::spec::{DeviceSpec, Limits, FAMILIES};
 use crate::strategy::StrategyOptions;
@@ -166,8 +166,11 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         case: limits,
         case_timeout: args.case_timeout,
     };
-    let summary = run_campaign(&opts)?;
-    print_summary(&summary, &args.out);
+    // The summary is out before the journal says it was reported.
+    let summary = run_campaign_then(&opts, |s| {
+        print_summary(s, &args.out);
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })?;
     Ok(if summary.new_signatures.is_empty() {
         Exit::Clean
     } else {

@@ -39,7 +39,13 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         .with_max_runs(args.max_runs as usize)
         .with_run(RunOptions::default().with_limits(limits));
     let Some(m) = minimize(&case, None, &opts)? else {
-        println!("the case trains stably: nothing to minimize");
+        match &args.out {
+            Some(out) => println!(
+                "the case trains stably: nothing to minimize, so no reproducer was written to {}",
+                out.display()
+            ),
+            None => println!("the case trains stably: nothing to minimize"),
+        }
         return Ok(Exit::Clean);
     };
     let repro = m.reproducer(&case, format!("nanhunt minimize {}", path.display()));

@@ -323,6 +323,8 @@ fn is_reproducer(path: &Path) -> bool {
 pub(crate) fn in_file(path: &Path) -> impl FnOnce(crate::Error) -> anyhow::Error + '_ {
     move |e| match e {
         crate::Error::Io { .. } | crate::Error::Malformed { .. } => anyhow::Error::from(e),
+        // An error that names the file already is not prefixed with it again.
+        e if e.to_string().contains(&path.display().to_string()) => anyhow::Error::from(e),
         e => anyhow::Error::from(e).context(path.display().to_string()),
     }
 }

@@ -15,7 +15,7 @@ pub struct Args {
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     if !args.path.exists() {
         anyhow::bail!(
-            "{}: no such scene or reproducer (`run --dump DIR` writes a scene only when the run fails; add `--dump-at STEP` for the scene of a step that does not)",
+            "{}: no such scene or reproducer (`run --dump DIR` writes a scene only when the run fails; add `--dump-at STEP` for the scene of a step that does not; `minimize` writes a reproducer only for a case that fails)",
             args.path.display()
         );
     }

@@ -86,7 +86,9 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.extreme = args.extreme;
     opts.max_listed = args.max_listed as usize;
     opts.max_memory = (args.max_memory_mib as usize) << 20;
-    let scan = scan_file(&source, &opts).map_err(super::in_file(&args.file))?;
+    let scan = scan_file(&source, &opts)
+        .map_err(as_option)
+        .map_err(super::in_file(&args.file))?;
     // Nothing scanned is no clean bill: training would refuse it too.
     if scan.samples == 0 {
         return Err(crate::error::Error::malformed(
@@ -109,4 +111,16 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     } else {
         Exit::Clean
     })
+}
+
+/// The source's fields are this command's options: an error in one names
+/// the option (`--format`), not a case field no case file holds.
+fn as_option(e: crate::Error) -> crate::Error {
+    match e {
+        crate::Error::InvalidCase { field, reason } => match field.strip_prefix("data.source.") {
+            Some(option) => crate::Error::option(option, reason),
+            None => crate::Error::InvalidCase { field, reason },
+        },
+        e => e,
+    }
 }

@@ -198,7 +198,7 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         growth: evidence.growth,
     };
     let mut causes = Vec::new();
-    for rule in causes::RULES {
+    for rule in causes::RULES.iter().filter(|r| r.explains(finding.phase)) {
         causes.extend(rule.causes(&ctx, &mut runs)?);
     }
     // Only the cut explains tensors without a gradient.

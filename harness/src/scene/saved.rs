@@ -337,5 +337,44 @@ fn load_tensors(path: &Path, scene: &Scene, legacy: bool) -> Result<HashMap<Stri
             format!("tensor `{name}` is not listed in {listed_in}"),
         ));
     }
+    if !legacy {
+        check_batch(path, scene, &tensors)?;
+    }
     Ok(tensors)
+}
+
+/// The saved batch is the batch the scene describes: its statistics,
+/// recomputed from the file, equal the recorded ones bit for bit (an
+/// edited or swapped batch would replay another step than the one that
+/// failed).
+fn check_batch(path: &Path, scene: &Scene, tensors: &HashMap<String, Tensor>) -> Result<()> {
+    let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for (name, t) in tensors {
+        if !(name.starts_with("batch/") || name.starts_with("source/")) {
+            continue;
+        }
+        let want = &scene.tensors[name];
+        let have = TensorStats::of_tensor(t)?;
+        let equal = have.shape == want.shape
+            && (have.count, have.nan, have.inf) == (want.count, want.nan, want.inf)
+            && [
+                (have.mean, want.mean),
+                (have.var, want.var),
+                (have.min, want.min),
+                (have.max, want.max),
+            ]
+            .iter()
+            .all(|&(a, b)| same(a, b));
+        if !equal {
+            return Err(malformed(
+                path,
+                format!(
+                    "tensor `{name}` is not the batch {SCENE_FILE} records: {} values ({} NaN, {} Inf), mean {:e}, max {:e}; the scene says {} ({} NaN, {} Inf), mean {:e}, max {:e}",
+                    have.count, have.nan, have.inf, have.mean, have.max,
+                    want.count, want.nan, want.inf, want.mean, want.max
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -106,12 +106,9 @@ impl Reader {
                     ),
                 )
             })?),
-            None => {
-                return Err(Error::invalid(
-                    "data.source.labels",
-                    "a CSV dataset needs its label column",
-                ))
-            }
+            // Inputs alone: every column is a feature (a scan reads them;
+            // training refuses a dataset with nothing to train toward).
+            None => None,
         };
         let features = header.len() - usize::from(label.is_some());
         if features == 0 {
@@ -124,7 +121,7 @@ impl Reader {
             shape: SampleShape {
                 dims: vec![features],
                 integer: false,
-                labels: 1,
+                labels: usize::from(label.is_some()),
                 targets: 0,
             },
             path,

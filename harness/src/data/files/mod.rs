@@ -63,7 +63,7 @@ pub fn format_of(source: &FileSource) -> Result<FileFormat> {
         _ => Err(Error::invalid(
             "data.source.format",
             format!(
-                "cannot tell the format of {} from its extension: set `format` (safetensors, npy, npz or csv)",
+                "cannot tell the format of {} from its extension: name it (`format` in a case, `--format` for scan-data): safetensors, npy, npz or csv",
                 source.path.display()
             ),
         )),

@@ -49,4 +49,8 @@ impl Rule for Augmentation {
         };
         Ok(cause(CauseKind::Augmentation, fixes, evidence, relevance))
     }
+
+    fn explains(&self, phase: Phase) -> bool {
+        phase != Phase::Data
+    }
 }

@@ -24,6 +24,10 @@ impl Rule for Data {
             relevance(ctx.finding),
         ))
     }
+
+    fn explains(&self, _phase: Phase) -> bool {
+        true
+    }
 }
 
 /// A failure in the data phase is the data's to explain.

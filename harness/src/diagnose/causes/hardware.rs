@@ -7,6 +7,7 @@ use super::{cause, tried, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::context::variant;
 use crate::diagnose::Cause;
 use crate::error::Result;
+use crate::finding::Phase;
 use crate::spec::DeviceSpec;
 
 pub(in crate::diagnose) struct Device;
@@ -36,6 +37,11 @@ impl Rule for Device {
         let fixes = tried(CauseKind::Device, vec![v], ctx, runs)?;
         Ok(informative(CauseKind::Device, fixes, 8))
     }
+
+    /// Step 5's arms ran already (the differential): they cost no run.
+    fn explains(&self, _phase: Phase) -> bool {
+        true
+    }
 }
 
 impl Rule for Threads {
@@ -44,5 +50,10 @@ impl Rule for Threads {
         v.one_thread = true;
         let fixes = tried(CauseKind::Threads, vec![v], ctx, runs)?;
         Ok(informative(CauseKind::Threads, fixes, 5))
+    }
+
+    /// Step 5's arms ran already (the differential): they cost no run.
+    fn explains(&self, _phase: Phase) -> bool {
+        true
     }
 }

@@ -29,7 +29,7 @@ use super::context::{Context, Runs, Variant};
 use super::rank::Relevance;
 use super::{Cause, Fix};
 use crate::error::Result;
-use crate::finding::Finding;
+use crate::finding::{Finding, Phase};
 use crate::spec::KnobSpec;
 use serde::Serialize;
 
@@ -107,6 +107,12 @@ impl CauseKind {
 /// fixes tried, its evidence and its relevance.
 pub(super) trait Rule: Sync {
     fn causes(&self, ctx: &Context, runs: &mut Runs) -> Result<Vec<Cause>>;
+    /// Whether the cause can explain a failure first seen in `phase`: a
+    /// batch that was bad before the model ran is no model setting's doing,
+    /// and no run is spent on one.
+    fn explains(&self, phase: Phase) -> bool {
+        !matches!(phase, Phase::Data | Phase::Augment)
+    }
 }
 
 /// Every cause, in the order their causes are put forward.
