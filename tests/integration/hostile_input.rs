@@ -483,6 +483,9 @@ fn a_campaign_starts_under_a_hard_address_space_limit_below_its_workers_limit() 
     ]);
     let err = stderr(&o);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{err}");
-    assert!(err.contains("ulimit -v") && err.contains("workers run under 3072 MiB"), "{err}");
+    assert!(
+        err.contains("ulimit -v") && err.contains("workers run under 3072 MiB"),
+        "{err}"
+    );
     assert!(out.join("summary.json").is_file());
 }

@@ -157,10 +157,7 @@ pub const ABORT_BEFORE_REPORTED_ENV: &str = "NANHUNT_ABORT_BEFORE_REPORTED";
 /// session killed at any point before that last write leaves them to the
 /// next session, which exits 1 for them. What remains is the exit itself,
 /// after the journal's last write.
-pub fn run_campaign_then(
-    opts: &CampaignOptions,
-    report: impl FnOnce(&Summary),
-) -> Result<Summary> {
+pub fn run_campaign_then(opts: &CampaignOptions, report: impl FnOnce(&Summary)) -> Result<Summary> {
     let (journal, entries) = open_journal(opts)?;
     let resumed = Resumed::of(&entries, &opts.out.join(crate::journal::JOURNAL_FILE))?;
     let state = Mutex::new(State {
@@ -296,13 +293,7 @@ fn conclude(
     started: Instant,
 ) -> Result<Summary> {
     let new = unreported(&st.entries);
-    let summary = summarize(
-        opts,
-        &st.entries,
-        new,
-        session_runs,
-        started.elapsed(),
-    );
+    let summary = summarize(opts, &st.entries, new, session_runs, started.elapsed());
     crate::files::write_atomic(
         &opts.out.join(SUMMARY_FILE),
         serde_json::to_string_pretty(&summary)

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub struct Reader {
     path: PathBuf,
-    rows: csv::StringRecordsIntoIter<Lines<std::io::BufReader<std::fs::File>>>,
+    rows: csv::StringRecordsIntoIter<Lines<std::io::BufReader<super::pinned::Opened>>>,
     header: Vec<String>,
     label: Option<usize>,
     shape: SampleShape,

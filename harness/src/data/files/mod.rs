@@ -192,22 +192,22 @@ pub fn load(source: &FileSource, max_bytes: usize) -> Result<Arc<MemoryDataset>>
         Some(d) => d,
         None => {
             present(source, &files)?;
-            // A file far larger than the memory limit cannot fit after
-            // conversion (8x allows f64 halved and CSV text): refused before
-            // anything reads it (a hostile path such as /proc/kcore).
+            // The files are held in memory while they load: one larger than
+            // the memory limit is refused before anything reads it (a
+            // hostile path such as /proc/kcore).
             let size: u64 = files
                 .iter()
                 .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
                 .sum();
-            if u128::from(size) > 8 * max_bytes as u128 {
+            if u128::from(size) > max_bytes as u128 {
                 return Err(too_large(source, u128::from(size), max_bytes));
             }
             // The hash first: a changed file is named as changed, not as
-            // whatever the change broke. Both read the pinned files.
+            // whatever the change broke. Both read the pinned bytes.
             let pins = pinned::Pins::hold(&files)?;
             let hash = sha256(&files)?;
             check_hash(source, &hash)?;
-            let mut d = read_all(source, max_bytes)?;
+            let mut d = read_all(source, max_bytes, pins.len())?;
             drop(pins);
             d.sha256 = Some(hash);
             let d = Arc::new(d);
@@ -235,7 +235,9 @@ fn check_hash(source: &FileSource, have: &str) -> Result<()> {
     }
 }
 
-fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
+/// Reads every sample into memory, under `max_bytes` with the `held`
+/// bytes of the pinned files counted in.
+fn read_all(source: &FileSource, max_bytes: usize, held: usize) -> Result<MemoryDataset> {
     let mut reader = open(source, max_bytes)?;
     let shape = reader.shape().clone();
     // Scanning reads inputs alone; training needs what to train toward.
@@ -248,7 +250,7 @@ fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
     }
     let per_sample = 4 * (shape.numel() + shape.targets) + 8 * shape.labels;
     if let Some(n) = reader.samples() {
-        let need = n as u128 * per_sample as u128;
+        let need = n as u128 * per_sample as u128 + held as u128;
         if need > max_bytes as u128 {
             return Err(too_large(source, need, max_bytes));
         }
@@ -263,9 +265,9 @@ fn read_all(source: &FileSource, max_bytes: usize) -> Result<MemoryDataset> {
         values.extend(chunk.values.iter().map(|&v| v as f32));
         labels.extend_from_slice(&chunk.labels);
         targets.extend(chunk.targets.iter().map(|&v| v as f32));
-        let held = 4 * (values.len() + targets.len()) + 8 * labels.len();
-        if held > max_bytes {
-            return Err(too_large(source, held as u128, max_bytes));
+        let read = 4 * (values.len() + targets.len()) + 8 * labels.len() + held;
+        if read > max_bytes {
+            return Err(too_large(source, read as u128, max_bytes));
         }
     }
     let dataset = MemoryDataset::new(

@@ -110,7 +110,7 @@ impl Array {
     fn with<T>(&self, f: impl FnOnce(NpyFile<&mut dyn Read>, u64) -> Result<T>) -> Result<T> {
         let path = self.path();
         let file = super::pinned::open(path)?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let len = file.len(path)?;
         let mut file = std::io::BufReader::with_capacity(1 << 20, file);
         match self {
             Array::File(_) => {

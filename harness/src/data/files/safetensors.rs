@@ -1,7 +1,8 @@
 //! safetensors datasets: named tensors for the inputs (samples first), the
 //! labels ((N) or (N, T) for per-token labels) and the dense targets.
-//! The file is memory-mapped and parsed by the `safetensors` crate; every
-//! tensor is converted a chunk of samples at a time and the pages already
+//! The file is memory-mapped (or, while a run loads it, read from its
+//! pinned bytes) and parsed by the `safetensors` crate; every tensor is
+//! converted a chunk of samples at a time and the mapped pages already
 //! read are given back, so a scan of a file larger than memory stays small.
 
 use super::{layout, sample_dims, Chunk, Part, SampleReader};
@@ -29,7 +30,10 @@ impl Region {
 
     /// Gives the pages before `upto` back to the OS (whole pages only): the
     /// map then holds what a chunk needs, not the file.
-    fn release(&mut self, map: &Mmap, upto: usize) {
+    fn release(&mut self, bytes: &Bytes, upto: usize) {
+        let Bytes::Mapped(map) = bytes else {
+            return; // pinned bytes stay whole until the load drops them
+        };
         const PAGE: usize = 4096;
         let from = self.released.max(self.start / PAGE * PAGE);
         let end = upto / PAGE * PAGE;
@@ -44,8 +48,24 @@ impl Region {
     }
 }
 
+/// The file's bytes: mapped, or pinned in memory by a loading run.
+enum Bytes {
+    Mapped(Mmap),
+    Pinned(std::sync::Arc<[u8]>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Pinned(b) => b,
+        }
+    }
+}
+
 pub struct Reader {
-    map: Mmap,
+    map: Bytes,
     inputs: Region,
     labels: Option<Region>,
     targets: Option<Region>,
@@ -131,10 +151,16 @@ fn integers(dtype: Dtype, bytes: &[u8], out: &mut Vec<i64>) {
 impl Reader {
     pub fn open(source: &FileSource) -> Result<Self> {
         let path = source.path.clone();
-        let file = super::pinned::open(&path)?;
-        // SAFETY: the map is read-only; a file truncated under a running
-        // scan is the one hazard of any mapped read, as in candle's loaders.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let map = match super::pinned::bytes(&path) {
+            Some(b) => Bytes::Pinned(b),
+            None => {
+                let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+                // SAFETY: the map is read-only; a file truncated under a
+                // running scan is the one hazard of any mapped read, as in
+                // candle's loaders.
+                Bytes::Mapped(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?)
+            }
+        };
         let st = SafeTensors::deserialize(&map).map_err(|e| bad(&path, e.to_string()))?;
         let view = |name: &str| {
             st.tensor(name).map_err(|_| {
