@@ -38,6 +38,7 @@ mod one_engine;
 mod planted;
 mod randomness;
 mod readme;
+mod readme_commands;
 mod real_models;
 mod repairs;
 mod report;
