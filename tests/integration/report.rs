@@ -61,7 +61,8 @@ fn a_fixed_campaign_gives_a_byte_identical_report_and_matches_its_snapshot() {
 
 #[test]
 fn the_html_page_is_self_contained() {
-    let html = campaign("report-html").to_html();
+    let report = campaign("report-html");
+    let html = report.to_html();
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert!(
         html.matches("<svg").count() >= 2,
@@ -76,6 +77,36 @@ fn the_html_page_is_self_contained() {
     // The only URL is the SVG namespace, which loads nothing.
     let urls = html.matches("http").count();
     assert_eq!(urls, html.matches("http://www.w3.org/2000/svg").count());
+    // Legends beside the plots, never over their curves; every
+    // learning-rate bar carries its counts, and a table lists them.
+    for svg in html.split("<svg").skip(1) {
+        let svg = &svg[..svg.find("</svg>").unwrap()];
+        assert!(
+            !svg.contains("(stable)") && !svg.contains("(unstable)"),
+            "a legend inside a plot"
+        );
+    }
+    assert!(html.matches("<ul class=\"legend\">").count() >= 2);
+    let lr_svg = html
+        .split("<svg")
+        .find(|s| s.contains("failure rate by learning rate"))
+        .unwrap();
+    let counts = lr_svg
+        .split("<text")
+        .skip(1)
+        .filter(|t| {
+            let label = t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()].trim();
+            label
+                .split_once('/')
+                .is_some_and(|(u, n)| u.parse::<u64>().is_ok() && n.parse::<u64>().is_ok())
+        })
+        .count();
+    assert_eq!(
+        counts,
+        report.lr_sweep.len(),
+        "one unstable/runs label per bar"
+    );
+    assert!(html.contains("Runs per learning-rate decade"));
 }
 
 fn user_case(loss: LossSpec) -> Case {

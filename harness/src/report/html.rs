@@ -17,43 +17,60 @@ const PALETTE: [RGBColor; 6] = [
 
 use crate::format::escape_html as escape;
 
-/// Draws one labelled line with a marker at each point.
+/// A plot's legend, drawn as HTML beside the plot rather than over it.
+struct Legend(Vec<(RGBColor, String)>);
+
+impl Legend {
+    fn html(&self) -> String {
+        let mut s = String::from("<ul class=\"legend\">");
+        for (RGBColor(r, g, b), label) in &self.0 {
+            let _ = write!(
+                s,
+                "<li><span class=\"swatch\" style=\"background:#{r:02x}{g:02x}{b:02x}\"></span>{}</li>",
+                escape(label)
+            );
+        }
+        s.push_str("</ul>");
+        s
+    }
+}
+
+/// One plot: its SVG and its legend.
+struct Plot {
+    svg: String,
+    legend: Legend,
+}
+
+impl Plot {
+    fn html(&self) -> String {
+        format!("<figure>{}{}</figure>", self.svg, self.legend.html())
+    }
+}
+
+/// Draws one line with a marker at each point (a lone point is a cross,
+/// so a run that stopped after one step is seen).
 fn draw_line<DB: DrawingBackend>(
     chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     points: Vec<(f64, f64)>,
     color: RGBColor,
-    label: String,
-    radius: i32,
 ) -> Option<()> {
+    if let [p] = points[..] {
+        chart
+            .draw_series(std::iter::once(Cross::new(p, 6, color.stroke_width(2))))
+            .ok()?;
+        return Some(());
+    }
     chart
         .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-        .ok()?
-        .label(label)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        .ok()?;
     chart
-        .draw_series(
-            points
-                .iter()
-                .map(|&p| Circle::new(p, radius, color.filled())),
-        )
+        .draw_series(points.iter().map(|&p| Circle::new(p, 2, color.filled())))
         .ok()?;
     Some(())
 }
 
-/// The series legend, boxed on a translucent background.
-fn draw_legend<'a, DB: DrawingBackend + 'a>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-) -> Option<()> {
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .ok()
-}
-
 /// Loss curves of a family's representative stable and unstable runs.
-fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
+fn loss_plot(r: &StabilityReport, family: &str) -> Option<Plot> {
     let curves: Vec<_> = r
         .curves
         .iter()
@@ -80,6 +97,7 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
         .unwrap_or(1)
         .max(2);
     let mut svg = String::new();
+    let mut legend = Vec::new();
     {
         let root = SVGBackend::with_string(&mut svg, (520, 300)).into_drawing_area();
         root.fill(&WHITE).ok()?;
@@ -112,27 +130,41 @@ fn loss_plot(r: &StabilityReport, family: &str) -> Option<String> {
                 .filter(|(_, v)| v.is_finite())
                 .map(|(x, &v)| (x as f64, v))
                 .collect();
-            let label = match &c.signature {
-                Some(s) => format!("run {} ({}): {s}", c.index, c.verdict),
-                None => format!("run {} ({})", c.index, c.verdict),
+            let note = match points.len() {
+                0 => " — no finite loss",
+                1 => " — one finite step (×)",
+                _ => "",
             };
-            draw_line(&mut chart, points, color, label, 2)?;
+            let label = match &c.signature {
+                Some(s) => format!("run {} ({}): {s}{note}", c.index, c.verdict),
+                None => format!("run {} ({}){note}", c.index, c.verdict),
+            };
+            legend.push((color, label));
+            if !points.is_empty() {
+                draw_line(&mut chart, points, color)?;
+            }
         }
-        draw_legend(&mut chart)?;
         root.present().ok()?;
     }
-    Some(svg)
+    Some(Plot {
+        svg,
+        legend: Legend(legend),
+    })
 }
 
-/// Failure rate against log10(learning rate), one series per family.
-fn lr_plot(r: &StabilityReport) -> Option<String> {
+/// Failure rate per decade of learning rate, one bar per family, each
+/// labelled with its counts (unstable/runs): a bin of one run is seen as
+/// one run, not as a rate of 1.0 joined to its neighbours.
+fn lr_plot(r: &StabilityReport) -> Option<Plot> {
     if r.lr_sweep.is_empty() {
         return None;
     }
     let lo = r.lr_sweep.iter().map(|b| b.decade).min()? as f64;
     let hi = r.lr_sweep.iter().map(|b| b.decade).max()? as f64 + 1.0;
     let mut families: Vec<&str> = r.lr_sweep.iter().map(|b| b.family.as_str()).collect();
+    families.sort();
     families.dedup();
+    let width = 0.8 / families.len() as f64;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (520, 300)).into_drawing_area();
@@ -142,33 +174,66 @@ fn lr_plot(r: &StabilityReport) -> Option<String> {
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(50)
-            .build_cartesian_2d(lo..hi, 0f64..1.05f64)
+            .build_cartesian_2d(lo..hi, 0f64..1.15f64)
             .ok()?;
         chart
             .configure_mesh()
-            .x_desc("log10(learning rate), decade centre")
+            .x_desc("log10(learning rate), decade")
             .y_desc("unstable / runs")
             .draw()
             .ok()?;
         for (i, family) in families.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let points: Vec<(f64, f64)> = r
-                .lr_sweep
-                .iter()
-                .filter(|b| b.family == *family)
-                .map(|b| {
-                    (
-                        b.decade as f64 + 0.5,
-                        round_sig(b.unstable as f64 / b.runs as f64, 3),
-                    )
-                })
-                .collect();
-            draw_line(&mut chart, points, color, family.to_string(), 3)?;
+            for b in r.lr_sweep.iter().filter(|b| b.family == *family) {
+                let x0 = b.decade as f64 + 0.1 + i as f64 * width;
+                let rate = round_sig(b.unstable as f64 / b.runs.max(1) as f64, 3);
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x0, 0.0), (x0 + width * 0.9, rate)],
+                        color.filled(),
+                    )))
+                    .ok()?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("{}/{}", b.unstable, b.runs),
+                        (x0, rate + 0.07),
+                        ("sans-serif", 10),
+                    )))
+                    .ok()?;
+            }
         }
-        draw_legend(&mut chart)?;
         root.present().ok()?;
     }
-    Some(svg)
+    let legend = families
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (PALETTE[i % PALETTE.len()], f.to_string()))
+        .collect();
+    Some(Plot {
+        svg,
+        legend: Legend(legend),
+    })
+}
+
+/// The learning-rate bins as a table: the counts behind the bars.
+fn lr_table(r: &StabilityReport) -> String {
+    let mut s = String::from(
+        "<table class=\"bins\"><tr><th>family</th><th>learning rate</th><th>runs</th><th>unstable</th><th>rate</th></tr>",
+    );
+    for b in &r.lr_sweep {
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>[1e{}, 1e{})</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            escape(&b.family),
+            b.decade,
+            b.decade + 1,
+            b.runs,
+            b.unstable,
+            round_sig(b.unstable as f64 / b.runs.max(1) as f64, 3)
+        );
+    }
+    s.push_str("</table>");
+    s
 }
 
 pub fn render(r: &StabilityReport) -> String {
@@ -179,13 +244,19 @@ pub fn render(r: &StabilityReport) -> String {
         r#"<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>nanhunt stability report</title>
 <style>
-body {{ font-family: sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }}
+body {{ font-family: sans-serif; margin: 1.5em auto; padding: 0 1em; max-width: 1200px; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.85em; width: 100%; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.5em; text-align: left; overflow-wrap: break-word; }}
 th {{ background: #f3f3f3; }}
 td.num {{ text-align: right; }}
+table.bins {{ width: auto; }}
 .plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-code {{ font-size: 0.9em; }}
+figure {{ margin: 0; max-width: 100%; }}
+figure svg {{ max-width: 100%; height: auto; }}
+ul.legend {{ list-style: none; padding: 0; margin: 0.3em 0; font-size: 0.8em; max-width: 520px; }}
+ul.legend li {{ margin: 0.15em 0; overflow-wrap: anywhere; }}
+.swatch {{ display: inline-block; width: 1.2em; height: 0.8em; margin-right: 0.4em; vertical-align: middle; }}
+code {{ font-size: 0.9em; word-break: break-all; }}
 </style></head><body>
 <h1>nanhunt stability report</h1>
 <p>Campaign seed {}, families {}, device {}, budget {}{}{}; nanhunt {}.</p>
@@ -209,14 +280,17 @@ code {{ font-size: 0.9em; }}
     );
     let _ = writeln!(s, "<h2>Plots</h2><div class=\"plots\">");
     for family in &h.families {
-        if let Some(svg) = loss_plot(r, family) {
-            let _ = writeln!(s, "<figure>{svg}</figure>");
+        if let Some(plot) = loss_plot(r, family) {
+            let _ = writeln!(s, "{}", plot.html());
         }
     }
-    if let Some(svg) = lr_plot(r) {
-        let _ = writeln!(s, "<figure>{svg}</figure>");
+    if let Some(plot) = lr_plot(r) {
+        let _ = writeln!(s, "{}", plot.html());
     }
     let _ = writeln!(s, "</div>");
+    if !r.lr_sweep.is_empty() {
+        let _ = writeln!(s, "<h3>Runs per learning-rate decade</h3>{}", lr_table(r));
+    }
 
     let _ = writeln!(s, "<h2>Failure signatures</h2><table><tr><th>kind</th><th>phase</th><th>stage</th><th>family</th><th>optimizer</th><th>precision</th><th>device</th><th>runs</th><th>first step</th><th>at higher precision</th><th>what the stage did</th><th>reproducer</th></tr>");
     for row in &r.signatures {
