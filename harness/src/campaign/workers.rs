@@ -335,6 +335,7 @@ fn isolate(command: &mut Command, memory_bytes: Option<u64>) {
 /// that is lower: a child cannot raise a hard limit (`ulimit -v`), and
 /// asking it to would stop every worker from starting. Said once.
 #[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not everywhere
 fn within_hard_limit(bytes: u64) -> u64 {
     let mut current = libc::rlimit {
         rlim_cur: 0,
