@@ -43,8 +43,8 @@ pub enum Verdict {
     /// The numeric derivative is the same at several step sizes and differs
     /// from the analytic one: a wrong gradient.
     Mismatch,
-    /// The numeric derivative changes with the step size (or agrees only at
-    /// another one): the point is near-singular, the gradient not wrong.
+    /// The numeric derivative changes with the step size: the point is
+    /// near-singular and the gradient cannot be judged there (not a pass).
     IllConditioned,
     /// The analytic gradient, or the loss near the point, is NaN or Inf.
     NonFinite,
@@ -225,10 +225,21 @@ fn relative_error(analytic: f64, numeric: f64) -> f64 {
 }
 
 /// The other steps (as factors of the check's) a disagreeing coordinate is
-/// re-checked at.
+/// re-checked at: one larger (where rounding matters less) and two smaller
+/// (where truncation does).
 const STEP_FACTORS: [f64; 3] = [10.0, 0.1, 0.01];
 
-/// One coordinate's verdict, and why when it is not agreement.
+/// Whether a tolerance can tell `a` from a gradient 10% off: a step so
+/// small that rounding swamps the difference proves nothing by agreeing.
+fn informative(tol: Tolerance, a: f64, n: f64) -> bool {
+    tol.atol <= 0.1 * a.abs().max(n.abs())
+}
+
+/// One coordinate's verdict, and why when it is not agreement. Agreement
+/// counts at the check's step, or at another step only where its tolerance
+/// is informative; a numeric derivative steady across the check's step and
+/// the larger one that disagrees is a wrong gradient whatever the smaller
+/// steps say; one that moves with the step is ill-conditioned (never a pass).
 fn judge(
     a: f64,
     j: usize,
@@ -266,24 +277,24 @@ fn judge(
         .map(|(h, n)| format!("{n:.6e} at step {h:.0e}"))
         .collect();
     let estimates = estimates.join(", ");
-    let steady = seen
+    let larger = seen[1].1;
+    let steady = larger.is_finite() && tol.holds(numeric, larger);
+    let agrees_at = seen[1..]
         .iter()
-        .all(|&(h, n)| n.is_finite() && tol.at(h).holds(numeric, n));
-    let (verdict, why) = if let Some(&(h, _)) = seen.iter().find(|&&(h, n)| tol.at(h).holds(a, n)) {
-        (
-            Verdict::IllConditioned,
-            format!("coordinate {j}: the analytic {a:.6e} agrees only at step {h:.0e} (numeric {estimates}): the point is near-singular"),
-        )
-    } else if steady {
-        (
+        .find(|&&(h, n)| n.is_finite() && tol.at(h).holds(a, n) && informative(tol.at(h), a, n));
+    let (verdict, why) = match (steady, agrees_at) {
+        (true, _) => (
             Verdict::Mismatch,
-            format!("coordinate {j}: analytic {a:.6e}, numeric {estimates}: the same at every step, so the gradient is wrong"),
-        )
-    } else {
-        (
+            format!("coordinate {j}: analytic {a:.6e}, numeric {estimates}: steady across steps {:.0e} and {:.0e} and off the analytic value, so the gradient is wrong", tol.step, seen[1].0),
+        ),
+        (false, Some(&(h, _))) => (
             Verdict::IllConditioned,
-            format!("coordinate {j}: the numeric derivative moves with the step ({estimates}; analytic {a:.6e}): the point is near-singular and the gradient cannot be judged there"),
-        )
+            format!("coordinate {j}: the numeric derivative moves with the step ({estimates}) and meets the analytic {a:.6e} only at step {h:.0e}: the point is near-singular (a kink or a cliff)"),
+        ),
+        (false, None) => (
+            Verdict::IllConditioned,
+            format!("coordinate {j}: the numeric derivative moves with the step ({estimates}; analytic {a:.6e}) and meets the analytic value at no step whose tolerance could tell: the gradient cannot be judged here"),
+        ),
     };
     Ok((verdict, Some(why), numeric))
 }
@@ -359,7 +370,8 @@ fn compare(
         max_abs_err: max_abs,
         max_rel_err: max_rel,
         has_gradient: true,
-        passed: !verdict.fails(),
+        // Ill-conditioned is no pass: it is evidence the check could not weigh.
+        passed: verdict == Verdict::Agrees,
         verdict,
         note,
     })

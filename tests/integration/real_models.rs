@@ -310,7 +310,7 @@ fn the_guard_reports_the_same_frozen_tensors_in_a_plain_loop() {
 }
 
 #[test]
-fn gradcheck_on_stock_models_runs_in_f32_reports_the_frozen_tensors_and_no_false_alarm() {
+fn gradcheck_on_stock_models_runs_in_f32_reports_the_frozen_tensors_and_the_truncated_ones() {
     for m in &models() {
         let report = nanhunt::gradcheck::check_model(&case_of(m), &m.factory).unwrap();
         let why = report.fallback.as_deref().unwrap_or_default();
@@ -325,9 +325,25 @@ fn gradcheck_on_stock_models_runs_in_f32_reports_the_frozen_tensors_and_no_false
             .tensors
             .iter()
             .filter(|t| t.has_gradient && t.verdict.fails())
-            .map(|t| format!("{} {:?} {:?}", t.name, t.verdict, t.note))
             .collect();
-        assert!(alarms.is_empty(), "{}: {alarms:?}", m.name);
+        if m.name != "vit" {
+            assert!(alarms.is_empty(), "{}: {alarms:?}", m.name);
+            continue;
+        }
+        // ViT's gradients reach its encoder truncated: analytic and numeric
+        // differ steadily across steps (the value projection: 6.28e-3
+        // analytic, -3.59e-2 numeric at steps 1e-3 and 1e-2). It used to
+        // pass as "ill-conditioned".
+        assert!(!report.passed);
+        assert!(alarms.len() >= 10, "{alarms:?}");
+        let value = alarms
+            .iter()
+            .find(|t| t.name == "vit.encoder.layer.0.attention.attention.value.weight")
+            .expect("the value projection's gradient is wrong");
+        assert_eq!(value.verdict, Verdict::Mismatch);
+        assert!(alarms
+            .iter()
+            .all(|t| t.note.as_deref().unwrap().contains("steady across steps")));
     }
 }
 
@@ -427,7 +443,33 @@ fn gradcheck_catches_a_planted_wrong_backward_at_every_step_size() {
         .filter(|t| t.name.starts_with("b."))
         .all(|t| t.passed));
     let note = report.tensors[0].note.as_deref().unwrap();
-    assert!(note.contains("the same at every step"), "{note}");
+    assert!(note.contains("steady across steps"), "{note}");
+}
+
+#[test]
+fn gradcheck_catches_a_backward_that_drops_part_of_its_inputs_gradient() {
+    // Half the hidden features pass on detached: the first layer still has
+    // a gradient, but half of it is missing.
+    let factory = |vb: VarBuilder| {
+        mlp(vb, |h| {
+            Tensor::cat(&[h.narrow(1, 0, 8)?, h.narrow(1, 8, 8)?.detach()], 1)?.tanh()
+        })
+    };
+    let report = nanhunt::gradcheck::check_model(&vector_case("cut", 8), &factory).unwrap();
+    assert!(!report.passed);
+    assert!(report.coverage.is_none(), "every tensor has some gradient");
+    let a = report
+        .tensors
+        .iter()
+        .find(|t| t.name == "a.weight")
+        .unwrap();
+    assert_eq!(a.verdict, Verdict::Mismatch, "{a:?}");
+    assert!(a.note.as_deref().unwrap().contains("analytic 0.0"), "{a:?}");
+    assert!(report
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("b."))
+        .all(|t| t.passed));
 }
 
 #[test]
@@ -470,7 +512,7 @@ impl Model for ZeroToken {
 }
 
 #[test]
-fn gradcheck_reports_an_ill_conditioned_point_as_such_not_as_a_wrong_gradient() {
+fn gradcheck_reports_an_ill_conditioned_point_as_such_neither_wrong_nor_passed() {
     let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(ZeroToken {
             token: vb.get((1, 8), "token")?,
@@ -484,11 +526,9 @@ fn gradcheck_reports_an_ill_conditioned_point_as_such_not_as_a_wrong_gradient() 
         token.note.as_deref().unwrap().contains("near-singular"),
         "{token:?}"
     );
-    assert!(
-        report.passed,
-        "ill-conditioning is not a wrong gradient: {report:#?}"
-    );
+    // Not a wrong gradient, and no pass either: the check could not judge it.
     assert!(report.with_verdict(Verdict::Mismatch).is_empty());
+    assert!(!token.passed && !report.passed, "{report:#?}");
 }
 
 #[test]

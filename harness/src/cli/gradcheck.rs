@@ -76,15 +76,19 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             println!("  no gradient: {}", coverage.summary());
         }
         let ill = report.with_verdict(Verdict::IllConditioned).len();
+        let wrong = report.tensors.iter().filter(|t| t.verdict.fails()).count();
         println!(
             "{}",
-            match (report.passed, ill) {
-                (true, 0) => "all gradients match".to_string(),
-                (true, n) => format!(
-                    "no wrong gradient; {n} tensors sit at a near-singular point (see above)"
+            match (report.passed, wrong, ill) {
+                (true, _, _) => "all gradients match".to_string(),
+                _ if report.problem.is_some() => "not checked".to_string(),
+                (false, 0, n) => format!(
+                    "not passed: {n} tensors sit at a near-singular point where the gradient cannot be judged (see above; try another --batch or --seed)"
                 ),
-                (false, _) if report.problem.is_some() => "not checked".to_string(),
-                (false, _) => "gradient mismatch".to_string(),
+                (false, w, 0) => format!("gradient mismatch: {w} tensors"),
+                (false, w, n) => format!(
+                    "gradient mismatch: {w} tensors; {n} more cannot be judged at this point"
+                ),
             }
         );
     }
