@@ -11,6 +11,7 @@
 //! Candle ops can lose gradients silently (see `models::layers`); these checks
 //! keep every op the zoo uses honest, and users can run them on their models.
 
+pub use crate::checks::gradient::{Tolerance, ATOL, ROUNDING_BUDGET, RTOL, STEP};
 use crate::error::{Error, Result};
 use crate::models::{BuiltinFactory, ModelFactory, Tracer};
 use crate::rng::Rng;
@@ -19,16 +20,6 @@ use crate::spec::{Case, Precision};
 use candle_core::{DType, Tensor, Var};
 use serde::Serialize;
 
-/// Central-difference step.
-pub const STEP: f64 = 1e-6;
-/// A coordinate passes when |analytic - numeric| <= ATOL + RTOL * max(|a|, |n|).
-/// In f64 the central difference has truncation error O(h^2 f''') ~ 1e-12 and
-/// rounding error ~ e_f / h, where e_f (the error of evaluating the loss, a
-/// few thousand f64 ops) is about 1e-14, i.e. ~ 1e-8: ATOL is ten times that.
-/// The small step keeps ReLU and max-pool kinks from being crossed. A wrong
-/// backward formula is off by O(|gradient|), far above RTOL.
-pub const RTOL: f64 = 1e-5;
-pub const ATOL: f64 = 1e-7;
 /// Coordinates sampled per parameter tensor in whole-model checks.
 pub const SAMPLES: usize = 6;
 /// Op-level checks cover every coordinate of tensors up to this size.
@@ -90,58 +81,6 @@ pub struct TensorCheck {
     pub note: Option<String>,
     pub passed: bool,
 }
-
-/// The step and tolerance of a check, which follow from its precision.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Tolerance {
-    /// Central-difference step.
-    pub step: f64,
-    /// A coordinate agrees when
-    /// |analytic - numeric| <= atol + rtol * max(|analytic|, |numeric|).
-    pub atol: f64,
-    pub rtol: f64,
-}
-
-impl Tolerance {
-    /// The f64 check: see [`STEP`], [`ATOL`], [`RTOL`].
-    pub const F64: Tolerance = Tolerance {
-        step: STEP,
-        atol: ATOL,
-        rtol: RTOL,
-    };
-
-    /// The check of a computation in f32, for a loss of magnitude `loss`.
-    /// Evaluating the loss costs about [`ROUNDING_BUDGET`] units of f32
-    /// rounding (2^-23 of the loss each); the central difference divides
-    /// that error by its step. A step of 1e-3 keeps truncation (h² f'''/6,
-    /// about 1e-7 f''') below it. A wrong backward formula is off by
-    /// O(|gradient|), far above an rtol of 1e-2.
-    pub fn f32(loss: f64) -> Tolerance {
-        let step = 1e-3;
-        Tolerance {
-            step,
-            atol: ROUNDING_BUDGET * f64::from(f32::EPSILON) * loss.abs().max(1.0) / step,
-            rtol: 1e-2,
-        }
-    }
-
-    /// The tolerance at another step: rounding error grows as the step shrinks.
-    fn at(self, step: f64) -> Tolerance {
-        Tolerance {
-            step,
-            atol: self.atol * (self.step / step).max(1.0),
-            rtol: self.rtol,
-        }
-    }
-
-    fn holds(self, analytic: f64, numeric: f64) -> bool {
-        (analytic - numeric).abs() <= self.atol + self.rtol * analytic.abs().max(numeric.abs())
-    }
-}
-
-/// Units of rounding error one evaluation of a loss accumulates (an
-/// estimate for models of up to a few thousand ops per output).
-pub const ROUNDING_BUDGET: f64 = 64.0;
 
 /// The precision a check ran in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -9,7 +9,7 @@ use candle_transformers::models::{bert, llama, vit};
 use nanhunt::gradcheck::{CheckPrecision, Verdict};
 use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
-use nanhunt::{run_model, FindingKind, Phase, RunOptions};
+use nanhunt::{run_model, FindingKind, Outcome, Phase, RunOptions};
 
 const HIDDEN: usize = 32;
 const LAYERS: usize = 2;
@@ -281,6 +281,32 @@ fn a_real_model_with_its_frozen_tensors_declared_runs_and_trains_the_rest() {
 }
 
 #[test]
+fn vit_with_its_frozen_tensors_declared_trains_on_truncated_gradients_that_the_check_names() {
+    let m = &models()[2];
+    let mut case = case_of(m);
+    let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
+    let frozen = outcome
+        .finding()
+        .unwrap()
+        .coverage
+        .clone()
+        .unwrap()
+        .frozen_names();
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.frozen = frozen;
+    }
+    // Declared frozen, the rest trains with nothing reported...
+    let plain = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
+    assert!(plain.finding().is_none(), "{plain:?}");
+    // ... on gradients the directional check shows to be wrong.
+    let checked = RunOptions::default().with_gradient_check(true);
+    let f = run_model(&case, &m.factory, &checked).unwrap();
+    let f = f.finding().expect("a wrong gradient");
+    assert_eq!(f.kind, FindingKind::WrongGradient, "{f:?}");
+    assert!(f.stage.starts_with("grad.vit."), "{}", f.stage);
+}
+
+#[test]
 fn the_guard_reports_the_same_frozen_tensors_in_a_plain_loop() {
     use nanhunt::guard::{Guard, GuardOptions};
     let m = &models()[1];
@@ -444,6 +470,28 @@ fn gradcheck_catches_a_planted_wrong_backward_at_every_step_size() {
         .all(|t| t.passed));
     let note = report.tensors[0].note.as_deref().unwrap();
     assert!(note.contains("steady across steps"), "{note}");
+}
+
+#[test]
+fn a_run_with_the_gradient_check_finds_a_present_but_wrong_gradient() {
+    let case = vector_case("wrong", 8);
+    let wrong = |vb: VarBuilder| mlp(vb, |h| h.contiguous()?.apply_op1(WrongTanh));
+    let checked = RunOptions::default().with_gradient_check(true);
+    let finding = match run_model(&case, &wrong, &checked).unwrap() {
+        Outcome::Unstable { finding } => finding,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(finding.kind, FindingKind::WrongGradient);
+    assert_eq!(finding.step, 0);
+    assert!(finding.stage.starts_with("grad.a."), "{}", finding.stage);
+    assert!(finding.detail.contains("off by"), "{}", finding.detail);
+    // Unchecked, the same model trains on the wrong gradient unnoticed.
+    let plain = run_model(&case, &wrong, &RunOptions::default()).unwrap();
+    assert!(!matches!(plain, Outcome::Unstable { .. }), "{plain:?}");
+    // A right gradient passes the check.
+    let right = |vb: VarBuilder| mlp(vb, |h| h.tanh());
+    let ok = run_model(&case, &right, &checked).unwrap();
+    assert!(!matches!(ok, Outcome::Unstable { .. }), "{ok:?}");
 }
 
 #[test]

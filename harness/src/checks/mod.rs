@@ -11,6 +11,7 @@
 //! drove the step.
 
 pub mod explosion;
+pub mod gradient;
 
 use crate::error::Result;
 use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp};

@@ -26,6 +26,11 @@ pub struct Args {
     /// it fails; a failure before it is dumped instead.
     #[arg(long, requires = "dump", value_name = "STEP")]
     dump_at: Option<usize>,
+    /// At the first step, check every gradient along a random direction
+    /// against the loss's finite difference (four extra forward passes per
+    /// trainable tensor, once): a present but wrong gradient is a finding.
+    #[arg(long)]
+    check_gradients: bool,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -35,7 +40,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let (case, path) = case_arg(args.case.as_deref(), &limits)?;
     let mut opts = RunOptions::default()
         .with_limits(limits)
-        .with_probe(!args.no_probe);
+        .with_probe(!args.no_probe)
+        .with_gradient_check(args.check_gradients);
     opts.device = args.device;
     opts.dump = args.dump.clone();
     opts.dump_at = args.dump_at;

@@ -139,6 +139,10 @@ pub enum FindingKind {
     /// of magnitude in one step and the loss never recovered
     /// ([`crate::checks::explosion`]).
     Explosion,
+    /// A gradient present but wrong: its derivative along a random
+    /// direction disagrees with the loss's finite difference, steadily
+    /// across two steps (the opt-in `RunOptions::check_gradients`).
+    WrongGradient,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -171,6 +175,7 @@ impl FindingKind {
             FindingKind::ScaleCollapse => "scale_collapse",
             FindingKind::NoGradient => "no_gradient",
             FindingKind::Explosion => "explosion",
+            FindingKind::WrongGradient => "wrong_gradient",
         }
     }
 }

@@ -83,6 +83,8 @@ pub struct Session<'a> {
     crossing: Option<Crossed>,
     /// The stage guarded every step, if any.
     intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
+    /// Check the first step's gradients along random directions.
+    check_gradients: bool,
 }
 
 impl<'a> Session<'a> {
@@ -161,6 +163,7 @@ impl<'a> Session<'a> {
             trace: Trace::default(),
             probe: opts.probe,
             watch_divergence: opts.watch_divergence,
+            check_gradients: opts.check_gradients,
             readback: if opts.accelerator_probe || !device.is_cpu() {
                 Readback::Deferred
             } else {

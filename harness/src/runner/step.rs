@@ -98,6 +98,9 @@ impl Session<'_> {
         // The scale the loss was multiplied by; the scaler may change it below.
         let scale = self.scaler.scale;
         let (mut grads, grad_store) = go!(self.backward_phase(&forward.loss, scale, tracer));
+        if self.check_gradients && step == 0 {
+            go!(self.gradient_phase(&batch, &grads, scale));
+        }
         let (loss_value, scans) = match readback {
             Readback::InPlace => (loss_value, None),
             Readback::Deferred => {
@@ -173,6 +176,64 @@ impl Session<'_> {
                 fail(checks::coverage(coverage).expect("a variable without a gradient"))
             }
         }
+    }
+
+    /// The opt-in check of the first step: each gradient's derivative along
+    /// a seeded unit direction against the loss's central differences at
+    /// two steps ([`checks::gradient::directional`]); the parameters are
+    /// restored bit for bit. Half precision is not checked (its finite
+    /// differences are noise).
+    fn gradient_phase(&self, batch: &HostBatch, grads: &[Tensor], scale: f64) -> Result<Flow<()>> {
+        use checks::gradient::{directional, Tolerance};
+        if self.half {
+            return Ok(Flow::Go(()));
+        }
+        let loss_at = || -> Result<f64> {
+            let loss = self.forward_loss(batch, &mut Tracer::off())?.loss;
+            Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+        };
+        let tol = match self.compute {
+            DType::F64 => Tolerance::F64,
+            _ => Tolerance::f32(loss_at()?),
+        };
+        for (i, (var, g)) in self.vars.iter().zip(grads).enumerate() {
+            let original = var.as_tensor().copy()?;
+            let d = self.direction(i, &original)?;
+            let analytic = (g.to_dtype(DType::F64)? * &d)?
+                .sum_all()?
+                .to_scalar::<f64>()?
+                / scale;
+            let d = d.to_dtype(original.dtype())?;
+            let numeric_at = |h: f64| -> Result<f64> {
+                var.set(&(&original + (&d * h)?)?)?;
+                let up = loss_at()?;
+                var.set(&(&original - (&d * h)?)?)?;
+                let down = loss_at()?;
+                Ok((up - down) / (2.0 * h))
+            };
+            let numeric = numeric_at(tol.step);
+            let larger = numeric.and_then(|n| Ok((n, numeric_at(10.0 * tol.step)?)));
+            var.set(&original)?;
+            let (numeric, larger) = larger?;
+            if let Some(f) = directional(&self.names[i], analytic, numeric, larger, tol) {
+                return fail(f);
+            }
+        }
+        Ok(Flow::Go(()))
+    }
+
+    /// Tensor `i`'s seeded unit direction, in f64 (the harness's RNG).
+    fn direction(&self, i: usize, like: &Tensor) -> Result<Tensor> {
+        let mut rng = crate::rng::Rng::keyed(self.case.seed, "gradient.direction", i as u64);
+        let v: Vec<f64> = (0..like.elem_count()).map(|_| rng.normal()).collect();
+        let norm = v
+            .iter()
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt()
+            .max(f64::MIN_POSITIVE);
+        let v: Vec<f64> = v.into_iter().map(|x| x / norm).collect();
+        Ok(Tensor::from_vec(v, like.shape(), like.device())?)
     }
 
     /// Deferred readback's one synchronization of the step: the loss, the
