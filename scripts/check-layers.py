@@ -19,7 +19,8 @@ import sys
 LAYERS = [
     ("base", ["error", "floats", "format", "rng", "files", "progress", "kernels"]),
     ("spec", ["spec"]),
-    ("building blocks", ["device", "parallel", "probe", "data", "augment", "optim", "scaler"]),
+    ("building blocks", ["device", "parallel", "probe", "data", "augment", "optim", "scaler",
+                         "backward"]),
     ("findings", ["finding", "outcome"]),
     ("checks and models", ["checks", "intervention", "models", "losses", "state"]),
     ("reading records", ["explain", "coverage", "trace"]),

@@ -494,8 +494,17 @@ pub fn check_model_with(
         ));
         return Ok(report);
     }
-    let grads = point.loss.backward()?;
     let (names, vars) = point.session.vars();
+    let grads = match point.loss.backward() {
+        Ok(g) => g,
+        Err(e) => match crate::backward::unsupported(&e) {
+            Some(u) => {
+                report.problem = Some(crate::checks::unsupported_backward(u).detail);
+                return Ok(report);
+            }
+            None => return Err(e.into()),
+        },
+    };
     report.coverage = crate::coverage::of(names, vars, &grads, &[]);
     let mut rng = Rng::keyed(case.seed, "gradcheck.coords", 0);
     for (name, var) in names.iter().zip(vars) {

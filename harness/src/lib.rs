@@ -6,6 +6,7 @@
 //! [`spec::Case`] into an [`outcome::Outcome`]. See `docs/ARCHITECTURE.md`.
 
 pub mod augment;
+pub mod backward;
 pub mod campaign;
 pub mod checks;
 #[cfg(feature = "cli")]

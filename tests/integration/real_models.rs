@@ -701,17 +701,26 @@ fn resnet18_borrows_its_builder_and_is_a_factory_as_published() {
         };
     }
     case.batch_size = 2;
-    match run_model(&case, &factory, &RunOptions::default()) {
-        // candle 0.11.1 has no backward for a max-pool whose kernel differs
-        // from its stride: a plain error naming it, not a panic.
-        Err(e) => {
-            let text = e.to_string();
-            assert!(
-                text.contains("backward not supported for maxpool2d"),
-                "{text}"
-            );
-            assert!(!text.contains("stack backtrace"), "{text}");
-        }
-        Ok(outcome) => assert_ne!(outcome.verdict(), "rejected", "{outcome:?}"),
-    }
+    // candle 0.11.1 has no backward for a max-pool whose kernel differs
+    // from its stride: a finding naming the op and a replacement, in `run`
+    // and in `gradcheck`, not candle's error.
+    let outcome = run_model(&case, &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("a finding");
+    assert_eq!(
+        (f.kind, f.phase, f.step),
+        (FindingKind::NoGradient, Phase::Backward, 0)
+    );
+    assert!(
+        f.detail
+            .contains("max_pool2d with kernel (3, 3) and stride (2, 2)")
+            && f.detail.contains("Replace it with"),
+        "{}",
+        f.detail
+    );
+    let report = nanhunt::gradcheck::check_model(&case, &factory).unwrap();
+    assert!(!report.passed);
+    assert!(
+        report.problem.as_deref().unwrap().contains("max_pool2d"),
+        "{report:?}"
+    );
 }

@@ -128,6 +128,20 @@ pub fn coverage(coverage: Option<GradientCoverage>) -> Option<Failure> {
     })
 }
 
+/// A backward pass candle cannot run (an op without one): a `no_gradient`
+/// failure naming the op and its replacement.
+pub fn unsupported_backward(u: crate::backward::Unsupported) -> Failure {
+    Failure::new(
+        FindingKind::NoGradient,
+        Phase::Backward,
+        "backward",
+        format!(
+            "candle has no backward pass for {}: no trainable tensor receives a gradient, so nothing can train. Replace it with {}",
+            u.op, u.replacement
+        ),
+    )
+}
+
 /// The first gradient whose scan is not finite.
 pub fn first_bad(scans: &[TensorScan]) -> Option<usize> {
     scans.iter().position(|s| !s.is_finite())

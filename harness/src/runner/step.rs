@@ -162,7 +162,14 @@ impl Session<'_> {
         } else {
             loss.clone()
         };
-        let grad_store = scaled.backward()?;
+        let grad_store = match scaled.backward() {
+            Ok(g) => g,
+            // An op without a backward pass is the model's finding, not an error.
+            Err(e) => match crate::backward::unsupported(&e) {
+                Some(u) => return fail(checks::unsupported_backward(u)),
+                None => return Err(e.into()),
+            },
+        };
         let grads: Option<Vec<Tensor>> = self
             .vars
             .iter()
