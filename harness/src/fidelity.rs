@@ -88,7 +88,7 @@ fn rerun(
     let jump = session
         .jump()
         .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
-    Ok((Rerun::ran(name, seen.as_ref(), jump), zeros))
+    Ok((Rerun::ran(name, finding, seen.as_ref(), jump), zeros))
 }
 
 /// `before` with its parameters and optimizer state in `dtype`.

@@ -257,3 +257,40 @@ fn the_f16_batch_norm_backward_overflow_is_precision_dependent() {
     assert_eq!(f.stage, "block0.bn", "{f:?}");
     assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
 }
+
+#[test]
+fn a_rerun_that_fails_otherwise_than_the_finding_never_reproduces_it() {
+    use nanhunt::fidelity::{PrecisionCheck, Rerun};
+    let case: Case = Case::from_json(
+        &std::fs::read_to_string(root().join("corpora/datasets/digits/digits_lr_too_high.json"))
+            .unwrap(),
+    )
+    .map(|mut c| {
+        c.resolve_paths(&root().join("corpora/datasets/digits"));
+        c
+    })
+    .unwrap();
+    let factory = nanhunt::models::BuiltinFactory::new(&case.model).unwrap();
+    let finding = finding_of(&case, &factory);
+    // The same failure again reproduces it.
+    let again = Rerun::ran("f64", &finding, Some(&finding), None);
+    assert!(again.reproduced && !again.differs, "{again:?}");
+    // A failure elsewhere does not: "fails differently", and so does the verdict.
+    let mut elsewhere = finding.clone();
+    elsewhere.stage = "loss.somewhere_else".into();
+    let other = Rerun::ran("f64", &finding, Some(&elsewhere), None);
+    assert!(!other.reproduced && other.differs, "{other:?}");
+    assert!(
+        other.note.starts_with("fails differently: "),
+        "{}",
+        other.note
+    );
+    let check = PrecisionCheck::of(None, other, None);
+    assert_eq!(check.verdict, Robustness::FailsDifferently);
+    // An overflow past f16's range is an infinity in f64: the same failure.
+    let mut overflow = finding.clone();
+    overflow.kind = nanhunt::FindingKind::Overflow;
+    let mut inf = finding.clone();
+    inf.kind = nanhunt::FindingKind::Inf;
+    assert!(Rerun::ran("f64", &overflow, Some(&inf), None).reproduced);
+}

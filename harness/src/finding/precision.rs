@@ -22,6 +22,9 @@ pub enum Robustness {
     HangsOnExactZeros,
     /// The re-runs could not run (the model does not run in f64, say).
     NotChecked,
+    /// A re-run failed, but not as the finding did (another kind, phase or
+    /// stage): no evidence either way, and never "reproduced".
+    FailsDifferently,
 }
 
 impl Robustness {
@@ -32,6 +35,7 @@ impl Robustness {
             Robustness::ReproducesInF64 => "reproduces in f64",
             Robustness::HangsOnExactZeros => "hangs on exact zeros",
             Robustness::NotChecked => "not checked at higher precision",
+            Robustness::FailsDifferently => "fails differently at higher precision",
         }
     }
 }
@@ -42,8 +46,12 @@ pub struct Rerun {
     pub precision: String,
     /// The step could be run at this precision.
     pub ran: bool,
-    /// The step failed again.
+    /// The step failed again, as the finding did (the same kind, phase and
+    /// stage; an overflow and an infinity count as one).
     pub reproduced: bool,
+    /// The step failed, but otherwise than the finding did.
+    #[serde(default)]
+    pub differs: bool,
     /// What it showed: the failure seen, or why it could not run.
     pub note: String,
 }
@@ -78,17 +86,29 @@ impl PrecisionCheck {
 }
 
 impl Robustness {
-    /// The verdict of the re-runs: whether the f32 re-run (half-precision
-    /// cases only) and the f64 re-run ran and failed again (`None`: could
-    /// not run), and the exact-zero gradient elements of the f64 re-run.
-    pub fn of(f32_run: Option<bool>, f64_run: Option<bool>, zeros: Option<usize>) -> Robustness {
-        match (f32_run, f64_run) {
-            (_, Some(true)) => match zeros {
+    /// The verdict of the re-runs: the f32 one (half-precision cases only)
+    /// and the f64 one, each `None` or not `ran` when it could not run, and
+    /// the exact-zero gradient elements of the f64 re-run.
+    pub fn of(
+        f32_run: Option<&Rerun>,
+        f64_run: Option<&Rerun>,
+        zeros: Option<usize>,
+    ) -> Robustness {
+        let (f32_run, f64_run) = (f32_run.filter(|r| r.ran), f64_run.filter(|r| r.ran));
+        let reproduced = |r: Option<&Rerun>| r.is_some_and(|r| r.reproduced);
+        let differs = |r: Option<&Rerun>| r.is_some_and(|r| r.differs);
+        if reproduced(f64_run) {
+            return match zeros {
                 Some(n) if n > 0 => Robustness::HangsOnExactZeros,
                 _ => Robustness::ReproducesInF64,
-            },
-            (Some(true), _) => Robustness::ReproducesInF32,
+            };
+        }
+        if reproduced(f32_run) {
+            return Robustness::ReproducesInF32;
+        }
+        match (f32_run, f64_run) {
             (None, None) => Robustness::NotChecked,
+            _ if differs(f32_run) || differs(f64_run) => Robustness::FailsDifferently,
             _ => Robustness::PrecisionDependent,
         }
     }
@@ -101,34 +121,57 @@ impl Rerun {
             precision: precision.to_string(),
             ran: false,
             reproduced: false,
+            differs: false,
             note: format!("could not run: {why}"),
         }
     }
 
-    /// A re-run that ran at `precision` and saw `seen` (a failure of the
-    /// step) or `jump` (an explosion's jump at the step), or neither.
+    /// A re-run of `finding`'s step that ran at `precision` and saw `seen`
+    /// (a failure of the step) or `jump` (an explosion's jump at the step),
+    /// or neither. A failure reproduces the finding only when it is the same
+    /// failure: another kind, phase or stage "fails differently".
     pub fn ran(
         precision: &str,
+        finding: &super::Finding,
         seen: Option<&super::Finding>,
         jump: Option<&super::Jump>,
     ) -> Rerun {
+        let same = seen.is_some_and(|f| same_failure(finding, f));
         let note = match (seen, jump) {
-            (Some(f), _) => format!(
-                "{} in {} at `{}`",
-                f.kind.as_str(),
-                f.phase.as_str(),
-                f.stage
-            ),
+            (Some(f), _) => {
+                let what = format!(
+                    "{} in {} at `{}`",
+                    f.kind.as_str(),
+                    f.phase.as_str(),
+                    f.stage
+                );
+                if same {
+                    what
+                } else {
+                    format!("fails differently: {what}")
+                }
+            }
             (None, Some(j)) => j.describe(),
             (None, None) => "the step is healthy".into(),
         };
         Rerun {
             precision: precision.to_string(),
             ran: true,
-            reproduced: seen.is_some() || jump.is_some(),
+            reproduced: same || (seen.is_none() && jump.is_some()),
+            differs: seen.is_some() && !same,
             note,
         }
     }
+}
+
+/// Whether `seen` is `finding` again: the same phase and stage, and the
+/// same kind (an overflow past a half precision's range and an infinity at
+/// a higher one are one failure).
+fn same_failure(finding: &super::Finding, seen: &super::Finding) -> bool {
+    use super::FindingKind::{Inf, Overflow};
+    let kind = finding.kind == seen.kind
+        || matches!((finding.kind, seen.kind), (Overflow, Inf) | (Inf, Overflow));
+    kind && finding.phase == seen.phase && finding.stage == seen.stage
 }
 
 impl PrecisionCheck {
@@ -144,8 +187,7 @@ impl PrecisionCheck {
     /// The check from its re-runs: in f32 (half-precision runs only) and
     /// in f64, with the exact-zero gradient elements of the f64 one.
     pub fn of(f32_run: Option<Rerun>, f64_run: Rerun, zeros: Option<usize>) -> PrecisionCheck {
-        let ran = |r: Option<&Rerun>| r.filter(|r| r.ran).map(|r| r.reproduced);
-        let verdict = Robustness::of(ran(f32_run.as_ref()), ran(Some(&f64_run)), zeros);
+        let verdict = Robustness::of(f32_run.as_ref(), Some(&f64_run), zeros);
         PrecisionCheck {
             verdict,
             reruns: f32_run.into_iter().chain([f64_run]).collect(),

@@ -127,7 +127,7 @@ impl Guard {
             .as_ref()
             .map(|j| &j.jump)
             .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
-        Ok((Rerun::ran(name, seen.as_ref(), jump), zeros))
+        Ok((Rerun::ran(name, finding, seen.as_ref(), jump), zeros))
     }
 }
 
