@@ -62,8 +62,30 @@ pub struct Curvature {
     /// `residual ≤ rel_tol · |lambda|`: when false, `lambda` and the
     /// prediction are not to be trusted, and the tables say so.
     pub converged: bool,
+    /// The top eigenvector's Rayleigh quotient with a Hessian-vector
+    /// product ten times finer: on a model with kinks (ReLU, max-pool) the
+    /// finite difference crosses them and the two disagree.
+    #[serde(default = "nan")]
+    pub lambda_finer_step: f64,
+    /// The two agree within [`SMOOTH_TOLERANCE`]: when false, the loss is
+    /// not smooth at the difference's scale and `lambda` is not to be
+    /// trusted however well Lanczos converged.
+    #[serde(default = "yes")]
+    pub smooth: bool,
     pub iterations: usize,
     pub gradient_evals: usize,
+}
+
+/// How far (relative) the top eigenvalue may move between the
+/// finite-difference step and one ten times finer.
+pub const SMOOTH_TOLERANCE: f64 = 0.05;
+
+fn nan() -> f64 {
+    f64::NAN
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The largest eigenvalue of a symmetric operator on ℝⁿ by Lanczos with
@@ -84,6 +106,15 @@ pub fn lanczos_top<E>(
     settings: &CurvatureSettings,
     apply: &mut Operator<'_, E>,
 ) -> std::result::Result<Eigen, E> {
+    lanczos_top_vector(start, settings, apply).map(|(e, _)| e)
+}
+
+/// Like [`lanczos_top`], with the top Ritz vector (unit length).
+pub fn lanczos_top_vector<E>(
+    start: Vec<f64>,
+    settings: &CurvatureSettings,
+    apply: &mut Operator<'_, E>,
+) -> std::result::Result<(Eigen, Vec<f64>), E> {
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     let norm = |a: &[f64]| dot(a, a).sqrt();
     let n0 = norm(&start);
@@ -95,6 +126,7 @@ pub fn lanczos_top<E>(
         converged: false,
         iterations: 0,
     };
+    let mut ritz = Vec::new();
     for k in 0..settings.max_iterations.max(1) {
         let q = &basis[k];
         let mut w = apply(q)?;
@@ -111,6 +143,10 @@ pub fn lanczos_top<E>(
         let beta = norm(&w);
         let (theta, y) = top_of_tridiagonal(&alphas, &betas);
         let residual = beta * y.last().copied().unwrap_or(0.0).abs();
+        ritz = vec![0.0; start.len()];
+        for (b, c) in basis.iter().zip(&y) {
+            ritz.iter_mut().zip(b).for_each(|(r, x)| *r += c * x);
+        }
         result = Eigen {
             value: theta,
             residual,
@@ -126,7 +162,7 @@ pub fn lanczos_top<E>(
         betas.push(beta);
         basis.push(w.iter().map(|x| x / beta).collect());
     }
-    Ok(result)
+    Ok((result, ritz))
 }
 
 /// The largest eigenvalue of the symmetric tridiagonal matrix with
@@ -363,7 +399,7 @@ pub fn sharpness(
     let step = 1e-5 * theta_norm.max(1.0);
 
     // A·u = D·H·(D·u), by a central difference along w = D·u.
-    let apply = |u: &Point, objective: &mut Objective| -> Result<Point> {
+    let apply_at = |u: &Point, objective: &mut Objective, step: f64| -> Result<Point> {
         let w = match &d {
             Some(d) => mul(d, u)?,
             None => u.clone(),
@@ -409,9 +445,13 @@ pub fn sharpness(
     let mut rng = Rng::keyed(case.seed, "lrtable.power", 0);
     let n: usize = shapes.iter().map(|(s, _)| s.elem_count()).sum();
     let start: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
-    let top = lanczos_top(start, settings, &mut |x| {
-        flatten(&apply(&unflatten(x)?, &mut objective)?)
+    let (top, y) = lanczos_top_vector(start, settings, &mut |x| {
+        flatten(&apply_at(&unflatten(x)?, &mut objective, step)?)
     })?;
+    // The same direction with a ten times finer difference.
+    let y_point = unflatten(&y)?;
+    let finer = dot(&y_point, &apply_at(&y_point, &mut objective, step / 10.0)?)?;
+    let smooth = (finer - top.value).abs() <= SMOOTH_TOLERANCE * top.value.abs();
     for (var, value) in session.vars().1.iter().zip(&theta) {
         var.set(value)?;
     }
@@ -422,6 +462,8 @@ pub fn sharpness(
         predicted_lr: predicted_lr(&case.optimizer, top.value),
         residual: top.residual,
         converged: top.converged,
+        lambda_finer_step: finer,
+        smooth,
         iterations: top.iterations,
         gradient_evals: objective.evals,
     })

@@ -325,6 +325,11 @@ pub struct Row {
     /// Whether every seed's curvature estimate converged (None without
     /// curvature); an unconverged prediction is marked in every format.
     pub predicted_converged: Option<bool>,
+    /// Whether every seed's curvature was the same at a ten times finer
+    /// finite difference (None without curvature): a model with kinks
+    /// gives a prediction marked "not smooth" in every format.
+    #[serde(default)]
+    pub predicted_smooth: Option<bool>,
     pub prediction_rule: String,
     /// Median measured divergence LR (bracket middle) / predicted LR.
     pub measured_over_predicted: Option<f64>,
@@ -346,6 +351,7 @@ impl Row {
             recommended_lr: None,
             predicted_lr: None,
             predicted_converged: None,
+            predicted_smooth: None,
             prediction_rule: curvature::prediction_rule(&config.case.optimizer).into(),
             measured_over_predicted: None,
             runs: 0,
@@ -371,6 +377,8 @@ impl Row {
             seeds.iter().filter_map(|s| s.curvature.as_ref()).collect();
         row.predicted_converged =
             (!curvatures.is_empty()).then(|| curvatures.iter().all(|c| c.converged));
+        row.predicted_smooth =
+            (!curvatures.is_empty()).then(|| curvatures.iter().all(|c| c.smooth));
         let measured = lower_median(
             seeds
                 .iter()

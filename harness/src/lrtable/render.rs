@@ -101,7 +101,9 @@ impl LrTable {
              *Recommended*: {}. *Predicted*: the divergence LR a quadratic model gives for the sharpness at initialization \
              (top Hessian eigenvalue by Lanczos on finite-difference Hessian-vector products; \
              Adam-type optimizers use the Hessian preconditioned by their second-moment estimate); \
-             *(not converged)*: the estimate's residual stayed above its tolerance on some seed.\n",
+             *(not converged)*: the estimate's residual stayed above its tolerance on some seed; \
+             *(not smooth)*: on some seed the eigenvalue moved by more than 5% with a ten times finer difference \
+             (kinks such as ReLU's are crossed): the prediction is not to be trusted.\n",
             s.tolerance_decades,
             lr(s.min_lr),
             lr(s.max_lr),
@@ -143,7 +145,7 @@ impl LrTable {
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
             "family,size,optimizer,precision,divergence_median,divergence_min,divergence_max,\
-             nan_median,nan_min,nan_max,recommended_lr,predicted_lr,predicted_converged,prediction_rule,\
+             nan_median,nan_min,nan_max,recommended_lr,predicted_lr,predicted_converged,predicted_smooth,prediction_rule,\
              measured_over_predicted,runs,grid_runs,error\n",
         );
         let spread_cells = |s: &Option<Spread>| match s {
@@ -156,7 +158,7 @@ impl LrTable {
             let num = |x: Option<f64>| x.map_or_else(String::new, |v| format!("{v:e}"));
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 csv_field(&r.family),
                 csv_field(&r.size),
                 csv_field(&r.optimizer),
@@ -166,6 +168,8 @@ impl LrTable {
                 num(r.recommended_lr),
                 num(r.predicted_lr),
                 r.predicted_converged
+                    .map_or_else(String::new, |c| c.to_string()),
+                r.predicted_smooth
                     .map_or_else(String::new, |c| c.to_string()),
                 csv_field(&r.prediction_rule),
                 num(r.measured_over_predicted),
@@ -185,9 +189,19 @@ impl LrTable {
 /// The predicted LR, marked when its curvature estimate did not converge.
 fn predicted(r: &Row) -> String {
     let cell = opt(r.predicted_lr, lr);
-    match (r.predicted_lr, r.predicted_converged) {
-        (Some(_), Some(false)) => format!("{cell} (not converged)"),
-        _ => cell,
+    if r.predicted_lr.is_none() {
+        return cell;
+    }
+    let mut marks = Vec::new();
+    if r.predicted_converged == Some(false) {
+        marks.push("not converged");
+    }
+    if r.predicted_smooth == Some(false) {
+        marks.push("not smooth");
+    }
+    match marks.is_empty() {
+        true => cell,
+        false => format!("{cell} ({})", marks.join(", ")),
     }
 }
 
