@@ -294,3 +294,39 @@ fn a_rerun_that_fails_otherwise_than_the_finding_never_reproduces_it() {
     inf.kind = nanhunt::FindingKind::Inf;
     assert!(Rerun::ran("f64", &overflow, Some(&inf), None).reproduced);
 }
+
+/// candle's `affine` rounds its multiplier to the tensor's dtype first: in
+/// f16 `f32::MIN` becomes −inf, and a masked position's 0 · (−inf) is NaN
+/// where PyTorch's `(1 − keep) · f32::MIN` multiplies in f32 and gives −0.
+#[test]
+fn candle_f16_affine_rounds_its_multiplier_to_f16_first() {
+    let zero = Tensor::zeros(1, candle_core::DType::F16, &candle_core::Device::Cpu).unwrap();
+    let masked = zero.affine(f64::from(f32::MIN), 0.0).unwrap();
+    let v = masked
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(v[0].is_nan(), "{v:?}");
+    // In f32 the same product is -0: the rule is f16's.
+    let zero32 = zero.to_dtype(candle_core::DType::F32).unwrap();
+    let v = zero32
+        .affine(f64::from(f32::MIN), 0.0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(v[0], 0.0);
+}
+
+/// candle's softmax of a row masked everywhere (every logit −inf) is NaN;
+/// PyTorch's `scaled_dot_product_attention` returns zeros for such rows, so
+/// a fully-masked-row finding is candle's (and PyTorch's plain softmax's).
+#[test]
+fn candle_softmax_of_a_fully_masked_row_is_nan() {
+    let row = Tensor::full(f32::NEG_INFINITY, (1, 4), &candle_core::Device::Cpu).unwrap();
+    let p = candle_nn::ops::softmax(&row, D::Minus1)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert!(p[0].iter().all(|v| v.is_nan()), "{p:?}");
+}
