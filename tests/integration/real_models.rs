@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use candle_transformers::models::{bert, llama, vit};
+use candle_transformers::models::{bert, llama, qwen2, vit};
 use nanhunt::gradcheck::{CheckPrecision, Verdict};
 use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
@@ -119,6 +119,46 @@ impl Vit {
 impl Model for Vit {
     fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
         tr.record("vit", self.0.forward(x)?)
+    }
+}
+
+fn qwen2_config() -> qwen2::Config {
+    qwen2::Config {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        intermediate_size: 2 * HIDDEN,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        max_position_embeddings: 64,
+        sliding_window: 64,
+        max_window_layers: LAYERS,
+        tie_word_embeddings: true,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        use_sliding_window: false,
+        hidden_act: candle_nn::Activation::Silu,
+    }
+}
+
+/// Qwen2 as published, predicting the token after the sequence (its
+/// forward keeps a key/value cache, cleared for every batch).
+pub struct Qwen2(std::sync::Mutex<qwen2::ModelForCausalLM>);
+
+impl Qwen2 {
+    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(Qwen2(std::sync::Mutex::new(qwen2::ModelForCausalLM::new(
+            &qwen2_config(),
+            vb,
+        )?)))
+    }
+}
+
+impl Model for Qwen2 {
+    fn forward(&self, ids: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.clear_kv_cache();
+        tr.record("qwen2", m.forward(ids, 0)?.squeeze(1)?)
     }
 }
 
@@ -278,6 +318,32 @@ fn a_real_model_with_its_frozen_tensors_declared_runs_and_trains_the_rest() {
     let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
     assert_eq!(outcome.verdict(), "stable", "{outcome:?}");
     assert!(frozen.iter().all(|n| n.starts_with("bert.")), "{frozen:?}");
+}
+
+/// Qwen2's fused RMSNorm, softmax and rope cut every tensor but the tied
+/// embedding off its gradient; what reaches the embedding is truncated too
+/// (it used to pass gradcheck as the model's one checked tensor).
+#[test]
+fn qwen2_as_published_has_no_gradient_in_run_and_fails_gradcheck() {
+    let factory = |vb: VarBuilder<'static>| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(Qwen2::new(vb)?))
+    };
+    let mut case = case_of(&models()[1]);
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.name = "qwen2".into();
+    }
+    let outcome = run_model(&case, &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("tensors without a gradient");
+    assert_eq!(f.kind, FindingKind::NoGradient, "{f:?}");
+    let report = nanhunt::gradcheck::check_model(&case, &factory).unwrap();
+    assert!(!report.passed, "{report:#?}");
+    let embedding = report
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.embed_tokens.weight")
+        .unwrap();
+    assert!(embedding.has_gradient);
+    assert_eq!(embedding.verdict, Verdict::Mismatch, "{embedding:?}");
 }
 
 #[test]
