@@ -460,3 +460,22 @@ fn problem(kind: ProblemKind, seen: Seen, detail: String) -> Problem {
         fix: kind.fix(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::survey;
+
+    #[test]
+    fn the_survey_sees_every_lane_and_the_remainder() {
+        assert_eq!(survey(&[0.0, -0.0, 0.0, 0.0, -0.0]), (true, true, 0.0));
+        assert_eq!(survey(&[1.0, -7.5, 2.0, 0.0, 3.0]), (true, false, 7.5));
+        // A non-finite value in a full lane and in the remainder.
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let (finite, zero, _) = survey(&[0.0, bad, 0.0, 0.0]);
+            assert!(!finite && !zero);
+            let (finite, zero, _) = survey(&[0.0, 0.0, 0.0, 0.0, 0.0, bad]);
+            assert!(!finite && !zero);
+        }
+        assert_eq!(survey(&[]), (true, true, 0.0));
+    }
+}
