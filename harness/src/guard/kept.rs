@@ -8,7 +8,7 @@ use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptimizer};
 use crate::checks;
 use crate::error::Result;
-use crate::finding::{Failure, Finding, Trace, TraceMark};
+use crate::finding::{Failure, Finding, TraceMark};
 use crate::probe::DivergenceTracker;
 use candle_core::Tensor;
 
@@ -22,7 +22,7 @@ pub(super) struct Kept {
     params: Vec<Tensor>,
     optimizer: Option<SavedOptimizer>,
     tracker: DivergenceTracker,
-    history: Trace,
+    history: TraceMark,
     /// The history through the end of its step (the finding's trace).
     through: TraceMark,
     pub batch: Option<Batch>,
@@ -47,7 +47,7 @@ impl Guard {
             params,
             optimizer: before.optimizer.clone(),
             tracker: before.tracker.clone(),
-            history: before.history.clone(),
+            history: before.history,
             through: self.trace.mark(),
             batch: None,
         })

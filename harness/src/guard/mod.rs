@@ -295,6 +295,19 @@ impl Guard {
 
     /// The batch keeps its names, dtypes and per-sample dims from step to step.
     fn check_layout(&mut self, batch: &Batch) -> std::result::Result<(), GuardError> {
+        // The common case, the same layout again, allocates nothing.
+        if let Some(first) = &self.layout {
+            let same = first.len() == batch.parts.len()
+                && first
+                    .iter()
+                    .zip(&batch.parts)
+                    .all(|((n, d, s), (name, t))| {
+                        n == name && *d == t.dtype() && t.dims().get(1..) == Some(&s[..])
+                    });
+            if same {
+                return Ok(());
+            }
+        }
         let layout: Vec<(String, DType, Vec<usize>)> = batch
             .parts
             .iter()

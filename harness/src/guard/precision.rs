@@ -102,7 +102,7 @@ impl Guard {
             super::GuardOptimizer::restore(&mut opt, &converted(saved, dtype)?)?;
         }
         guard.tracker = before.tracker.clone();
-        guard.trace = before.history.clone();
+        guard.trace = self.trace.upto(before.history);
         guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
         let batch = batch_in(batch, dtype)?;
         let zeros = match (dtype, finding.nan_update_param(&self.names)) {

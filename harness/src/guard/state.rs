@@ -5,7 +5,7 @@
 use super::optim::SavedOptimizer;
 use super::{Guard, GuardOptimizer};
 use crate::error::Result;
-use crate::finding::Trace;
+use crate::finding::TraceMark;
 use crate::probe::DivergenceTracker;
 use candle_core::{Result as CandleResult, Tensor, Var};
 
@@ -17,7 +17,10 @@ pub(super) struct Before {
     pub buffers: Vec<Tensor>,
     pub optimizer: Option<SavedOptimizer>,
     pub tracker: DivergenceTracker,
-    pub history: Trace,
+    /// How long the history was: a step only appends to it, so truncating
+    /// to the mark undoes it (a copy of the history every step would cost
+    /// O(steps) a step).
+    pub history: TraceMark,
 }
 
 impl Guard {
@@ -35,7 +38,7 @@ impl Guard {
             buffers: copy(&self.buffers)?,
             optimizer: opt.saved(),
             tracker: self.tracker.clone(),
-            history: self.trace.clone(),
+            history: self.trace.mark(),
         })
     }
 
@@ -58,7 +61,7 @@ impl Guard {
             opt.restore(saved)?;
         }
         self.tracker = before.tracker.clone();
-        self.trace = before.history.clone();
+        self.trace.truncate(before.history);
         self.watch = crate::checks::explosion::JumpWatch::after(self.init_norm, &self.trace);
         Ok(())
     }

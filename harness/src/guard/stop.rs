@@ -105,7 +105,7 @@ impl Guard {
             step: finding.step,
             finding: Some(finding),
             trace: &finding.trace,
-            history: before.history.clone(),
+            history: self.trace.upto(before.history),
             vars: &self.names,
             params,
             optimizer,
