@@ -154,7 +154,7 @@ impl Columns {
 
 /// Whether every value is finite, whether all are (±)0, and the largest
 /// magnitude (meaningful when finite), in four independent lanes the
-/// compiler vectorizes: v − v is NaN exactly for a NaN or an infinity, and
+/// compiler vectorizes: v · 0 is NaN exactly for a NaN or an infinity, and
 /// the bits shifted past the sign are 0 exactly for ±0.
 fn survey(sample: &[f64]) -> (bool, bool, f64) {
     let mut bad = [0.0f64; 4];
@@ -164,14 +164,14 @@ fn survey(sample: &[f64]) -> (bool, bool, f64) {
     for q in &mut quads {
         for i in 0..4 {
             let v = q[i];
-            bad[i] += v - v;
+            bad[i] += v * 0.0;
             let a = v.abs();
             big[i] = if a > big[i] { a } else { big[i] };
             bits[i] |= v.to_bits() << 1;
         }
     }
     for (i, &v) in quads.remainder().iter().enumerate() {
-        bad[i] += v - v;
+        bad[i] += v * 0.0;
         big[i] = if v.abs() > big[i] { v.abs() } else { big[i] };
         bits[i] |= v.to_bits() << 1;
     }
