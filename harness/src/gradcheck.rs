@@ -11,6 +11,7 @@
 //! Candle ops can lose gradients silently (see `models::layers`); these checks
 //! keep every op the zoo uses honest, and users can run them on their models.
 
+use crate::checks::gradient::{steadily_off, LARGER_STEP};
 pub use crate::checks::gradient::{Tolerance, ATOL, ROUNDING_BUDGET, RTOL, STEP};
 use crate::error::{Error, Result};
 use crate::models::{BuiltinFactory, ModelFactory, Tracer};
@@ -166,7 +167,7 @@ fn relative_error(analytic: f64, numeric: f64) -> f64 {
 /// The other steps (as factors of the check's) a disagreeing coordinate is
 /// re-checked at: one larger (where rounding matters less) and two smaller
 /// (where truncation does).
-const STEP_FACTORS: [f64; 3] = [10.0, 0.1, 0.01];
+const STEP_FACTORS: [f64; 3] = [LARGER_STEP, 0.1, 0.01];
 
 /// Whether a tolerance can tell `a` from a gradient 10% off: a step so
 /// small that rounding swamps the difference proves nothing by agreeing.
@@ -216,8 +217,7 @@ fn judge(
         .map(|(h, n)| format!("{n:.6e} at step {h:.0e}"))
         .collect();
     let estimates = estimates.join(", ");
-    let larger = seen[1].1;
-    let steady = larger.is_finite() && tol.holds(numeric, larger);
+    let steady = steadily_off(a, numeric, seen[1].1, tol);
     let agrees_at = seen[1..]
         .iter()
         .find(|&&(h, n)| n.is_finite() && tol.at(h).holds(a, n) && informative(tol.at(h), a, n));

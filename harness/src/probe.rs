@@ -313,6 +313,17 @@ impl TensorStats {
     pub fn of_host(shape: &[usize], values: &[f32]) -> Self {
         TensorStats::of_values(shape, values.iter().map(|&v| v as f64))
     }
+
+    /// The same statistics bit for bit (a NaN moment equals a NaN one).
+    pub fn same_bits(&self, other: &TensorStats) -> bool {
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        self.shape == other.shape
+            && (self.count, self.nan, self.inf) == (other.count, other.nan, other.inf)
+            && same(self.mean, other.mean)
+            && same(self.var, other.var)
+            && same(self.min, other.min)
+            && same(self.max, other.max)
+    }
 }
 
 /// Divergence as fastai and Lightning's LR finders define it: the debiased

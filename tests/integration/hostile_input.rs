@@ -342,6 +342,28 @@ fn with_peak_memory(args: &[&str]) -> (std::process::Output, f64) {
     (out, kib / 1024.0)
 }
 
+/// `scan-data FILE --no-labels` at a 16 MiB limit, as JSON: it finds a
+/// problem (exit 1) and holds at most 48 MiB while it does.
+fn bounded_scan(file: &Path) -> serde_json::Value {
+    let f = file.to_str().unwrap();
+    let args = [
+        "scan-data",
+        f,
+        "--no-labels",
+        "--max-memory-mib",
+        "16",
+        "--report",
+        "json",
+    ];
+    let (out, peak) = with_peak_memory(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        peak <= 48.0,
+        "scan-data held {peak:.1} MiB of {f} at --max-memory-mib 16"
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn scan_data_memory_does_not_grow_with_the_sample_count() {
     let dir = scratch("scan-bounded");
@@ -358,23 +380,7 @@ fn scan_data_memory_does_not_grow_with_the_sample_count() {
         .collect();
     let file = dir.join("many.npy");
     npy(&file, &format!("({n}, 1)"), &values);
-    let f = file.to_str().unwrap();
-    let args = [
-        "scan-data",
-        f,
-        "--no-labels",
-        "--max-memory-mib",
-        "16",
-        "--report",
-        "json",
-    ];
-    let (out, peak) = with_peak_memory(&args);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        peak <= 48.0,
-        "scan-data held {peak:.1} MiB at --max-memory-mib 16"
-    );
-    let scan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scan = bounded_scan(&file);
     assert_eq!(scan["samples"], n);
     let problem = |kind: &str| {
         scan["problems"]
@@ -445,23 +451,7 @@ fn a_csv_line_past_its_bound_and_an_inflating_archive_stay_within_the_limit() {
         .unwrap();
     assert!(made.success());
     assert!(std::fs::metadata(&npz).unwrap().len() < 2 << 20);
-    let f = npz.to_str().unwrap();
-    let args = [
-        "scan-data",
-        f,
-        "--no-labels",
-        "--max-memory-mib",
-        "16",
-        "--report",
-        "json",
-    ];
-    let (out, peak) = with_peak_memory(&args);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        peak <= 48.0,
-        "scan-data held {peak:.1} MiB inflating 256 MiB"
-    );
-    let scan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scan = bounded_scan(&npz);
     assert_eq!(scan["problems"][0]["kind"], "all_zero_sample");
     assert_eq!(scan["problems"][0]["count"], 1 << 20);
 }

@@ -300,18 +300,18 @@ fn stock_bert_llama_and_vit_give_one_no_gradient_finding_counting_what_a_plain_l
     }
 }
 
+/// The tensors a plain run of `m`'s case finds without a gradient.
+fn frozen_in_a_run(m: &Real, case: &Case) -> Vec<String> {
+    let outcome = run_model(case, &m.factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("tensors without a gradient");
+    f.coverage.as_ref().expect("their coverage").frozen_names()
+}
+
 #[test]
 fn a_real_model_with_its_frozen_tensors_declared_runs_and_trains_the_rest() {
     let m = &models()[0];
     let mut case = case_of(m);
-    let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
-    let frozen = outcome
-        .finding()
-        .unwrap()
-        .coverage
-        .as_ref()
-        .unwrap()
-        .frozen_names();
+    let frozen = frozen_in_a_run(m, &case);
     if let ModelSpec::Custom(c) = &mut case.model {
         c.frozen = vec!["bert".into()];
     }
@@ -350,14 +350,7 @@ fn qwen2_as_published_has_no_gradient_in_run_and_fails_gradcheck() {
 fn vit_with_its_frozen_tensors_declared_trains_on_truncated_gradients_that_the_check_names() {
     let m = &models()[2];
     let mut case = case_of(m);
-    let outcome = run_model(&case, &m.factory, &RunOptions::default()).unwrap();
-    let frozen = outcome
-        .finding()
-        .unwrap()
-        .coverage
-        .clone()
-        .unwrap()
-        .frozen_names();
+    let frozen = frozen_in_a_run(m, &case);
     if let ModelSpec::Custom(c) = &mut case.model {
         c.frozen = frozen;
     }

@@ -70,11 +70,23 @@ impl Tolerance {
 /// estimate for models of up to a few thousand ops per output).
 pub const ROUNDING_BUDGET: f64 = 64.0;
 
+/// The step ten times the check's, where rounding matters less: a numeric
+/// derivative that agrees there with the check's step is steady.
+pub const LARGER_STEP: f64 = 10.0;
+
+/// Whether a gradient is wrong as far as finite differences can tell: the
+/// central differences at the tolerance's step (`numeric`) and at
+/// [`LARGER_STEP`] times it (`larger`) agree with each other and not with
+/// `analytic`. A difference that moves with the step cannot judge it.
+pub fn steadily_off(analytic: f64, numeric: f64, larger: f64, tol: Tolerance) -> bool {
+    let finite = analytic.is_finite() && numeric.is_finite() && larger.is_finite();
+    finite && !tol.holds(analytic, numeric) && tol.holds(numeric, larger)
+}
+
 /// A tensor's directional derivative: `analytic` (the gradient's dot
 /// product with a unit direction) against the central differences at the
-/// tolerance's step (`numeric`) and ten times it (`larger`). Wrong only
-/// when the two differences agree with each other and not with the
-/// gradient; a difference that moves with the step cannot judge it.
+/// tolerance's step and [`LARGER_STEP`] times it: a failure when
+/// [`steadily_off`].
 pub fn directional(
     name: &str,
     analytic: f64,
@@ -82,8 +94,7 @@ pub fn directional(
     larger: f64,
     tol: Tolerance,
 ) -> Option<Failure> {
-    let finite = analytic.is_finite() && numeric.is_finite() && larger.is_finite();
-    if !finite || tol.holds(analytic, numeric) || !tol.holds(numeric, larger) {
+    if !steadily_off(analytic, numeric, larger, tol) {
         return None;
     }
     let error = (analytic - numeric).abs() / numeric.abs().max(f64::MIN_POSITIVE);
@@ -95,7 +106,7 @@ pub fn directional(
         format!(
             "the gradient of `{name}` (module `{module}`) is wrong along a random direction: analytic {analytic:.6e}, numeric {numeric:.6e} at step {:.0e} and {larger:.6e} at {:.0e}, off by {:.1}% of the numeric value",
             tol.step,
-            10.0 * tol.step,
+            LARGER_STEP * tol.step,
             100.0 * error
         ),
     ))

@@ -126,7 +126,7 @@ pub fn lanczos_top_vector<E>(
         converged: false,
         iterations: 0,
     };
-    let mut ritz = Vec::new();
+    let mut top_y = Vec::new();
     for k in 0..settings.max_iterations.max(1) {
         let q = &basis[k];
         let mut w = apply(q)?;
@@ -143,16 +143,13 @@ pub fn lanczos_top_vector<E>(
         let beta = norm(&w);
         let (theta, y) = top_of_tridiagonal(&alphas, &betas);
         let residual = beta * y.last().copied().unwrap_or(0.0).abs();
-        ritz = vec![0.0; start.len()];
-        for (b, c) in basis.iter().zip(&y) {
-            ritz.iter_mut().zip(b).for_each(|(r, x)| *r += c * x);
-        }
         result = Eigen {
             value: theta,
             residual,
             converged: residual <= settings.rel_tol * theta.abs(),
             iterations: k + 1,
         };
+        top_y = y;
         // An invariant subspace (β = 0) is exact; so is an exhausted space.
         let exhausted = beta <= 1e-12 * alpha.abs().max(theta.abs()) || basis.len() == start.len();
         if result.converged || exhausted {
@@ -161,6 +158,11 @@ pub fn lanczos_top_vector<E>(
         }
         betas.push(beta);
         basis.push(w.iter().map(|x| x / beta).collect());
+    }
+    // The top Ritz vector, once: the last eigenvector in the basis.
+    let mut ritz = vec![0.0; start.len()];
+    for (b, c) in basis.iter().zip(&top_y) {
+        ritz.iter_mut().zip(b).for_each(|(r, x)| *r += c * x);
     }
     Ok((result, ritz))
 }

@@ -191,7 +191,7 @@ impl Session<'_> {
     /// restored bit for bit. Half precision is not checked (its finite
     /// differences are noise).
     fn gradient_phase(&self, batch: &HostBatch, grads: &[Tensor], scale: f64) -> Result<Flow<()>> {
-        use checks::gradient::{directional, Tolerance};
+        use checks::gradient::{directional, Tolerance, LARGER_STEP};
         if self.half {
             return Ok(Flow::Go(()));
         }
@@ -219,7 +219,7 @@ impl Session<'_> {
                 Ok((up - down) / (2.0 * h))
             };
             let numeric = numeric_at(tol.step);
-            let larger = numeric.and_then(|n| Ok((n, numeric_at(10.0 * tol.step)?)));
+            let larger = numeric.and_then(|n| Ok((n, numeric_at(LARGER_STEP * tol.step)?)));
             var.set(&original)?;
             let (numeric, larger) = larger?;
             if let Some(f) = directional(&self.names[i], analytic, numeric, larger, tol) {

@@ -348,24 +348,13 @@ fn load_tensors(path: &Path, scene: &Scene, legacy: bool) -> Result<HashMap<Stri
 /// edited or swapped batch would replay another step than the one that
 /// failed).
 fn check_batch(path: &Path, scene: &Scene, tensors: &HashMap<String, Tensor>) -> Result<()> {
-    let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
     for (name, t) in tensors {
         if !(name.starts_with("batch/") || name.starts_with("source/")) {
             continue;
         }
         let want = &scene.tensors[name];
         let have = TensorStats::of_tensor(t)?;
-        let equal = have.shape == want.shape
-            && (have.count, have.nan, have.inf) == (want.count, want.nan, want.inf)
-            && [
-                (have.mean, want.mean),
-                (have.var, want.var),
-                (have.min, want.min),
-                (have.max, want.max),
-            ]
-            .iter()
-            .all(|&(a, b)| same(a, b));
-        if !equal {
+        if !have.same_bits(want) {
             return Err(malformed(
                 path,
                 format!(

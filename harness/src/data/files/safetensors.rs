@@ -178,8 +178,8 @@ impl Reader {
             .as_ref()
             .and_then(|m| m.get("classes"))
             .and_then(|c| c.parse().ok());
-        // A tensor's region, and its declared part.
-        let region = |name: &str| -> Result<(Region, Part)> {
+        // A tensor's region, its declared part and its dims.
+        let region = |name: &str| -> Result<(Region, Part, Vec<usize>)> {
             let v = view(name)?;
             let (size, integer) = element(&path, name, v.dtype())?;
             let part = Part::of(name, v.shape(), integer);
@@ -189,13 +189,10 @@ impl Reader {
                 sample_bytes: size * part.per,
                 released: 0,
             };
-            Ok((region, part))
+            Ok((region, part, v.shape().to_vec()))
         };
-        let inputs = view(&source.inputs)?;
-        let (_, integer) = element(&path, &source.inputs, inputs.dtype())?;
-        let len = inputs.shape().first().copied().unwrap_or(1);
-        let dims = sample_dims(inputs.shape());
-        let (inputs, _) = region(&source.inputs)?;
+        let (inputs, declared, dims) = region(&source.inputs)?;
+        let (len, integer, dims) = (declared.samples, declared.integer, sample_dims(&dims));
         let labels = source.labels.as_deref().map(region).transpose()?;
         let targets = source.targets.as_deref().map(region).transpose()?;
         let shape = layout(
@@ -203,15 +200,15 @@ impl Reader {
             len,
             dims,
             integer,
-            labels.as_ref().map(|(_, p)| p),
-            targets.as_ref().map(|(_, p)| p),
+            labels.as_ref().map(|(_, p, _)| p),
+            targets.as_ref().map(|(_, p, _)| p),
         )?;
         drop(st);
         Ok(Reader {
             map,
             inputs,
-            labels: labels.map(|(r, _)| r),
-            targets: targets.map(|(r, _)| r),
+            labels: labels.map(|(r, _, _)| r),
+            targets: targets.map(|(r, _, _)| r),
             len,
             next: 0,
             shape,
