@@ -11,12 +11,16 @@
 //! the known places where candle's rules differ from PyTorch's.
 
 use crate::error::Result;
-use crate::finding::{Finding, FindingKind};
-pub use crate::finding::{PrecisionCheck, Rerun, Robustness};
+pub use crate::finding::{
+    CandleRule, FrameworkMark, FrameworkVerdict, PrecisionCheck, Rerun, Robustness,
+};
+use crate::finding::{Finding, FindingKind, Phase};
+use crate::intervention::Intervention;
 use crate::models::{ModelFactory, Tracer};
 use crate::runner::{RunOptions, Session, Snapshot};
-use crate::spec::{Case, Precision};
+use crate::spec::{Case, HalfType, Precision};
 use candle_core::DType;
+use std::sync::Arc;
 
 /// Re-runs `finding`'s step from `before` at the higher precisions.
 pub fn check(
@@ -27,17 +31,73 @@ pub fn check(
     before: &Snapshot,
 ) -> Result<PrecisionCheck> {
     let compute = case.precision.compute_dtype();
-    if compute == DType::F64 {
-        return Ok(PrecisionCheck::in_f64());
-    }
-    let f32_run = match compute {
-        DType::F16 | DType::BF16 => {
-            Some(rerun(case, factory, opts, finding, before, Precision::F32)?.0)
-        }
+    let half = match compute {
+        DType::F16 => Some(HalfType::F16),
+        DType::BF16 => Some(HalfType::Bf16),
         _ => None,
     };
-    let (f64_run, zeros) = rerun(case, factory, opts, finding, before, Precision::F64)?;
-    Ok(PrecisionCheck::of(f32_run, f64_run, zeros))
+    let mut check = if compute == DType::F64 {
+        PrecisionCheck::in_f64()
+    } else {
+        let f32_run = match half {
+            Some(_) => Some(rerun(case, factory, opts, finding, before, Precision::F32)?.0),
+            None => None,
+        };
+        let (f64_run, zeros) = rerun(case, factory, opts, finding, before, Precision::F64)?;
+        PrecisionCheck::of(f32_run, f64_run, zeros)
+    };
+    let emulated = match half {
+        Some(h) => Some(with_pytorch_rounding(
+            case, factory, opts, finding, before, h,
+        )?),
+        None => None,
+    };
+    check.framework = Some(FrameworkMark::of(finding, &check, emulated.as_ref()));
+    Ok(check)
+}
+
+/// The failing step with PyTorch's half-precision numerics, as far as
+/// stages show them: computed in f32, every stage's output and gradient
+/// stored in `half` (PyTorch computes each op in f32 and rounds its
+/// result; candle computes it in the half dtype, and accumulates there).
+fn with_pytorch_rounding(
+    case: &Case,
+    factory: &dyn ModelFactory,
+    opts: &RunOptions,
+    finding: &Finding,
+    before: &Snapshot,
+    half: HalfType,
+) -> Result<Rerun> {
+    let name = half.stored_in_f32_name();
+    let scaled = case
+        .precision
+        .loss_scaling()
+        .is_some_and(|s| !matches!(s, crate::spec::LossScaling::None));
+    let after_the_loss = matches!(finding.phase, Phase::Backward | Phase::Update)
+        || finding.kind == FindingKind::ScaleCollapse;
+    if scaled && after_the_loss {
+        return Ok(Rerun::not_run(&name, "its loss scaling is not emulated"));
+    }
+    let storage = match &opts.intervention {
+        Some(iv) => Intervention {
+            storage: Some(half),
+            ..(**iv).clone()
+        },
+        None => Intervention::storage(half),
+    };
+    let opts = RunOptions {
+        intervention: Some(Arc::new(storage)),
+        ..opts.clone()
+    };
+    let mut session = match restored(case, factory, &opts, finding, before, Precision::F32)? {
+        Ok(s) => s,
+        Err(why) => return Ok(Rerun::not_run(&name, why)),
+    };
+    let tracer = Tracer::on().with_intervention(opts.intervention.clone());
+    if forward_stage_fails(&session, finding, tracer)? {
+        return Ok(Rerun::ran(&name, finding, Some(finding), None));
+    }
+    Ok(stepped(&mut session, &name, finding))
 }
 
 /// The failing step at `precision`; with f64, also the exact zeros of the
@@ -51,6 +111,29 @@ fn rerun(
     precision: Precision,
 ) -> Result<(Rerun, Option<usize>)> {
     let name = precision.name();
+    let master = precision.master_dtype();
+    let mut session = match restored(case, factory, opts, finding, before, precision)? {
+        Ok(s) => s,
+        Err(why) => return Ok((Rerun::not_run(name, why), None)),
+    };
+    let zeros = if master == DType::F64 {
+        exact_zero_gradients(&session, finding).ok().flatten()
+    } else {
+        None
+    };
+    Ok((stepped(&mut session, name, finding), zeros))
+}
+
+/// A session of `case` at `precision` in the state before the finding's
+/// step, or why it cannot be built.
+fn restored<'a>(
+    case: &Case,
+    factory: &'a dyn ModelFactory,
+    opts: &RunOptions,
+    finding: &Finding,
+    before: &Snapshot,
+    precision: Precision,
+) -> Result<std::result::Result<Session<'a>, String>> {
     let mut case = case.clone();
     case.precision = precision;
     let opts = RunOptions {
@@ -61,34 +144,63 @@ fn rerun(
     };
     let mut session = match Session::new(&case, factory, &opts) {
         Ok(s) => s,
-        Err(e) => return Ok((Rerun::not_run(name, e), None)),
+        Err(e) => return Ok(Err(e.to_string())),
     };
-    let dtype = case.precision.master_dtype();
-    let snapshot = match converted(before, dtype, &case) {
+    let snapshot = match converted(before, case.precision.master_dtype(), &case) {
         Ok(s) => s,
-        Err(e) => return Ok((Rerun::not_run(name, e), None)),
+        Err(e) => return Ok(Err(e.to_string())),
     };
     session.set_history(finding.trace.upto(before.history));
     session.restore(&snapshot)?;
-    let zeros = if dtype == DType::F64 {
-        exact_zero_gradients(&session, finding).ok().flatten()
-    } else {
-        None
-    };
+    Ok(Ok(session))
+}
+
+/// The finding's step run again on `session`, judged against the finding.
+fn stepped(session: &mut Session, name: &str, finding: &Finding) -> Rerun {
     // A divergence's step comes back as its crossing of the line.
     let seen = match session.step(finding.step).and_then(|f| match f {
         Some(f) => Ok(Some(f)),
         None => Ok(session.finish()?.or_else(|| session.crossing_finding())),
     }) {
         Ok(seen) => seen,
-        Err(e) => return Ok((Rerun::not_run(name, e), None)),
+        Err(e) => return Rerun::not_run(name, e),
     };
     // An explosion is a jump at its step (its never-recovered half is judged
     // over the whole run, not one step).
     let jump = session
         .jump()
         .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
-    Ok((Rerun::ran(name, finding, seen.as_ref(), jump), zeros))
+    Rerun::ran(name, finding, seen.as_ref(), jump)
+}
+
+/// Whether the finding's forward stage fails again (NaN again, or an
+/// infinity again) in a traced forward pass under `tracer`'s intervention: a stage past the half
+/// range that later ops hide (a variance of Inf whose normalized output is
+/// silently 0) leaves the loss finite, so the step alone would not say.
+fn forward_stage_fails(session: &Session, finding: &Finding, tracer: Tracer) -> Result<bool> {
+    if finding.phase != Phase::Forward {
+        return Ok(false);
+    }
+    let Ok(batch) = session.batch(finding.step)? else {
+        return Ok(false);
+    };
+    let mut tracer = tracer;
+    let shared = crate::models::tracer::share(&tracer);
+    let forward = session.forward_loss(&batch, &mut tracer);
+    drop(shared);
+    forward?;
+    let records = tracer.records();
+    let Some(r) = records.iter().find(|r| r.name == finding.stage) else {
+        return Ok(false);
+    };
+    // The same failure: NaN for a NaN, an infinity for an overflow (a
+    // mask of −inf is what PyTorch's rounding makes of f32::MIN).
+    let scan = &crate::probe::scan_all(&[&r.output])?[0];
+    Ok(match finding.kind {
+        FindingKind::Nan => scan.nan > 0,
+        FindingKind::Inf | FindingKind::Overflow => scan.inf > 0,
+        _ => false,
+    })
 }
 
 /// `before` with its parameters and optimizer state in `dtype`.

@@ -317,6 +317,18 @@ fn an_off_by_one_causal_mask_leaves_a_softmax_over_a_fully_masked_row() {
         Ok(Box::new(attention(&vb, 8)?))
     };
     assert_explained(&c, &factory, "attn.softmax", Pattern::MaskedRow);
+    // PyTorch's plain softmax fails too; its scaled_dot_product_attention
+    // returns zeros for such a row: the framework mark says which rule.
+    let f = finding(&c, &factory);
+    let mark = f.precision.as_ref().unwrap().framework.as_ref().unwrap();
+    assert_eq!(
+        (mark.verdict, mark.rule),
+        (
+            nanhunt::fidelity::FrameworkVerdict::CandleSpecific,
+            Some(nanhunt::fidelity::CandleRule::FullyMaskedRow)
+        ),
+        "{mark:?}"
+    );
 }
 
 /// q·kᵀ without 1/sqrt(d) in f16, on inputs of ~60: the sum leaves f16.

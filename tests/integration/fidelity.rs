@@ -7,7 +7,8 @@
 use crate::support::*;
 use candle_core::{Tensor, D};
 use candle_nn::{linear, Linear, Module, VarBuilder};
-use nanhunt::fidelity::Robustness;
+use nanhunt::fidelity::{CandleRule, FrameworkVerdict, Robustness};
+use nanhunt::finding::OpKind;
 use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
 use nanhunt::{run_model, Finding, Outcome, RunOptions};
@@ -26,6 +27,17 @@ fn finding_of(case: &Case, factory: &dyn nanhunt::models::ModelFactory) -> Findi
         Outcome::Unstable { finding } => *finding,
         other => panic!("expected a finding, got {other:?}"),
     }
+}
+
+/// The finding's framework mark: would PyTorch fail too, and if not, on
+/// which of candle's rules it hangs.
+fn framework(f: &Finding) -> (FrameworkVerdict, Option<CandleRule>) {
+    let mark = f
+        .precision
+        .as_ref()
+        .and_then(|c| c.framework.as_ref())
+        .expect("every checked finding has a framework mark");
+    (mark.verdict, mark.rule)
 }
 
 fn verdict(f: &Finding) -> Robustness {
@@ -67,6 +79,9 @@ fn an_f16_layer_norm_variance_overflow_is_precision_dependent() {
     let f = finding_of(&case, &factory);
     assert_eq!(f.stage, "ln.var", "{f:?}");
     assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+    // The same hand-written norm in PyTorch squares in f16 too (its
+    // LayerNorm module would not): the variance is past 65504 there.
+    assert_eq!(framework(&f), (FrameworkVerdict::FailsToo, None), "{f:?}");
     let check = f.precision.as_ref().unwrap();
     assert_eq!(check.reruns.len(), 2, "f32 and f64: {check:?}");
     assert!(
@@ -93,7 +108,7 @@ struct WideMean {
 
 impl Model for WideMean {
     fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
-        let m = tr.record("mean", x.mean_keepdim(D::Minus1)?)?;
+        let m = tr.record_as("mean", OpKind::Reduce, x.mean_keepdim(D::Minus1)?)?;
         let features = x.broadcast_sub(&m)?;
         tr.record("head", self.head.forward(&features)?)
     }
@@ -112,6 +127,15 @@ fn an_f16_accumulation_overflow_is_precision_dependent() {
     let f = finding_of(&case, &factory);
     assert_eq!(f.stage, "mean", "{f:?}");
     assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+    // PyTorch's mean accumulates in f32: 600, then stored in f16.
+    assert_eq!(
+        framework(&f),
+        (
+            FrameworkVerdict::CandleSpecific,
+            Some(CandleRule::HalfAccumulation)
+        ),
+        "{f:?}"
+    );
 }
 
 /// Adam with eps 0 behind ReLU units that are dead for the whole batch:
@@ -158,6 +182,13 @@ fn adam_eps_zero_on_exactly_zero_gradients_hangs_on_exact_zeros() {
     let check = f.precision.as_ref().unwrap();
     assert!(check.exact_zero_gradients.unwrap() > 0, "{check:?}");
     assert!(check.reruns[0].reproduced, "{check:?}");
+    assert_eq!(
+        framework(&f),
+        (
+            FrameworkVerdict::CandleSpecific,
+            Some(CandleRule::ExactZeros)
+        )
+    );
 }
 
 /// exp of logits near 100 overflows f32 (e^89 is past f32's range) and
@@ -186,6 +217,8 @@ fn an_f32_overflow_gone_in_f64_is_precision_dependent_and_an_lr_divergence_repro
     assert_eq!(f.stage, "exp", "{f:?}");
     assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
     assert_eq!(f.precision.as_ref().unwrap().reruns.len(), 1, "f64 only");
+    // f32's range is f32's in PyTorch too.
+    assert_eq!(framework(&f), (FrameworkVerdict::FailsToo, None));
 
     // A learning rate far too high diverges at any precision.
     let mut case = Case::example("cnn").unwrap();
@@ -256,6 +289,15 @@ fn the_f16_batch_norm_backward_overflow_is_precision_dependent() {
     };
     assert_eq!(f.stage, "block0.bn", "{f:?}");
     assert_eq!(verdict(&f), Robustness::PrecisionDependent, "{f:?}");
+    // PyTorch's batch norm sums its backward in f32.
+    assert_eq!(
+        framework(&f),
+        (
+            FrameworkVerdict::CandleSpecific,
+            Some(CandleRule::HalfNormStatistics)
+        ),
+        "{f:?}"
+    );
 }
 
 #[test]
@@ -329,4 +371,107 @@ fn candle_softmax_of_a_fully_masked_row_is_nan() {
         .to_vec2::<f32>()
         .unwrap();
     assert!(p[0].iter().all(|v| v.is_nan()), "{p:?}");
+}
+
+/// Scores masked additively with `(1 − keep) · f32::MIN` written with
+/// candle's `affine`, in f16: the multiplier rounds to −inf first, so the
+/// kept positions are 0 · (−inf) = NaN where PyTorch has −0.
+struct AffineMask {
+    proj: Linear,
+    head: Linear,
+}
+
+impl Model for AffineMask {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let scores = tr.record_as("scores", OpKind::Linear, self.proj.forward(x)?)?;
+        let keep = Tensor::new(&[1f32, 1.0, 0.0, 0.0], x.device())?.to_dtype(x.dtype())?;
+        let dropped = keep.affine(-1.0, 1.0)?;
+        let mask = tr.record_as(
+            "mask",
+            OpKind::Mask,
+            dropped.affine(f64::from(f32::MIN), 0.0)?,
+        )?;
+        let weights = tr.record_as(
+            "weights",
+            OpKind::Softmax,
+            candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?,
+        )?;
+        tr.record("head", self.head.forward(&weights)?)
+    }
+}
+
+#[test]
+fn an_f16_affine_mask_is_candle_specific_and_names_the_rule() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(AffineMask {
+            proj: linear(8, 4, vb.pp("proj"))?,
+            head: linear(4, 4, vb.pp("head"))?,
+        }))
+    };
+    let case = vector_case("affine_mask", 8, Precision::F16);
+    let f = finding_of(&case, &factory);
+    assert_eq!(
+        (f.kind, f.stage.as_str()),
+        (nanhunt::FindingKind::Nan, "mask"),
+        "{f:?}"
+    );
+    assert_eq!(
+        framework(&f),
+        (
+            FrameworkVerdict::CandleSpecific,
+            Some(CandleRule::HalfAffine)
+        ),
+        "{f:?}"
+    );
+    // In f32 the mask is finite and the model trains.
+    let mut case = case;
+    case.precision = Precision::F32;
+    let stable = run_model(&case, &factory, &RunOptions::default()).unwrap();
+    assert!(matches!(stable, Outcome::Stable { .. }), "{stable:?}");
+}
+
+/// sqrt(h² + 1e-4) at h = 0 scaled by 1e4 into the logits, in f16: the
+/// gradient reaching the root is 937.5, and candle's (g/√x)·0.5 passes
+/// f16's 65504 (9.4e4) where PyTorch's g/(2√x) is 4.7e4.
+struct RootNearZero {
+    proj: Linear,
+}
+
+impl Model for RootNearZero {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record_as("proj", OpKind::Linear, self.proj.forward(x)?)?;
+        let r = tr.record_as("root", OpKind::Sqrt, (h.sqr()? + 1e-4)?.sqrt()?)?;
+        tr.record("logits", (r * 1e4)?)
+    }
+}
+
+#[test]
+fn an_f16_sqrt_backward_overflow_is_candle_specific_and_names_the_rule() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(RootNearZero {
+            proj: linear(8, 4, vb.pp("proj"))?,
+        }))
+    };
+    let mut case = vector_case("root_near_zero", 8, Precision::F16);
+    case.batch_size = 8;
+    if let ModelSpec::Custom(c) = &mut case.model {
+        for t in ["proj.weight", "proj.bias"] {
+            c.init_overrides
+                .insert(t.into(), InitOverride::Const { value: 0.0 });
+        }
+    }
+    let f = finding_of(&case, &factory);
+    assert_eq!(
+        (f.phase, f.stage.as_str()),
+        (nanhunt::Phase::Backward, "root"),
+        "{f:?}"
+    );
+    assert_eq!(
+        framework(&f),
+        (
+            FrameworkVerdict::CandleSpecific,
+            Some(CandleRule::SqrtBackward)
+        ),
+        "{f:?}"
+    );
 }

@@ -122,6 +122,9 @@ fn print_outcome(outcome: &Outcome) {
             }
             if let Some(check) = &finding.precision {
                 println!("  precision: {}", check.summary());
+                if let Some(mark) = &check.framework {
+                    println!("  framework: {}", mark.summary());
+                }
             }
             println!("  signature: {}", finding.signature.slug());
             print_summary(&finding.trace);

@@ -9,6 +9,7 @@
 mod coverage;
 mod explanation;
 mod failure;
+mod framework;
 mod history;
 mod jump;
 mod op;
@@ -20,6 +21,7 @@ mod substitute;
 pub use coverage::{FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
 pub use explanation::{Explanation, Pattern};
 pub use failure::Failure;
+pub use framework::{CandleRule, FrameworkMark, FrameworkVerdict};
 pub use history::{Trace, TraceMark};
 pub use jump::{Grew, Jump};
 pub use op::{OpKind, OpSource, StageOp};

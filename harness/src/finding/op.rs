@@ -51,6 +51,8 @@ pub enum OpKind {
     Embedding,
     /// A recurrent cell's gates or state.
     Recurrent,
+    /// A sum or a mean over an axis (an accumulation).
+    Reduce,
     /// The loss.
     Loss,
     /// Gradient clipping.
@@ -123,6 +125,7 @@ impl OpKind {
             OpKind::Residual => "residual",
             OpKind::Embedding => "embedding",
             OpKind::Recurrent => "recurrent",
+            OpKind::Reduce => "reduce",
             OpKind::Loss => "loss",
             OpKind::Clip => "clip",
             OpKind::Other => "other",
@@ -134,7 +137,7 @@ impl OpKind {
     pub fn accumulates(self) -> bool {
         matches!(
             self,
-            OpKind::Matmul | OpKind::Linear | OpKind::Conv | OpKind::Scores
+            OpKind::Matmul | OpKind::Linear | OpKind::Conv | OpKind::Scores | OpKind::Reduce
         )
     }
 

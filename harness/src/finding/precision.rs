@@ -65,6 +65,9 @@ pub struct PrecisionCheck {
     /// gradient that are exactly 0.0 in the f64 re-run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_zero_gradients: Option<usize>,
+    /// Would PyTorch fail too, or is it one of candle's rules?
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<super::FrameworkMark>,
 }
 
 impl PrecisionCheck {
@@ -181,6 +184,7 @@ impl PrecisionCheck {
             verdict: Robustness::ReproducesInF64,
             reruns: Vec::new(),
             exact_zero_gradients: None,
+            framework: None,
         }
     }
 
@@ -192,6 +196,7 @@ impl PrecisionCheck {
             verdict,
             reruns: f32_run.into_iter().chain([f64_run]).collect(),
             exact_zero_gradients: zeros,
+            framework: None,
         }
     }
 }

@@ -10,9 +10,9 @@ use super::optim::SavedOptimizer;
 use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptions, Rebuild};
 use crate::error::Result;
-use crate::finding::{Finding, FindingKind, PrecisionCheck, Rerun, Robustness};
-use crate::spec::OptimizerSpec;
-use crate::spec::PrecisionKind;
+use crate::finding::{Finding, FindingKind, FrameworkMark, PrecisionCheck, Rerun, Robustness};
+use crate::intervention::Intervention;
+use crate::spec::{HalfType, OptimizerSpec, PrecisionKind};
 use candle_core::{DType, Tensor};
 
 impl Guard {
@@ -25,39 +25,67 @@ impl Guard {
         batch: &Batch,
     ) -> Result<PrecisionCheck> {
         let dtype = self.vars[0].dtype();
-        if dtype == DType::F64 {
-            return Ok(PrecisionCheck::in_f64());
-        }
-        let Some(rebuild) = &self.opts.rebuild else {
-            return Ok(PrecisionCheck {
-                verdict: Robustness::NotChecked,
-                reruns: vec![Rerun::not_run(
-                    "f64",
-                    "the guard cannot build the model at another precision (give it GuardOptions::rebuild)",
-                )],
-                exact_zero_gradients: None,
-            });
+        let half = match dtype {
+            DType::F16 => Some(HalfType::F16),
+            DType::BF16 => Some(HalfType::Bf16),
+            _ => None,
         };
-        let f32_run = match self.half() {
-            true => Some(self.rerun(rebuild, DType::F32, finding, before, batch)?.0),
-            false => None,
+        const NO_REBUILD: &str =
+            "the guard cannot build the model at another precision (give it GuardOptions::rebuild)";
+        let (mut check, emulated) = match (&self.opts.rebuild, dtype) {
+            (_, DType::F64) => (PrecisionCheck::in_f64(), None),
+            (None, _) => {
+                let check = PrecisionCheck {
+                    verdict: Robustness::NotChecked,
+                    reruns: vec![Rerun::not_run("f64", NO_REBUILD)],
+                    exact_zero_gradients: None,
+                    framework: None,
+                };
+                let emulated = half.map(|h| Rerun::not_run(&h.stored_in_f32_name(), NO_REBUILD));
+                (check, emulated)
+            }
+            (Some(rebuild), _) => {
+                let f32_run = match half {
+                    Some(_) => Some(
+                        self.rerun(rebuild, DType::F32, None, finding, before, batch)?
+                            .0,
+                    ),
+                    None => None,
+                };
+                let (f64_run, zeros) =
+                    self.rerun(rebuild, DType::F64, None, finding, before, batch)?;
+                let emulated = match half {
+                    Some(h) => Some(
+                        self.rerun(rebuild, DType::F32, Some(h), finding, before, batch)?
+                            .0,
+                    ),
+                    None => None,
+                };
+                (PrecisionCheck::of(f32_run, f64_run, zeros), emulated)
+            }
         };
-        let (f64_run, zeros) = self.rerun(rebuild, DType::F64, finding, before, batch)?;
-        Ok(PrecisionCheck::of(f32_run, f64_run, zeros))
+        check.framework = Some(FrameworkMark::of(finding, &check, emulated.as_ref()));
+        Ok(check)
     }
 
-    /// The failing step in `dtype`, on the rebuilt model; with f64, also
-    /// the exact zeros of the failing parameter's gradient for a NaN in
-    /// the update.
+    /// The failing step in `dtype`, on the rebuilt model, with every
+    /// stage stored in `storage` when given (PyTorch's half-precision
+    /// rounding, for the framework mark); with f64, also the exact zeros
+    /// of the failing parameter's gradient for a NaN in the update.
     fn rerun(
         &self,
         rebuild: &Rebuild,
         dtype: DType,
+        storage: Option<HalfType>,
         finding: &Finding,
         before: &Before,
         batch: &Batch,
     ) -> Result<(Rerun, Option<usize>)> {
-        let name = PrecisionKind::of_dtype(dtype).name();
+        let name = match storage {
+            Some(h) => h.stored_in_f32_name(),
+            None => PrecisionKind::of_dtype(dtype).name().to_string(),
+        };
+        let name = name.as_str();
         let mut rebuilt = match rebuild(dtype) {
             Ok(r) => r,
             Err(e) => return Ok((Rerun::not_run(name, e), None)),
@@ -89,6 +117,7 @@ impl Guard {
             return Ok((Rerun::not_run(name, why), None));
         };
         let mut guard = Guard::with_vars(named, opts)?;
+        guard.intervention = storage.map(|h| std::sync::Arc::new(Intervention::storage(h)));
         // The variables hold the state before the step (restored).
         for (v, mine) in guard.vars.iter().zip(&self.vars) {
             v.set(&mine.as_tensor().to_dtype(dtype)?)?;

@@ -18,6 +18,7 @@
 pub mod substitute;
 
 use crate::finding::Substitute;
+use crate::spec::HalfType;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -44,6 +45,11 @@ pub struct Intervention {
     /// probabilities a loss stage takes the log of).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
+    /// Every stage's output rounded to this half dtype and back, and the
+    /// gradient it hands back with it: PyTorch's half-precision storage in
+    /// a run computed in f32 (the framework check of [`crate::fidelity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<HalfType>,
 }
 
 /// Whether record `name` is an instance of `stage`: the same name, or the
@@ -80,6 +86,16 @@ impl Intervention {
             saturate,
             substitute: None,
             at: None,
+            storage: None,
+        }
+    }
+
+    /// No stage guarded; every stage's output (and its gradient) stored
+    /// in `half` between stages computed at a higher precision.
+    pub fn storage(half: HalfType) -> Intervention {
+        Intervention {
+            storage: Some(half),
+            ..Intervention::guard("", None, false)
         }
     }
 
@@ -87,6 +103,18 @@ impl Intervention {
     /// `read` keeps what the stage read, between the input's record and
     /// the stage's, for a substitute that recomputes the stage.
     pub fn apply(&self, name: &str, t: Tensor, read: &RefCell<Option<Tensor>>) -> Result<Tensor> {
+        if let Some(half) = self.storage {
+            // to_dtype's backward converts the gradient the same way.
+            let stored = t.to_dtype(half.dtype())?.to_dtype(t.dtype())?;
+            return match self.stage.is_empty() {
+                true => Ok(stored),
+                false => self.apply_stage(name, stored, read),
+            };
+        }
+        self.apply_stage(name, t, read)
+    }
+
+    fn apply_stage(&self, name: &str, t: Tensor, read: &RefCell<Option<Tensor>>) -> Result<Tensor> {
         match self.substitute {
             Some(s) => self.substituted(s, name, t, read),
             None => self.guarded(name, t),
@@ -152,6 +180,12 @@ impl Intervention {
     }
 
     pub fn describe(&self) -> String {
+        if let (Some(half), true) = (self.storage, self.stage.is_empty()) {
+            return format!(
+                "every stage's output and gradient stored in {} between stages computed in f32",
+                half.dtype().as_str()
+            );
+        }
         if let Some(s) = self.substitute {
             let formulation = crate::finding::Formulation {
                 reads: self.input.clone().unwrap_or_else(|| "x".into()),

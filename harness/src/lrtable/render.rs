@@ -46,7 +46,9 @@ fn islands(table: &LrTable) -> String {
                 ("diverges", &s.divergence_islands),
                 ("NaN/Inf", &s.non_finite_islands),
             ] {
-                let Some(onset) = isl.onset else { continue };
+                if isl.is_empty() {
+                    continue;
+                }
                 let stretches: Vec<String> = isl
                     .unstable
                     .iter()
@@ -58,13 +60,16 @@ fn islands(table: &LrTable) -> String {
                         }
                     })
                     .collect();
+                let above = match isl.onset {
+                    Some(onset) => format!(", unstable from {} on", lr(onset)),
+                    None => " up to the highest LR run".into(),
+                };
                 let _ = writeln!(
                     out,
-                    "- {} seed {}: {what} at {}, stable again above it, unstable from {} on",
+                    "- {} seed {}: {what} at {}, stable again above it{above}",
                     r.label(),
                     s.seed,
                     stretches.join(", "),
-                    lr(onset)
                 );
             }
         }
@@ -72,7 +77,7 @@ fn islands(table: &LrTable) -> String {
     if out.is_empty() {
         return out;
     }
-    format!("Unstable islands below the top transition (the threshold is the first unstable LR):\n\n{out}\n")
+    format!("Unstable islands, stable again above them (the threshold is the first unstable LR):\n\n{out}\n")
 }
 
 fn savings(table: &LrTable) -> String {

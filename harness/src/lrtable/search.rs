@@ -109,7 +109,8 @@ pub const VERIFY_DECADES: f64 = 0.8;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Islands {
     /// The lowest LR from which every LR run up to the top was unstable
-    /// (the transition bisection alone would report).
+    /// (the transition bisection alone would report); `None` when the
+    /// highest run was stable again.
     pub onset: Option<f64>,
     /// Unstable stretches below `onset`, each [lowest, highest] LR run.
     pub unstable: Vec<[f64; 2]>,
@@ -187,7 +188,7 @@ impl<E> Memo<'_, E> {
         while !unstable(&self.probe(hi)?) {
             lo = hi;
             if hi >= range.ceil {
-                return Ok(Threshold::AboveRange { max: grid.lr(hi) });
+                return self.stable_at_the_top(unstable, grid, hi, bottom, range);
             }
             hi = (hi + stride).min(range.ceil);
             stride *= 2;
@@ -206,6 +207,28 @@ impl<E> Memo<'_, E> {
                 min: grid.lr(range.floor),
             });
         }
+        Ok(Threshold::Found {
+            stable: grid.lr(first - 1),
+            unstable: grid.lr(first),
+        })
+    }
+
+    /// The threshold when the highest run up to the ceiling `top` was
+    /// stable: above the range, unless a run below was unstable (an island
+    /// under a stable top) — then the first unstable LR, as with islands
+    /// below a transition.
+    fn stable_at_the_top(
+        &mut self,
+        unstable: fn(&Probe) -> bool,
+        grid: Grid,
+        top: i64,
+        bottom: i64,
+        range: Range,
+    ) -> Result<Threshold, E> {
+        let Some((&i, _)) = self.seen.iter().find(|(_, p)| unstable(p)) else {
+            return Ok(Threshold::AboveRange { max: grid.lr(top) });
+        };
+        let first = self.verify_below(unstable, grid, i, bottom, range)?;
         Ok(Threshold::Found {
             stable: grid.lr(first - 1),
             unstable: grid.lr(first),
@@ -239,10 +262,10 @@ impl<E> Memo<'_, E> {
         let runs: Vec<(i64, bool)> = self.seen.iter().map(|(&i, p)| (i, unstable(p))).collect();
         // The onset: the start of the unstable stretch that reaches the top
         // (there is none when the highest run was stable).
+        // With a stable highest run, every unstable stretch is an island.
         let top = match runs.iter().rposition(|&(_, u)| !u) {
             None => 0,
-            Some(s) if s + 1 < runs.len() => s + 1,
-            Some(_) => return Islands::default(),
+            Some(s) => s + 1,
         };
         let stretches: Vec<[f64; 2]> = runs[..top]
             .chunk_by(|a, b| a.1 == b.1)
@@ -253,7 +276,7 @@ impl<E> Memo<'_, E> {
             return Islands::default();
         }
         Islands {
-            onset: Some(grid.lr(runs[top].0)),
+            onset: runs.get(top).map(|r| grid.lr(r.0)),
             unstable: stretches,
         }
     }
@@ -424,6 +447,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_nan_island_under_a_finite_top_is_the_threshold_and_is_reported() {
+        // Diverges from -30 on, non-finite only at -28..=-27: finite again
+        // from -26 up to the ceiling, as a loss that saturates can be.
+        let probe = |i: i64| Probe {
+            diverged: i >= -30,
+            non_finite: (-28..=-27).contains(&i),
+        };
+        let s = search::<()>(GRID, RANGE, &mut |i| Ok(probe(i))).unwrap();
+        let Threshold::Found { unstable, .. } = s.non_finite else {
+            panic!("{:?}", s.non_finite)
+        };
+        assert!(probe(GRID.index(unstable)).non_finite);
+        assert!(!s.non_finite_islands.is_empty());
+        assert_eq!(s.non_finite_islands.onset, None, "stable at the top");
+        assert!(s.divergence_islands.is_empty(), "monotone divergence");
+    }
+
     proptest! {
         // Islands anywhere within the verified depth (16 grid steps) below
         // a transition inside the range: the threshold is the first
@@ -459,7 +500,8 @@ mod tests {
                     (found, first) => prop_assert!(false, "{:?} vs first unstable {:?}", found, first),
                 }
                 for [a, b] in &islands.unstable {
-                    prop_assert!(a <= b && *b < islands.onset.unwrap());
+                    // Without an onset the highest run was stable again.
+                    prop_assert!(a <= b && islands.onset.is_none_or(|o| *b < o));
                     prop_assert!(*a >= found.sort_key());
                 }
             }

@@ -17,6 +17,12 @@ impl HalfType {
             HalfType::Bf16 => DType::BF16,
         }
     }
+
+    /// The name of a re-run computed in f32 with every stage stored in
+    /// this dtype (PyTorch's half-precision rounding).
+    pub fn stored_in_f32_name(self) -> String {
+        format!("f32 stored as {}", self.dtype().as_str())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]

@@ -1,0 +1,205 @@
+//! A finding's framework mark as the finding carries it: would PyTorch,
+//! running the same step with its own numerics, fail too — or does the
+//! finding hang on one of the rules where candle differs
+//! (`docs/NUMERICS.md`)? [`crate::fidelity`] runs the step again with
+//! PyTorch's half-precision rounding and reads the rule from the finding.
+
+use super::{Finding, FindingKind, OpKind, Pattern, Phase, PrecisionCheck, Rerun, Robustness};
+use serde::{Deserialize, Serialize};
+
+/// What the framework check says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FrameworkVerdict {
+    /// The same step fails with PyTorch's numerics too.
+    FailsToo,
+    /// The finding hangs on a rule of candle's that PyTorch does not share.
+    CandleSpecific,
+    /// The check could not tell (its note says why).
+    NotJudged,
+}
+
+/// A place where candle's numerics differ from PyTorch's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CandleRule {
+    /// Half-precision sums, means and products accumulate in the half
+    /// dtype (PyTorch accumulates in f32).
+    HalfAccumulation,
+    /// A norm's statistics (and their backward sums) in the half dtype.
+    HalfNormStatistics,
+    /// The square-root backward divides before it halves, (g/√x)·0.5.
+    SqrtBackward,
+    /// `affine` rounds its multiplier to the half dtype first: `f32::MIN`
+    /// is −inf and a masked 0 · (−inf) is NaN.
+    HalfAffine,
+    /// Some other intermediate inside a stage computed in the half dtype
+    /// (PyTorch computes each op in f32 and rounds its result).
+    HalfIntermediate,
+    /// A gradient exactly 0.0 where another summation order leaves noise.
+    ExactZeros,
+    /// A softmax over a fully masked row: NaN in candle (and PyTorch's plain
+    /// softmax); PyTorch's `scaled_dot_product_attention` returns zeros.
+    FullyMaskedRow,
+}
+
+impl FrameworkVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameworkVerdict::FailsToo => "PyTorch would fail too",
+            FrameworkVerdict::CandleSpecific => "candle-specific",
+            FrameworkVerdict::NotJudged => "not judged against PyTorch",
+        }
+    }
+}
+
+impl CandleRule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CandleRule::HalfAccumulation => "half-precision accumulation",
+            CandleRule::HalfNormStatistics => "half-precision norm statistics",
+            CandleRule::SqrtBackward => "the square-root backward's order",
+            CandleRule::HalfAffine => "affine's multiplier rounded to the half dtype",
+            CandleRule::HalfIntermediate => "a half-precision intermediate inside the stage",
+            CandleRule::ExactZeros => "exact zeros",
+            CandleRule::FullyMaskedRow => "a fully masked row",
+        }
+    }
+
+    /// What PyTorch does instead, for the note.
+    fn pytorch(self) -> &'static str {
+        match self {
+            CandleRule::HalfAccumulation | CandleRule::HalfNormStatistics => {
+                "PyTorch accumulates half-precision reductions in f32"
+            }
+            CandleRule::SqrtBackward => "PyTorch computes g/(2√x)",
+            CandleRule::HalfAffine => "PyTorch multiplies in f32: (1 − keep) · f32::MIN is −0",
+            CandleRule::HalfIntermediate => {
+                "PyTorch computes each op in f32 and rounds only its result"
+            }
+            CandleRule::ExactZeros => "PyTorch's summation order leaves ±1e-11 of noise there",
+            CandleRule::FullyMaskedRow => {
+                "PyTorch's scaled_dot_product_attention returns zeros for the row; its plain softmax gives NaN too"
+            }
+        }
+    }
+}
+
+/// A finding's framework mark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrameworkMark {
+    pub verdict: FrameworkVerdict,
+    /// The rule a candle-specific finding hangs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<CandleRule>,
+    /// The evidence, in one sentence.
+    pub note: String,
+}
+
+impl FrameworkMark {
+    /// One phrase for reports: `candle-specific: exact zeros (…)`.
+    pub fn summary(&self) -> String {
+        match self.rule {
+            Some(rule) => format!(
+                "{}: {} ({})",
+                self.verdict.as_str(),
+                rule.as_str(),
+                self.note
+            ),
+            None => format!("{} ({})", self.verdict.as_str(), self.note),
+        }
+    }
+
+    fn fails_too(note: impl Into<String>) -> FrameworkMark {
+        FrameworkMark {
+            verdict: FrameworkVerdict::FailsToo,
+            rule: None,
+            note: note.into(),
+        }
+    }
+
+    fn specific(rule: CandleRule, evidence: &str) -> FrameworkMark {
+        FrameworkMark {
+            verdict: FrameworkVerdict::CandleSpecific,
+            rule: Some(rule),
+            note: format!("{evidence}; {}", rule.pytorch()),
+        }
+    }
+
+    fn not_judged(note: impl Into<String>) -> FrameworkMark {
+        FrameworkMark {
+            verdict: FrameworkVerdict::NotJudged,
+            rule: None,
+            note: note.into(),
+        }
+    }
+
+    /// The mark of `finding` from its precision check and, for a
+    /// half-precision case, the re-run of its step with PyTorch's rounding
+    /// (`emulated`: every stage computed in f32 and its output and
+    /// gradient stored in the half dtype; `None` for an f32 or f64 case).
+    pub fn of(
+        finding: &Finding,
+        check: &PrecisionCheck,
+        emulated: Option<&Rerun>,
+    ) -> FrameworkMark {
+        if check.verdict == Robustness::HangsOnExactZeros {
+            return FrameworkMark::specific(
+                CandleRule::ExactZeros,
+                "0/0 on gradient elements that are exactly 0.0",
+            );
+        }
+        let masked = finding
+            .explanation
+            .as_ref()
+            .is_some_and(|e| matches!(e.pattern, Pattern::MaskedRow | Pattern::MaskInsideSoftmax));
+        let Some(run) = emulated else {
+            return match masked {
+                true => FrameworkMark::specific(CandleRule::FullyMaskedRow, "every position of a row is masked"),
+                false => FrameworkMark::fails_too(
+                    "at f32 and f64 candle computes as PyTorch does, up to the rules docs/NUMERICS.md lists, and none applies",
+                ),
+            };
+        };
+        match (run.ran, run.reproduced, run.differs) {
+            (false, ..) => FrameworkMark::not_judged(format!("the step with PyTorch's rounding {}", run.note)),
+            (true, true, _) if masked => FrameworkMark::specific(
+                CandleRule::FullyMaskedRow,
+                "the row stays fully masked with PyTorch's rounding",
+            ),
+            (true, true, _) => FrameworkMark::fails_too(format!(
+                "with PyTorch's rounding (each stage in f32, stored in the half dtype): {}",
+                run.note
+            )),
+            (true, false, true) => FrameworkMark::not_judged(format!(
+                "with PyTorch's rounding the step {}",
+                run.note
+            )),
+            (true, false, false) => FrameworkMark::specific(
+                rule_of(finding),
+                "the step is healthy with PyTorch's rounding (each stage in f32, stored in the half dtype)",
+            ),
+        }
+    }
+}
+
+/// The rule a half-precision finding that PyTorch's rounding does not
+/// reproduce hangs on, from what its stage computes.
+fn rule_of(finding: &Finding) -> CandleRule {
+    let op = finding.op.map(|o| o.kind);
+    let pattern = finding.explanation.as_ref().map(|e| e.pattern);
+    if finding.phase == Phase::Backward && matches!(op, Some(OpKind::Sqrt | OpKind::Pow)) {
+        return CandleRule::SqrtBackward;
+    }
+    match op {
+        Some(OpKind::Norm) => CandleRule::HalfNormStatistics,
+        Some(OpKind::Mask) if finding.kind == FindingKind::Nan => CandleRule::HalfAffine,
+        Some(k) if k.accumulates() || k == OpKind::Pool || k == OpKind::Loss => {
+            CandleRule::HalfAccumulation
+        }
+        _ if pattern == Some(Pattern::AccumulationOverflow) => CandleRule::HalfAccumulation,
+        _ => CandleRule::HalfIntermediate,
+    }
+}
