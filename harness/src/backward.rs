@@ -3,9 +3,11 @@
 //! than its stride, bilinear or non-integer upsampling, a custom op
 //! without `bwd`), the runner reports a `no_gradient` finding with the op
 //! (read from candle's error, the one place candle names it) and a
-//! replacement. Which module calls the op is not known: candle 0.11 keeps
-//! a tensor's graph private (`Tensor::op` is crate-internal), and a
-//! backward pass that fails leaves no gradient to locate it by.
+//! replacement. Which module calls the op is known only from traced
+//! stages (the first whose own output cannot be differentiated holds it,
+//! [`crate::checks::unsupported_backward_in`]): candle 0.11 keeps a
+//! tensor's graph private (`Tensor::op` is crate-internal), and a backward
+//! pass that fails leaves no gradient to locate it by.
 
 /// An op without a backward pass, where the model uses it.
 #[derive(Clone, Debug, PartialEq)]

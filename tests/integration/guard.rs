@@ -514,3 +514,65 @@ fn half_precision_gradients_near_overflow_are_warned_about() {
     assert_eq!(guard.warnings().len(), 1, "{:?}", guard.warnings());
     assert!(guard.warnings()[0].contains("`w`") && guard.warnings()[0].contains("F16"));
 }
+
+/// A model that traces nothing: sqrt of its input (NaN where the input is
+/// negative, carried to the output by tanh), and the naive cross-entropy
+/// of the loss fault above.
+fn untraced_forward(l1: &Linear, l2: &Linear, b: &Batch) -> candle_core::Result<Tensor> {
+    let h = l1.forward(&b.get("x")?.sqrt()?)?.tanh()?;
+    l2.forward(&h)
+}
+
+fn naive_loss(logits: &Tensor, b: &Batch) -> candle_core::Result<Tensor> {
+    let p = candle_nn::ops::softmax(&(logits * 1e4)?, 1)?;
+    (p * b.get("y")?)?.sum(1)?.log()?.neg()?.mean_all()
+}
+
+#[test]
+fn without_traces_the_guard_never_calls_a_forward_nan_a_loss_nan() {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let (l1, l2) = (
+        linear(8, 16, vb.pp("l1")).unwrap(),
+        linear(16, 4, vb.pp("l2")).unwrap(),
+    );
+    let stop = |negative: bool, split: bool, naive: bool| {
+        let mut guard = Guard::new(&varmap, GuardOptions::default().named("plain")).unwrap();
+        let mut opt = guard.optimizer(sgd(1e-2)).unwrap();
+        let b = if negative {
+            with_negative(&batch(0))
+        } else {
+            batch(0)
+        };
+        let loss = |logits: &Tensor, b: &Batch| match naive {
+            true => naive_loss(logits, b),
+            false => candle_nn::loss::cross_entropy(logits, &b.get("y")?.argmax(1)?),
+        };
+        let r = match split {
+            true => {
+                guard.step_with_output(0, &b, &mut opt, |b| untraced_forward(&l1, &l2, b), loss)
+            }
+            false => guard.step(0, &b, &mut opt, |b| {
+                loss(&untraced_forward(&l1, &l2, b)?, b)
+            }),
+        };
+        match r {
+            Err(GuardError::Unstable { finding, .. }) => *finding,
+            other => panic!("expected a finding, got {other:?}"),
+        }
+    };
+    // The forward pass's NaN, told by the split closures: a forward finding.
+    let f = stop(true, true, false);
+    assert_eq!(
+        (f.phase, f.stage.as_str()),
+        (Phase::Forward, "output"),
+        "{f:?}"
+    );
+    // The loss's own -log 0 on a finite output: a loss finding.
+    let f = stop(false, true, true);
+    assert_eq!(f.phase, Phase::Loss, "{f:?}");
+    assert!(!f.detail.contains("no stage was traced"), "{}", f.detail);
+    // One closure and no traces: the guard says it cannot tell.
+    let f = stop(true, false, false);
+    assert!(f.detail.contains("Guard::step_with_output"), "{}", f.detail);
+}

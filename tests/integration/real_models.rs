@@ -1,11 +1,14 @@
-//! candle-transformers' BERT, Llama and ViT as published (tiny configs:
-//! hidden 32, 2 layers), wrapped as nanhunt models: the gradients their
-//! fused ops lose are one `no_gradient` finding in `run`, the guard and
-//! `gradcheck`, counted as a plain candle loop counts them.
+//! candle-transformers' BERT, Llama, ViT, Qwen2, Mistral, T5's encoder and
+//! ResNet-18 as published (tiny configs: hidden 32, 2 layers), wrapped as
+//! nanhunt models: the gradients their fused ops lose are one
+//! `no_gradient` finding in `run`, the guard and `gradcheck`, counted as a
+//! plain candle loop counts them, with the cuts read from which tensors
+//! are frozen and only the ops that can make them.
 
 use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use candle_transformers::models::{bert, llama, qwen2, vit};
+use candle_transformers::models::{bert, llama, mistral, qwen2, t5, vit};
+use nanhunt::coverage::CutKind;
 use nanhunt::gradcheck::{CheckPrecision, Verdict};
 use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
@@ -159,6 +162,94 @@ impl Model for Qwen2 {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.clear_kv_cache();
         tr.record("qwen2", m.forward(ids, 0)?.squeeze(1)?)
+    }
+}
+
+fn t5_config() -> t5::Config {
+    t5::Config {
+        vocab_size: VOCAB,
+        d_model: HIDDEN,
+        d_kv: HIDDEN / 4,
+        d_ff: 2 * HIDDEN,
+        num_layers: LAYERS,
+        num_heads: 4,
+        relative_attention_num_buckets: 8,
+        relative_attention_max_distance: 16,
+        dropout_rate: 0.0,
+        use_cache: false,
+        ..t5::Config::default()
+    }
+}
+
+/// T5's encoder as published with a classification head on the mean
+/// token (its forward takes `&mut self`).
+pub struct T5(std::sync::Mutex<t5::T5EncoderModel>, candle_nn::Linear);
+
+impl T5 {
+    pub fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(T5(
+            std::sync::Mutex::new(t5::T5EncoderModel::load(vb.pp("t5"), &t5_config())?),
+            candle_nn::linear(HIDDEN, CLASSES, vb.pp("head"))?,
+        ))
+    }
+}
+
+impl Model for T5 {
+    fn forward(&self, ids: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let h = tr.record("t5", m.forward(ids)?)?;
+        tr.record("head", self.1.forward(&h.mean(1)?)?)
+    }
+}
+
+/// T5's encoder, cut only by the fused `softmax_last_dim` of its attention.
+fn t5() -> Real {
+    Real {
+        name: "t5",
+        input: tokens(),
+        outputs: CLASSES,
+        factory: |vb| Ok(Box::new(T5::new(vb)?)),
+    }
+}
+
+fn mistral_config() -> mistral::Config {
+    mistral::Config {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        intermediate_size: 2 * HIDDEN,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: 4,
+        head_dim: None,
+        num_key_value_heads: 2,
+        hidden_act: candle_nn::Activation::Silu,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        sliding_window: Some(64),
+        use_flash_attn: false,
+    }
+}
+
+/// Mistral as published, predicting the token after the sequence.
+pub struct Mistral(std::sync::Mutex<mistral::Model>);
+
+impl Model for Mistral {
+    fn forward(&self, ids: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.clear_kv_cache();
+        tr.record("mistral", m.forward(ids, 0)?.squeeze(1)?)
+    }
+}
+
+fn mistral() -> Real {
+    Real {
+        name: "mistral",
+        input: tokens(),
+        outputs: VOCAB,
+        factory: |vb| {
+            let m = mistral::Model::new(&mistral_config(), vb)?;
+            Ok(Box::new(Mistral(std::sync::Mutex::new(m))))
+        },
     }
 }
 
@@ -782,4 +873,175 @@ fn resnet18_borrows_its_builder_and_is_a_factory_as_published() {
         report.problem.as_deref().unwrap().contains("max_pool2d"),
         "{report:?}"
     );
+}
+
+/// One cut as (kind, module, ops).
+type CutRow = (CutKind, String, Vec<String>);
+
+/// The cuts of `m`'s `no_gradient` finding in a plain run, and the ops it names.
+fn cuts_of(m: &Real) -> (Vec<CutRow>, Vec<String>) {
+    let outcome = run_model(&case_of(m), &m.factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("a no_gradient finding");
+    let cov = f.coverage.as_ref().unwrap();
+    let cuts = cov
+        .cuts
+        .iter()
+        .map(|c| (c.kind, c.module.clone(), c.ops.clone()))
+        .collect();
+    let ops = cov.no_backward_ops.iter().map(|o| o.op.clone()).collect();
+    (cuts, ops)
+}
+
+#[test]
+fn t5_is_cut_only_by_its_fused_softmax_and_the_finding_names_it_alone() {
+    let m = t5();
+    let (cuts, ops) = cuts_of(&m);
+    assert_eq!(ops, ["candle_nn::ops::softmax_last_dim"], "{cuts:?}");
+    assert_eq!(
+        cuts.iter().map(|c| (c.0, c.1.as_str())).collect::<Vec<_>>(),
+        [
+            (CutKind::Branch, "t5.encoder.block.0.layer.0.SelfAttention"),
+            (CutKind::Branch, "t5.encoder.block.1.layer.0.SelfAttention"),
+        ]
+    );
+    let outcome = run_model(&case_of(&m), &m.factory, &RunOptions::default()).unwrap();
+    let detail = &outcome.finding().unwrap().detail;
+    assert!(
+        detail.contains("q, k, relative_attention_bias get no gradient but v, o do"),
+        "{detail}"
+    );
+    assert!(
+        !detail.contains("rope") && !detail.contains("norm"),
+        "{detail}"
+    );
+    // gradcheck: the five frozen tensors, and no pass.
+    let report = nanhunt::gradcheck::check_model(&case_of(&m), &m.factory).unwrap();
+    assert!(!report.passed);
+    assert_eq!(report.with_verdict(Verdict::NoGradient).len(), 5);
+    // The guard over a plain loop: the same cut.
+    use nanhunt::guard::{Guard, GuardOptions};
+    let varmap = VarMap::new();
+    let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    let mut guard = Guard::new(&varmap, GuardOptions::default().named("t5")).unwrap();
+    let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
+    let err = guard
+        .step(0, &token_batch(), &mut opt, |b| token_loss(&*model, b))
+        .unwrap_err();
+    let cov = err.finding().unwrap().coverage.clone().unwrap();
+    assert_eq!(cov.frozen_tensors, 5);
+    assert_eq!(cov.cuts.len(), 2);
+    assert_eq!(cov.no_backward_ops.len(), 1);
+}
+
+#[test]
+fn the_cuts_of_bert_llama_and_vit_name_the_norms_they_hold() {
+    let [bert, llama, vit] = models();
+    let layer_norm = "candle_nn::ops::layer_norm (and candle_nn::LayerNorm on contiguous input)";
+    let rms_norm = "candle_nn::ops::rms_norm (and candle_nn::RmsNorm on contiguous input)";
+    for (m, module, norm) in [(&bert, "bert", layer_norm), (&llama, "model", rms_norm)] {
+        let (cuts, ops) = cuts_of(m);
+        let trunk = (CutKind::Trunk, module.to_string(), vec![norm.to_string()]);
+        assert_eq!(cuts, [trunk], "{}", m.name);
+        assert_eq!(ops, [norm], "{}", m.name);
+    }
+    // ViT: its own layer norms, and the attention scores' branch (a fused
+    // softmax, or a rope: the frozen queries and keys cannot tell).
+    let (cuts, ops) = cuts_of(&vit);
+    let norms: Vec<&str> = cuts
+        .iter()
+        .filter(|c| c.0 == CutKind::NormOp)
+        .map(|c| c.1.as_str())
+        .collect();
+    assert_eq!(
+        norms,
+        [
+            "vit.encoder.layer.0.layernorm_before",
+            "vit.encoder.layer.0.layernorm_after",
+            "vit.encoder.layer.1.layernorm_before",
+            "vit.encoder.layer.1.layernorm_after",
+        ]
+    );
+    assert_eq!(cuts.iter().filter(|c| c.0 == CutKind::Branch).count(), 2);
+    assert!(!ops.iter().any(|o| o.contains("rms_norm")), "{ops:?}");
+}
+
+/// A user's CNN with traced stages and ResNet's stem pool (kernel 3,
+/// stride 2): candle cannot differentiate it, and the finding names the
+/// stage that holds it.
+struct OverlappingPool {
+    conv: candle_nn::Conv2d,
+    head: candle_nn::Linear,
+}
+
+impl Model for OverlappingPool {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = tr.record("stem.conv", self.conv.forward(x)?)?;
+        let p = tr.record("stem.pool", h.max_pool2d_with_stride(3, 2)?)?;
+        tr.record("head", self.head.forward(&p.flatten_from(1)?)?)
+    }
+}
+
+#[test]
+fn an_overlapping_max_pool_is_a_finding_at_the_stage_that_holds_it() {
+    let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(OverlappingPool {
+            conv: candle_nn::conv2d(3, 4, 3, Default::default(), vb.pp("stem.conv"))?,
+            head: candle_nn::linear(4 * 6 * 6, CLASSES, vb.pp("head"))?,
+        }))
+    };
+    let mut case = case_of(&models()[2]);
+    if let ModelSpec::Custom(c) = &mut case.model {
+        c.name = "pooled".into();
+    }
+    let outcome = run_model(&case, &factory, &RunOptions::default()).unwrap();
+    let f = outcome.finding().expect("a finding");
+    assert_eq!(
+        (f.kind, f.stage.as_str()),
+        (FindingKind::NoGradient, "stem.pool"),
+        "{f:?}"
+    );
+    assert!(
+        f.detail
+            .contains("inside stage `stem.pool`, after stage `stem.conv`"),
+        "{}",
+        f.detail
+    );
+}
+
+#[test]
+fn mistral_is_cut_at_its_rms_norms_and_attention_scores_in_run_gradcheck_and_the_guard() {
+    let m = mistral();
+    let (cuts, ops) = cuts_of(&m);
+    // Per layer: the scores' branch (queries and keys; a fused softmax or
+    // the rope it applies) and its two RMS norms' own ops.
+    let per_layer: Vec<(CutKind, &str)> = cuts
+        .iter()
+        .filter(|c| c.1.starts_with("model.layers.0."))
+        .map(|c| (c.0, c.1.as_str()))
+        .collect();
+    assert_eq!(
+        per_layer,
+        [
+            (CutKind::Branch, "model.layers.0.self_attn"),
+            (CutKind::NormOp, "model.layers.0.input_layernorm"),
+            (CutKind::NormOp, "model.layers.0.post_attention_layernorm"),
+        ]
+    );
+    assert_eq!(cuts.len(), 6, "{cuts:?}");
+    assert!(ops.iter().any(|o| o.contains("rms_norm")), "{ops:?}");
+    assert!(!ops.iter().any(|o| o.contains("layer_norm")), "{ops:?}");
+    let report = nanhunt::gradcheck::check_model(&case_of(&m), &m.factory).unwrap();
+    assert!(!report.passed);
+    let frozen = report.with_verdict(Verdict::NoGradient).len();
+    use nanhunt::guard::{Guard, GuardOptions};
+    let varmap = VarMap::new();
+    let model = (m.factory)(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    let mut guard = Guard::new(&varmap, GuardOptions::default().named("mistral")).unwrap();
+    let mut opt = guard.optimizer(crate::support::sgd(1e-2)).unwrap();
+    let err = guard
+        .step(0, &token_batch(), &mut opt, |b| token_loss(&*model, b))
+        .unwrap_err();
+    let cov = err.finding().unwrap().coverage.clone().unwrap();
+    assert_eq!(cov.frozen_tensors, frozen);
+    assert_eq!(cov.cuts.len(), 6);
 }

@@ -142,6 +142,35 @@ pub fn unsupported_backward(u: crate::backward::Unsupported) -> Failure {
     )
 }
 
+/// [`unsupported_backward`] placed among a traced step's `records`: the
+/// first stage whose own output cannot be differentiated holds the op
+/// (after the stage before it). Without records it stays at `backward`.
+pub fn unsupported_backward_in(
+    u: crate::backward::Unsupported,
+    records: &[crate::models::Record],
+) -> Failure {
+    let mut f = unsupported_backward(u);
+    let stuck = records.iter().position(|r| {
+        r.output
+            .sum_all()
+            .and_then(|s| s.backward())
+            .is_err_and(|e| crate::backward::unsupported(&e).is_some())
+    });
+    if let Some(i) = stuck {
+        let after = match i {
+            0 => String::new(),
+            _ => format!(", after stage `{}`", records[i - 1].name),
+        };
+        f.detail = format!(
+            "{} (the op is inside stage `{}`{after})",
+            f.detail, records[i].name
+        );
+        f.stage = records[i].name.clone();
+        f.op = records[i].stage_op();
+    }
+    f
+}
+
 /// The first gradient whose scan is not finite.
 pub fn first_bad(scans: &[TensorScan]) -> Option<usize> {
     scans.iter().position(|s| !s.is_finite())

@@ -24,8 +24,70 @@ pub struct GradientCoverage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stops_at: Option<FlowStop>,
     /// The ops of the linked candle with no backward pass (checked by
-    /// running each), with what to use instead.
+    /// running each) that can explain the cuts, with what to use instead:
+    /// all of them when no cut could be read from the frozen tensors.
     pub no_backward_ops: Vec<NoBackwardOp>,
+    /// Where the frozen tensors say the graph is cut, and by which op.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cuts: Vec<Cut>,
+}
+
+/// What a cut's frozen tensors look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CutKind {
+    /// A norm module whose own weight (and bias) get no gradient while
+    /// what is around it trains: its fused op has no backward pass.
+    NormOp,
+    /// Some sibling projections of one module lose their gradient while
+    /// the others train: a branch that merges again, as the attention
+    /// scores (queries, keys and what is added to the scores) merge with
+    /// the values after the softmax.
+    Branch,
+    /// Everything inside a module, nested layers and all, loses its
+    /// gradient while a module after it trains: an op at its output.
+    Trunk,
+}
+
+/// One place where the gradient stops, read from which tensors lost it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    pub kind: CutKind,
+    /// The module the op is in (a branch's: the module whose projections
+    /// split; a norm's and a trunk's: the frozen module itself).
+    pub module: String,
+    /// The frozen parts under `module` (a branch's projections), or empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frozen: Vec<String>,
+    /// Their siblings that train (a branch's), or empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained: Vec<String>,
+    /// The candle ops without a backward pass that can make this cut.
+    pub ops: Vec<String>,
+}
+
+impl Cut {
+    /// One clause for a finding's detail.
+    pub fn describe(&self) -> String {
+        let ops = self.ops.join(" or ");
+        match self.kind {
+            CutKind::NormOp => format!(
+                "`{}` is a norm whose own op has no backward pass ({ops})",
+                self.module
+            ),
+            CutKind::Branch => format!(
+                "in `{}`, {} get no gradient but {} do: the branch they feed stops at {ops}",
+                self.module,
+                self.frozen.join(", "),
+                self.trained.join(", ")
+            ),
+            CutKind::Trunk => format!(
+                "all of `{}` gets no gradient: the flow stops at its output, at {ops}",
+                self.module
+            ),
+        }
+    }
 }
 
 /// The frozen tensors of one module.
@@ -94,8 +156,25 @@ impl GradientCoverage {
             .iter()
             .map(|o| format!("{} -> {}", o.op, o.replacement))
             .collect();
+        let cuts = match self.cuts.len() {
+            0 => String::new(),
+            n => {
+                let shown: Vec<String> = self.cuts.iter().take(4).map(Cut::describe).collect();
+                let more = if n > 4 {
+                    format!(" (and {} more)", n - 4)
+                } else {
+                    String::new()
+                };
+                format!(". Where: {}{more}", shown.join("; "))
+            }
+        };
+        let which = if self.cuts.is_empty() {
+            "candle ops without a backward pass"
+        } else {
+            "The candle ops without a backward pass that make these cuts"
+        };
         format!(
-            "{} of {} trainable tensors ({:.1}% of {} parameters) received no gradient and would silently never train: {}{more}{stop}. candle ops without a backward pass, and their replacements: {}; or declare deliberately frozen tensors frozen",
+            "{} of {} trainable tensors ({:.1}% of {} parameters) received no gradient and would silently never train: {}{more}{stop}{cuts}. {which}, and their replacements: {}; or declare deliberately frozen tensors frozen",
             self.frozen_tensors,
             self.tensors,
             100.0 * self.frozen_share,

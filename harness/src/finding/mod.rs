@@ -18,7 +18,7 @@ mod replay;
 mod signature;
 mod substitute;
 
-pub use coverage::{FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
+pub use coverage::{Cut, CutKind, FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
 pub use explanation::{Explanation, Pattern};
 pub use failure::Failure;
 pub use framework::{CandleRule, FrameworkMark, FrameworkVerdict};

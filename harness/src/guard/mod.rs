@@ -293,6 +293,24 @@ impl Guard {
         }
     }
 
+    /// Like [`Guard::step`], with the model's forward pass and the loss
+    /// as two closures: the guard records the forward's output as stage
+    /// `output`, so a NaN the model produced is a forward finding and one
+    /// the loss produced a loss finding, with no `trace` call in the model.
+    pub fn step_with_output<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        batch: &Batch,
+        opt: &mut O,
+        mut forward: impl FnMut(&Batch) -> CandleResult<Tensor>,
+        mut loss: impl FnMut(&Tensor, &Batch) -> CandleResult<Tensor>,
+    ) -> std::result::Result<f64, GuardError> {
+        self.step(step, batch, opt, |b| {
+            let output = crate::trace::trace("output", forward(b)?)?;
+            loss(&output, b)
+        })
+    }
+
     /// The batch keeps its names, dtypes and per-sample dims from step to step.
     fn check_layout(&mut self, batch: &Batch) -> std::result::Result<(), GuardError> {
         // The common case, the same layout again, allocates nothing.

@@ -153,9 +153,24 @@ impl Guard {
             return Ok(f);
         }
         if !super::phases::scalar(&loss)?.is_finite() {
-            return Ok(first);
+            return Ok(match records.is_empty() {
+                true => untraced(first),
+                false => first,
+            });
         }
         let grads = loss.backward()?;
         Ok(localize::backward_producer(&records, &grads, half, "loss")?.unwrap_or(first))
     }
+}
+
+/// A non-finite loss with no stage recorded: the closure's forward pass
+/// and its loss cannot be told apart, and the finding says so rather than
+/// blame the loss.
+fn untraced(mut first: Failure) -> Failure {
+    if first.phase == Phase::Loss {
+        first.detail.push_str(
+            "; no stage was traced, so this may come from the model's forward pass as well as from the loss: `Guard::step_with_output` (or `nanhunt::trace` on the model's output) tells them apart",
+        );
+    }
+    first
 }

@@ -166,7 +166,7 @@ impl Session<'_> {
             Ok(g) => g,
             // An op without a backward pass is the model's finding, not an error.
             Err(e) => match crate::backward::unsupported(&e) {
-                Some(u) => return fail(checks::unsupported_backward(u)),
+                Some(u) => return fail(checks::unsupported_backward_in(u, &tracer.records())),
                 None => return Err(e.into()),
             },
         };

@@ -11,7 +11,9 @@
 //! ops of the linked candle that have no backward pass, with their
 //! differentiable replacements.
 
-pub use crate::finding::{FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
+mod cuts;
+
+pub use crate::finding::{Cut, CutKind, FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
 use crate::models::Record;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -64,6 +66,14 @@ pub fn of(
         }
     }
     let frozen_parameters: usize = missing.iter().map(|&i| vars[i].elem_count()).sum();
+    let tensors: Vec<cuts::Tensor> = (0..vars.len())
+        .map(|i| cuts::Tensor {
+            name: &names[i],
+            rank: vars[i].rank(),
+            frozen: grads.get(vars[i].as_tensor()).is_none(),
+        })
+        .collect();
+    let cuts = cuts::read(&tensors, &without_backward);
     Some(GradientCoverage {
         tensors: vars.len(),
         parameters,
@@ -72,7 +82,8 @@ pub fn of(
         frozen_share: frozen_parameters as f64 / parameters.max(1) as f64,
         modules,
         stops_at: flow_stop(records, grads),
-        no_backward_ops: no_backward_ops().to_vec(),
+        no_backward_ops: explaining(&cuts),
+        cuts,
     })
 }
 
@@ -89,8 +100,23 @@ fn flow_stop(records: &[Record], grads: &GradStore) -> Option<FlowStop> {
     })
 }
 
-/// A candidate op: how to call it on a (2, 4) input, and its replacement.
+/// The ops of the linked candle without a backward pass that can make
+/// `cuts`; all of them when there is no cut to read.
+fn explaining(cuts: &[Cut]) -> Vec<NoBackwardOp> {
+    let ops = no_backward_ops();
+    if cuts.is_empty() {
+        return ops.to_vec();
+    }
+    ops.iter()
+        .filter(|o| cuts.iter().any(|c| c.ops.contains(&o.op)))
+        .cloned()
+        .collect()
+}
+
+/// A candidate op: what it is, its name, its replacement, and how to call
+/// it on a (2, 4) input.
 type Candidate = (
+    cuts::Fused,
     &'static str,
     &'static str,
     fn(&Tensor) -> candle_core::Result<Tensor>,
@@ -98,11 +124,13 @@ type Candidate = (
 
 const CANDIDATES: [Candidate; 6] = [
     (
+        cuts::Fused::SoftmaxLastDim,
         "candle_nn::ops::softmax_last_dim",
         "candle_nn::ops::softmax(x, D::Minus1)",
         |x| candle_nn::ops::softmax_last_dim(x),
     ),
     (
+        cuts::Fused::LayerNorm,
         "candle_nn::ops::layer_norm (and candle_nn::LayerNorm on contiguous input)",
         "candle_nn::ops::layer_norm_slow",
         |x| {
@@ -112,6 +140,7 @@ const CANDIDATES: [Candidate; 6] = [
         },
     ),
     (
+        cuts::Fused::RmsNorm,
         "candle_nn::ops::rms_norm (and candle_nn::RmsNorm on contiguous input)",
         "candle_nn::ops::rms_norm_slow",
         |x| {
@@ -120,6 +149,7 @@ const CANDIDATES: [Candidate; 6] = [
         },
     ),
     (
+        cuts::Fused::Rope,
         "candle_nn::rotary_emb::rope",
         "candle_nn::rotary_emb::rope_slow",
         |x| {
@@ -128,6 +158,7 @@ const CANDIDATES: [Candidate; 6] = [
         },
     ),
     (
+        cuts::Fused::Rope,
         "candle_nn::rotary_emb::rope_i",
         "candle_nn::rotary_emb::rope_i_slow",
         |x| {
@@ -136,6 +167,7 @@ const CANDIDATES: [Candidate; 6] = [
         },
     ),
     (
+        cuts::Fused::Rope,
         "candle_nn::rotary_emb::rope_thd",
         "candle_nn::rotary_emb::rope_slow on the (batch, heads, time, dim) transpose",
         |x| {
@@ -151,6 +183,17 @@ fn rope_tables(x: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
     Ok((t.cos()?, t.sin()?))
 }
 
+/// The names of the candidates of kind `fused` that give no gradient in
+/// the linked candle.
+fn without_backward(fused: cuts::Fused) -> Vec<String> {
+    let ops = no_backward_ops();
+    CANDIDATES
+        .iter()
+        .filter(|c| c.0 == fused && ops.iter().any(|o| o.op == c.1))
+        .map(|c| c.1.to_string())
+        .collect()
+}
+
 /// The candidates that give no gradient in the linked candle, checked once
 /// per process on the CPU (a candle release that adds a backward pass
 /// drops out of the list by itself).
@@ -159,8 +202,8 @@ pub fn no_backward_ops() -> &'static [NoBackwardOp] {
     OPS.get_or_init(|| {
         CANDIDATES
             .iter()
-            .filter(|(_, _, op)| !has_backward(*op))
-            .map(|(name, replacement, _)| NoBackwardOp {
+            .filter(|(_, _, _, op)| !has_backward(*op))
+            .map(|(_, name, replacement, _)| NoBackwardOp {
                 op: name.to_string(),
                 replacement: replacement.to_string(),
             })
