@@ -33,6 +33,8 @@ fn main() -> anyhow::Result<()> {
         opts.min_lr, opts.max_lr, opts.tolerance
     );
     let (mut thresholds, mut equal, mut runs, mut grid_runs, mut islands) = (0, 0, 0, 0, 0);
+    // Seeds whose dense grid is not monotone, and how many of them got islands.
+    let (mut non_monotone, mut non_monotone_reported) = (0, 0);
     for config in &configs {
         let factory = BuiltinFactory::new(&config.case.model).expect("a built-in family");
         for seed in 0..seeds {
@@ -64,9 +66,25 @@ fn main() -> anyhow::Result<()> {
                     if same { "" } else { " MISMATCH" }
                 );
             }
-            islands += usize::from(
-                !table.divergence_islands.is_empty() || !table.non_finite_islands.is_empty(),
-            );
+            let reported =
+                !table.divergence_islands.is_empty() || !table.non_finite_islands.is_empty();
+            islands += usize::from(reported);
+            // Unstable at some grid LR and stable again at a higher one.
+            let bends = |unstable: fn(&nanhunt::lrtable::Probe) -> bool| {
+                dense
+                    .iter()
+                    .skip_while(|(_, p)| !unstable(p))
+                    .any(|(_, p)| !unstable(p))
+            };
+            if bends(|p| p.diverged) || bends(|p| p.non_finite) {
+                non_monotone += 1;
+                non_monotone_reported += usize::from(reported);
+                line += if reported {
+                    " (not monotone: islands reported)"
+                } else {
+                    " (not monotone: no island among the runs made)"
+                };
+            }
             runs += table.runs;
             grid_runs += points;
             println!("{line}; {} runs", table.runs);
@@ -74,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "thresholds equal to the first unstable grid LR: {equal} of {thresholds}; \
-         seeds with islands reported: {islands}; runs: {runs} against the grid's {grid_runs} ({:.2} of it)",
+         seeds with islands reported: {islands}; non-monotone grids: {non_monotone}, with islands reported: {non_monotone_reported}; runs: {runs} against the grid's {grid_runs} ({:.2} of it)",
         runs as f64 / grid_runs as f64
     );
     Ok(())
