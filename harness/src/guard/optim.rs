@@ -88,6 +88,9 @@ pub struct NanhuntOptimizer {
     lr: f64,
     /// The state after a prepared update, until it is committed.
     prepared: Option<Optimizer>,
+    /// The variables' indices as names (`0`, `1`, …), built once: the
+    /// state is saved by them before every step.
+    index_names: Vec<String>,
 }
 
 impl NanhuntOptimizer {
@@ -115,6 +118,7 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
             inner: Optimizer::new(&spec, vars.len()),
             lr: spec.lr(),
             spec,
+            index_names: (0..vars.len()).map(|i| i.to_string()).collect(),
             vars,
             prepared: None,
         })
@@ -181,20 +185,18 @@ impl GuardOptimizer for NanhuntOptimizer {
     }
 
     fn saved(&self) -> Option<SavedOptimizer> {
-        let names: Vec<String> = (0..self.vars.len()).map(|i| i.to_string()).collect();
         let mut spec = self.spec.clone();
         spec.set_lr(self.lr);
         Some(SavedOptimizer {
             spec,
             steps: self.inner.steps(),
-            tensors: self.inner.state(&names),
+            tensors: self.inner.state(&self.index_names),
         })
     }
 
     fn restore(&mut self, saved: &SavedOptimizer) -> Result<()> {
-        let names: Vec<String> = (0..self.vars.len()).map(|i| i.to_string()).collect();
         let mut inner = Optimizer::new(&saved.spec, self.vars.len());
-        inner.restore(saved.steps, &names, |key| {
+        inner.restore(saved.steps, &self.index_names, |key| {
             saved
                 .tensors
                 .iter()

@@ -106,11 +106,13 @@ impl Guard {
             return Ok(Err(f));
         }
         for ((t, scan), name) in g.iter().zip(&scans).zip(&self.names) {
-            let warned = self
-                .warnings
-                .iter()
-                .any(|w| w.contains(&format!("`{name}`")));
-            if let (false, Some(w)) = (warned, checks::half_margin(step, name, t.dtype(), scan)) {
+            // The warning first: outside half precision there is none, and
+            // nothing to format or search for.
+            let Some(w) = checks::half_margin(step, name, t.dtype(), scan) else {
+                continue;
+            };
+            let tag = format!("`{name}`");
+            if !self.warnings.iter().any(|w| w.contains(&tag)) {
                 self.warnings.push(w);
             }
         }
