@@ -181,6 +181,18 @@ def train_steps(model, x, y, steps, anomaly=False):
     return times
 
 
+def compiled_ms(family, x, t, steps):
+    """The same model under torch.compile (inductor, this CPU), ms per step
+    after its compilation; or None and why it cannot compile here."""
+    try:
+        model, _ = make(family, 0)
+        compiled = torch.compile(model)
+        train_steps(compiled, x, t, 3)  # compiles, then warms up
+        return statistics.median(train_steps(compiled, x, t, steps)) * 1e3, None
+    except Exception as e:  # no C++ compiler, an op inductor cannot lower, ...
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     y = torch.randint(0, CLASSES, (BATCH,))
@@ -191,7 +203,9 @@ def main():
         train_steps(model, x, t, 3)  # warm-up
         plain = statistics.median(train_steps(model, x, t, steps))
         anomaly = statistics.median(train_steps(model, x, t, steps, anomaly=True))
+        compiled, why = compiled_ms(family, x, t, steps)
         print(json.dumps({"framework": "pytorch", "family": family, "ms_per_step": plain * 1e3,
+                          "compiled_ms_per_step": compiled, "compile_error": why,
                           "detect_anomaly_overhead": anomaly / plain - 1.0}), flush=True)
     # Fuzz workload: fresh model, fresh optimizer, 5 steps, repeated.
     t0, runs = time.perf_counter(), 0
