@@ -234,10 +234,22 @@ fn a_guard_finding_gets_the_runners_precision_check_when_its_model_can_be_rebuil
         "{}",
         checked.summary()
     );
+    // The framework mark too: the step with PyTorch's rounding, on the
+    // rebuilt model, says what the runner's says.
+    let mark = |c: &nanhunt::fidelity::PrecisionCheck| {
+        let m = c.framework.clone().expect("a framework mark");
+        (m.verdict, m.rule)
+    };
+    assert_eq!(mark(&checked), mark(&expected), "{:?}", checked.framework);
     // Without a rebuild the guard says why it did not check.
     let plain = guarded(&p.case, &*p.factory).precision.unwrap();
     assert_eq!(plain.verdict, nanhunt::fidelity::Robustness::NotChecked);
     assert!(plain.summary().contains("rebuild"), "{}", plain.summary());
+    assert_eq!(
+        mark(&plain).0,
+        nanhunt::fidelity::FrameworkVerdict::NotJudged,
+        "a half-precision loop it cannot rebuild"
+    );
 }
 
 /// The planted model in a guarded loop over a `VarMap` (candle's own
