@@ -99,16 +99,16 @@ pub struct FrameworkMark {
 }
 
 impl FrameworkMark {
-    /// One phrase for reports: `candle-specific: exact zeros (…)`.
+    /// One line for reports: `candle-specific: exact zeros — <evidence>`.
     pub fn summary(&self) -> String {
         match self.rule {
             Some(rule) => format!(
-                "{}: {} ({})",
+                "{}: {} — {}",
                 self.verdict.as_str(),
                 rule.as_str(),
                 self.note
             ),
-            None => format!("{} ({})", self.verdict.as_str(), self.note),
+            None => format!("{} — {}", self.verdict.as_str(), self.note),
         }
     }
 
