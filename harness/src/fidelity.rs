@@ -31,11 +31,7 @@ pub fn check(
     before: &Snapshot,
 ) -> Result<PrecisionCheck> {
     let compute = case.precision.compute_dtype();
-    let half = match compute {
-        DType::F16 => Some(HalfType::F16),
-        DType::BF16 => Some(HalfType::Bf16),
-        _ => None,
-    };
+    let half = HalfType::of_dtype(compute);
     let mut check = if compute == DType::F64 {
         PrecisionCheck::in_f64()
     } else {
@@ -174,17 +170,16 @@ fn stepped(session: &mut Session, name: &str, finding: &Finding) -> Rerun {
 }
 
 /// Whether the finding's forward stage fails again (NaN again, or an
-/// infinity again) in a traced forward pass under `tracer`'s intervention: a stage past the half
-/// range that later ops hide (a variance of Inf whose normalized output is
+/// infinity again) in a traced forward pass under `tracer`'s
+/// intervention: a stage past the half range that later ops hide (a variance of Inf whose normalized output is
 /// silently 0) leaves the loss finite, so the step alone would not say.
-fn forward_stage_fails(session: &Session, finding: &Finding, tracer: Tracer) -> Result<bool> {
+fn forward_stage_fails(session: &Session, finding: &Finding, mut tracer: Tracer) -> Result<bool> {
     if finding.phase != Phase::Forward {
         return Ok(false);
     }
     let Ok(batch) = session.batch(finding.step)? else {
         return Ok(false);
     };
-    let mut tracer = tracer;
     let shared = crate::models::tracer::share(&tracer);
     let forward = session.forward_loss(&batch, &mut tracer);
     drop(shared);

@@ -49,25 +49,16 @@ pub(super) fn read(tensors: &[Tensor], ops: &dyn Fn(Fused) -> Vec<String>) -> Ve
         for s in here {
             let inside: Vec<&Tensor> = tensors.iter().filter(|t| under(t.name, s)).collect();
             match shape_of(s, &inside) {
-                Shape::Norm { bias } => cuts.push(Cut {
-                    kind: CutKind::NormOp,
-                    module: s.to_string(),
-                    frozen: Vec::new(),
-                    trained: Vec::new(),
-                    ops: ops(if bias {
+                Shape::Norm { bias } => {
+                    let norm = if bias {
                         Fused::LayerNorm
                     } else {
                         Fused::RmsNorm
-                    }),
-                }),
+                    };
+                    cuts.push(whole(CutKind::NormOp, s, ops(norm)));
+                }
                 Shape::Projection => branch.push(child(s, p).to_string()),
-                Shape::Nested => cuts.push(Cut {
-                    kind: CutKind::Trunk,
-                    module: s.to_string(),
-                    frozen: Vec::new(),
-                    trained: Vec::new(),
-                    ops: norms_inside(tensors, s, ops),
-                }),
+                Shape::Nested => cuts.push(whole(CutKind::Trunk, s, norms_inside(tensors, s, ops))),
             }
         }
         if !branch.is_empty() {
@@ -77,6 +68,17 @@ pub(super) fn read(tensors: &[Tensor], ops: &dyn Fn(Fused) -> Vec<String>) -> Ve
     one_op_for_every_branch(&mut cuts);
     cuts.retain(|c| !c.ops.is_empty());
     cuts
+}
+
+/// A cut of the whole module `s` (a norm's own op, a trunk's output).
+fn whole(kind: CutKind, s: &str, ops: Vec<String>) -> Cut {
+    Cut {
+        kind,
+        module: s.to_string(),
+        frozen: Vec::new(),
+        trained: Vec::new(),
+        ops,
+    }
 }
 
 /// The frozen projections `frozen` of module `p` beside those that train.
@@ -238,7 +240,7 @@ fn child<'a>(module: &'a str, p: &str) -> &'a str {
 }
 
 /// Whether tensor `name` lies under module `prefix` (everything is under "").
-fn under(name: &str, prefix: &str) -> bool {
+pub(super) fn under(name: &str, prefix: &str) -> bool {
     prefix.is_empty()
         || (name.len() > prefix.len()
             && name.starts_with(prefix)

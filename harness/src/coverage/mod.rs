@@ -22,12 +22,9 @@ use std::sync::OnceLock;
 /// A tensor (or module prefix) a user declared frozen: `name` matches
 /// itself and every tensor under `name.`.
 pub fn declared_frozen(name: &str, frozen: &[String]) -> bool {
-    frozen.iter().any(|p| {
-        name == p
-            || (name.len() > p.len()
-                && name.starts_with(p.as_str())
-                && name[p.len()..].starts_with('.'))
-    })
+    frozen
+        .iter()
+        .any(|p| name == p || (!p.is_empty() && cuts::under(name, p)))
 }
 
 /// The coverage of `grads` over the named trainable variables, `None`

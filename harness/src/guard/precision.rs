@@ -25,11 +25,7 @@ impl Guard {
         batch: &Batch,
     ) -> Result<PrecisionCheck> {
         let dtype = self.vars[0].dtype();
-        let half = match dtype {
-            DType::F16 => Some(HalfType::F16),
-            DType::BF16 => Some(HalfType::Bf16),
-            _ => None,
-        };
+        let half = HalfType::of_dtype(dtype);
         const NO_REBUILD: &str =
             "the guard cannot build the model at another precision (give it GuardOptions::rebuild)";
         let (mut check, emulated) = match (&self.opts.rebuild, dtype) {

@@ -18,6 +18,15 @@ impl HalfType {
         }
     }
 
+    /// The half type of `dtype`, if it is one.
+    pub fn of_dtype(dtype: DType) -> Option<HalfType> {
+        match dtype {
+            DType::F16 => Some(HalfType::F16),
+            DType::BF16 => Some(HalfType::Bf16),
+            _ => None,
+        }
+    }
+
     /// The name of a re-run computed in f32 with every stage stored in
     /// this dtype (PyTorch's half-precision rounding).
     pub fn stored_in_f32_name(self) -> String {
