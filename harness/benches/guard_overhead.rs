@@ -5,7 +5,7 @@
 //! (`--size large`) size, its model built on a candle `VarMap` as a user's
 //! would be, and one third-party model: candle-transformers' EfficientNet-B0
 //! (differentiable throughout in candle 0.11.1) on 32×32 images.
-//! Run: `cargo bench -p nanhunt --bench guard_overhead`
+//! Run: `cargo bench -p nanhunt --bench guard_overhead [FAMILY ...] [small|large]`
 //! (RAYON_NUM_THREADS=1 for the single-thread figure).
 
 use candle_core::{DType, Device, Tensor};
@@ -63,7 +63,7 @@ fn main() {
         .iter()
         .flat_map(|f| sizes.iter().map(move |s| (*f, *s)))
     {
-        if !filter.is_empty() && !filter.iter().any(|f| family.contains(f.as_str())) {
+        if !selected(&filter, family, size_name) {
             continue;
         }
         let case = Case::example_sized(family, size).unwrap();
@@ -129,6 +129,16 @@ fn main() {
     if filter.is_empty() || filter.iter().any(|f| "efficientnet".contains(f.as_str())) {
         efficientnet();
     }
+}
+
+/// Whether the arguments select this family at this size: `rnn` runs
+/// both of its sizes, `small` every family's small one, `rnn small` one.
+fn selected(filter: &[String], family: &str, size: &str) -> bool {
+    let sizes = ["small", "large"];
+    let (wanted_sizes, wanted): (Vec<&String>, Vec<&String>) =
+        filter.iter().partition(|f| sizes.contains(&f.as_str()));
+    let family_wanted = wanted.is_empty() || wanted.iter().any(|f| family.contains(f.as_str()));
+    family_wanted && (wanted_sizes.is_empty() || wanted_sizes.iter().any(|s| *s == size))
 }
 
 fn report(name: &str, on: &mut [f64], off: &mut [f64]) {

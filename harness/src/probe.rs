@@ -51,9 +51,16 @@ pub fn scan_host(values: &[f32]) -> TensorScan {
 
 /// One pass without branches: Σx² in f64 (finite iff every x is finite,
 /// since f64 cannot overflow on squares of f32/f16 values) and max |x|, in
-/// eight independent lanes so the loop vectorizes. Only a non-finite sum
-/// sends the slice through the slow, counting path.
+/// eight independent lanes so the loop vectorizes (on 256-bit vectors where
+/// the CPU has them: the same operations, the same bits). Only a non-finite
+/// sum sends the slice through the slow, counting path.
+#[inline]
 fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> TensorScan {
+    crate::kernels::wide(|| scan_lanes(values, to_f64))
+}
+
+#[inline(always)]
+fn scan_lanes<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> TensorScan {
     const LANES: usize = 8;
     let mut sum = [0f64; LANES];
     let mut max = [0f64; LANES];
@@ -92,15 +99,19 @@ fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
 /// float compare, so the loop vectorizes fully (the probe's update check
 /// reads every parameter and optimizer-state value each step).
 fn all_finite_f32(values: &[f32]) -> bool {
-    let acc = values.iter().fold(0u32, |acc, v| {
-        acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
+    let acc = crate::kernels::wide(|| {
+        values.iter().fold(0u32, |acc, v| {
+            acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
+        })
     });
     acc & 0x8000_0000 == 0
 }
 
 fn all_finite_f64(values: &[f64]) -> bool {
-    let acc = values.iter().fold(0u64, |acc, v| {
-        acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
+    let acc = crate::kernels::wide(|| {
+        values.iter().fold(0u64, |acc, v| {
+            acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
+        })
     });
     acc & 0x8000_0000_0000_0000 == 0
 }
@@ -142,6 +153,27 @@ pub fn first_non_finite(tensors: &[&Tensor]) -> Result<Option<usize>> {
         }
     }
     Ok(None)
+}
+
+/// The first value of a tensor as f64 (the value of a one-element loss):
+/// read in place on the CPU, with no candle op; converted on its device
+/// otherwise.
+pub fn first_value(t: &Tensor) -> Result<f64> {
+    let in_place = with_cpu_range(t, |cpu, range| {
+        let at = range.start;
+        (range.end > at).then_some(())?;
+        Some(match t.dtype() {
+            DType::F32 => cpu.as_slice::<f32>().ok()?[at] as f64,
+            DType::F64 => cpu.as_slice::<f64>().ok()?[at],
+            DType::F16 => cpu.as_slice::<f16>().ok()?[at].to_f64(),
+            DType::BF16 => cpu.as_slice::<bf16>().ok()?[at].to_f64(),
+            _ => return None,
+        })
+    });
+    match in_place {
+        Some(v) => Ok(v),
+        None => Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?[0]),
+    }
 }
 
 /// Scans a CPU tensor in place; `None` when it is not a contiguous float CPU tensor.

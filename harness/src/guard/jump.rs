@@ -20,13 +20,13 @@ pub(super) struct GuardJump {
 impl Guard {
     /// A norm jumped at `step` (from `was` to `now`, led by `leader`): a
     /// warning, and the loop's first jump is kept for [`Guard::finish`].
-    pub(super) fn saw_jump(
+    pub(super) fn saw_jump<O: GuardOptimizer + ?Sized>(
         &mut self,
         step: usize,
         grew: Grew,
         (was, now): (f64, f64),
         leader: String,
-        before: &Before,
+        (before, opt): (&Before, &O),
     ) -> Result<()> {
         if self.jump.is_some() {
             return Ok(());
@@ -42,7 +42,7 @@ impl Guard {
             "step {step}: {}: a finite explosion unless the loss recovers; clip the gradient norm or lower the learning rate",
             jump.describe()
         ));
-        let kept = self.keep(step, before)?;
+        let kept = self.keep(step, before, opt)?;
         self.jump = Some(GuardJump { jump, kept });
         Ok(())
     }

@@ -31,7 +31,12 @@ pub(super) struct Kept {
 impl Guard {
     /// Keeps `step`, whose state before it is `before`; called before the
     /// step's update is set.
-    pub(super) fn keep(&self, step: usize, before: &Before) -> Result<Kept> {
+    pub(super) fn keep<O: GuardOptimizer + ?Sized>(
+        &self,
+        step: usize,
+        before: &Before,
+        opt: &O,
+    ) -> Result<Kept> {
         // Prepared updates leave the variables as they were before the step.
         let params = match &before.params {
             Some(params) => params.clone(),
@@ -45,7 +50,7 @@ impl Guard {
             step,
             index: self.trace.losses.len().saturating_sub(1),
             params,
-            optimizer: before.optimizer.clone(),
+            optimizer: before.optimizer_state(opt),
             tracker: before.tracker.clone(),
             history: before.history,
             through: self.trace.mark(),
@@ -55,14 +60,15 @@ impl Guard {
 
     /// After a step's loss trend: keeps the step that crossed the
     /// divergence line, or forgets a crossing that recovered.
-    pub(super) fn watch_crossing(
+    pub(super) fn watch_crossing<O: GuardOptimizer + ?Sized>(
         &mut self,
         step: usize,
         batch: &Batch,
         before: &Before,
+        opt: &O,
     ) -> Result<()> {
         if self.tracker.crossed_now() {
-            let mut kept = self.keep(step, before)?;
+            let mut kept = self.keep(step, before, opt)?;
             kept.batch = Some(batch.clone());
             self.crossing = Some(kept);
         } else if !self.tracker.pending() {
@@ -125,6 +131,7 @@ impl Guard {
             params: Some(kept.params),
             buffers: Vec::new(),
             optimizer: kept.optimizer,
+            deferred: false,
             tracker: kept.tracker,
             history: kept.history,
         };

@@ -280,17 +280,21 @@ impl Guard {
         // again for this step (localization, the scene's check, a replay).
         let mut loss_of = |b: &Batch| crate::models::seeded::at_step(step as u64, || loss_of(b));
         self.check_layout(batch)?;
-        let before = self.save(opt)?;
-        match self.checked_step(step, batch, opt, &mut loss_of, &before)? {
-            Ok(loss) => Ok(loss),
-            // Judged after the step that crossed: that step's finding.
-            Err(failure) if failure.kind == FindingKind::Divergence && self.crossing.is_some() => {
-                self.restore(&before, opt)?;
-                let kept = self.crossing.take().expect("checked above");
-                Err(self.judged(kept, failure, opt))
-            }
-            Err(failure) => Err(self.stop(step, failure, &before, opt, batch, &mut loss_of)),
+        let mut before = self.save(opt)?;
+        let failure = match self.checked_step(step, batch, opt, &mut loss_of, &before)? {
+            Ok(loss) => return Ok(loss),
+            Err(failure) => failure,
+        };
+        // A failed step committed no update: the optimizer's state is still
+        // the one before it.
+        before.settle(opt);
+        // Judged after the step that crossed: that step's finding.
+        if failure.kind == FindingKind::Divergence && self.crossing.is_some() {
+            self.restore(&before, opt)?;
+            let kept = self.crossing.take().expect("checked above");
+            return Err(self.judged(kept, failure, opt));
         }
+        Err(self.stop(step, failure, &before, opt, batch, &mut loss_of))
     }
 
     /// Like [`Guard::step`], with the model's forward pass and the loss

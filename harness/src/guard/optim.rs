@@ -78,6 +78,15 @@ pub trait GuardOptimizer {
     fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {
         Vec::new()
     }
+    /// The first tensor of [`GuardOptimizer::prepared_state`] that holds a
+    /// NaN or an infinity, if any (the guard's check of it every step).
+    fn non_finite_prepared_state(
+        &self,
+    ) -> crate::error::Result<Option<(usize, &'static str, Tensor)>> {
+        let state = self.prepared_state();
+        let tensors: Vec<&Tensor> = state.iter().map(|(_, _, t)| t).collect();
+        Ok(crate::probe::first_non_finite(&tensors)?.map(|i| state[i].clone()))
+    }
 }
 
 /// nanhunt's optimizers as a `candle_nn::Optimizer` over a list of variables.
@@ -182,6 +191,18 @@ impl GuardOptimizer for NanhuntOptimizer {
             .iter()
             .flat_map(|o| o.state_tensors().map(|(i, k, t)| (i, k, t.clone())))
             .collect()
+    }
+
+    /// Walks the prepared state in place: no list of it every step.
+    fn non_finite_prepared_state(
+        &self,
+    ) -> crate::error::Result<Option<(usize, &'static str, Tensor)>> {
+        for (i, kind, t) in self.prepared.iter().flat_map(|o| o.state_tensors()) {
+            if crate::probe::first_non_finite(&[t])?.is_some() {
+                return Ok(Some((i, kind, t.clone())));
+            }
+        }
+        Ok(None)
     }
 
     fn saved(&self) -> Option<SavedOptimizer> {

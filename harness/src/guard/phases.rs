@@ -8,9 +8,9 @@ use super::{Batch, Guard, GuardOptimizer};
 use crate::checks::{self, Updated};
 use crate::error::{Error, Result};
 use crate::finding::{Failure, Grew, Phase};
-use crate::probe::{first_non_finite, global_norm, scan_all, TensorStats};
+use crate::probe::{global_norm, scan_all, TensorStats};
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Result as CandleResult, Tensor};
+use candle_core::{Result as CandleResult, Tensor};
 
 /// The value a phase handed on, or the step's failure.
 macro_rules! go {
@@ -40,10 +40,10 @@ impl Guard {
         let grads = loss.backward()?;
         let coverage = crate::coverage::of(&self.names, &self.vars, &grads, &[]);
         go!(unless(checks::coverage(coverage)));
-        go!(self.gradient_phase(step, &grads, before));
+        go!(self.gradient_phase(step, &grads, (before, &*opt)));
         // The loss trend first: a diverged run takes no update.
         go!(unless(checks::trend(&mut self.tracker, value)));
-        self.watch_crossing(step, batch, before)?;
+        self.watch_crossing(step, batch, before, opt)?;
         go!(self.update_phase(step, &grads, opt, before));
         self.keep_jump_batch(batch);
         Ok(Ok(value))
@@ -71,10 +71,11 @@ impl Guard {
         batch: &Batch,
         loss_of: &mut impl FnMut(&Batch) -> CandleResult<Tensor>,
     ) -> Phased<(Tensor, f64)> {
-        let tracer = self.tracer(false);
-        let shared = tracer
-            .active()
-            .then(|| crate::models::tracer::share(&tracer));
+        // Only an intervention makes an untraced tracer do anything.
+        let shared = self
+            .intervention
+            .is_some()
+            .then(|| crate::models::tracer::share(&self.tracer(false)));
         let loss = loss_of(batch);
         drop(shared);
         let loss = loss?;
@@ -90,7 +91,12 @@ impl Guard {
 
     /// Every gradient finite; the half-precision margins; the gradient
     /// norm into the history and the jump watch.
-    fn gradient_phase(&mut self, step: usize, grads: &GradStore, before: &Before) -> Phased<()> {
+    fn gradient_phase<O: GuardOptimizer + ?Sized>(
+        &mut self,
+        step: usize,
+        grads: &GradStore,
+        before: (&Before, &O),
+    ) -> Phased<()> {
         let g: Vec<&Tensor> = self
             .vars
             .iter()
@@ -138,14 +144,13 @@ impl Guard {
         before: &Before,
     ) -> Phased<()> {
         let prepared = opt.prepare(grads)?;
-        let updated: Vec<Tensor> = match &prepared {
-            Some(new) => new.clone(),
+        let refs: Vec<&Tensor> = match &prepared {
+            Some(new) => new.iter().collect(),
             None => {
                 opt.apply(grads)?;
-                self.vars.iter().map(|v| v.as_tensor().clone()).collect()
+                self.vars.iter().map(|v| v.as_tensor()).collect()
             }
         };
-        let refs: Vec<&Tensor> = updated.iter().collect();
         let scans = scan_all(&refs)?;
         if let Some(i) = checks::first_bad(&scans) {
             let which = Updated::Param(&self.names[i]);
@@ -163,7 +168,13 @@ impl Guard {
         self.trace.param_norms.push(norm);
         if let Some(was) = self.watch.parameters(norm) {
             let leader = self.fastest_growing(&refs, before)?;
-            self.saw_jump(step, Grew::ParameterNorm, (was, norm), leader, before)?;
+            self.saw_jump(
+                step,
+                Grew::ParameterNorm,
+                (was, norm),
+                leader,
+                (before, &*opt),
+            )?;
         }
         if let Some(new) = prepared {
             opt.commit(new)?;
@@ -174,17 +185,14 @@ impl Guard {
     /// The optimizer state a prepared update would leave, checked as the
     /// runner checks its optimizer's.
     fn state_failure<O: GuardOptimizer + ?Sized>(&self, opt: &O) -> Result<Option<Failure>> {
-        let state = opt.prepared_state();
-        let tensors: Vec<&Tensor> = state.iter().map(|(_, _, t)| t).collect();
-        let Some(i) = first_non_finite(&tensors)? else {
+        let Some((index, kind, t)) = opt.non_finite_prepared_state()? else {
             return Ok(None);
         };
-        let (index, kind, t) = &state[i];
         let names = super::optim::opt_var_names(opt, &self.vars, &self.names);
-        let param = names.get(*index).map_or("?", String::as_str);
+        let param = names.get(index).map_or("?", String::as_str);
         let which = Updated::State { kind, param };
-        let scan = scan_all(&[t])?[0];
-        Ok(Some(checks::update_failure(which, &scan, self.half(), t)?))
+        let scan = scan_all(&[&t])?[0];
+        Ok(Some(checks::update_failure(which, &scan, self.half(), &t)?))
     }
 
     /// The parameter whose norm grows the most in this update.
@@ -217,5 +225,5 @@ pub(super) fn scalar(loss: &Tensor) -> Result<f64> {
             ),
         ));
     }
-    Ok(loss.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?[0])
+    crate::probe::first_value(loss)
 }

@@ -15,12 +15,38 @@ pub(super) struct Before {
     /// can be checked; `None`: they change only after the checks pass.
     pub params: Option<Vec<Tensor>>,
     pub buffers: Vec<Tensor>,
+    /// The optimizer's state; see `deferred`.
     pub optimizer: Option<SavedOptimizer>,
+    /// The optimizer's state was not read: an optimizer that prepares its
+    /// update changes its state only when the update is committed, after
+    /// every check, so until then its state is the state before the step
+    /// (read by [`Before::settle`] when a failure or a kept step needs it,
+    /// instead of every step).
+    pub deferred: bool,
     pub tracker: DivergenceTracker,
     /// How long the history was: a step only appends to it, so truncating
     /// to the mark undoes it (a copy of the history every step would cost
     /// O(steps) a step).
     pub history: TraceMark,
+}
+
+impl Before {
+    /// Reads the optimizer's state if it was deferred; call before the
+    /// step's update is committed.
+    pub fn settle<O: GuardOptimizer + ?Sized>(&mut self, opt: &O) {
+        if std::mem::take(&mut self.deferred) {
+            self.optimizer = opt.saved();
+        }
+    }
+
+    /// The optimizer's state before the step (before its commit).
+    pub fn optimizer_state<O: GuardOptimizer + ?Sized>(&self, opt: &O) -> Option<SavedOptimizer> {
+        if self.deferred {
+            opt.saved()
+        } else {
+            self.optimizer.clone()
+        }
+    }
 }
 
 impl Guard {
@@ -36,7 +62,8 @@ impl Guard {
                 Some(copy(&self.vars)?)
             },
             buffers: copy(&self.buffers)?,
-            optimizer: opt.saved(),
+            optimizer: if opt.can_prepare() { None } else { opt.saved() },
+            deferred: opt.can_prepare(),
             tracker: self.tracker.clone(),
             history: self.trace.mark(),
         })
