@@ -7,6 +7,11 @@
 //!
 //! Softmax (and the causal mask) stay separate ops between the two, where
 //! the tracer records the scores and the probabilities.
+//!
+//! Grouped-query attention (fewer key/value heads than query heads) reads
+//! each key/value head for every query head of its group in place: no
+//! repeated copy of k and v, and their gradients summed over the group as
+//! they are computed.
 
 use super::gemm::{matmul_strided, Mat};
 use super::reference;
@@ -20,11 +25,24 @@ pub fn attention_scores(
     heads: usize,
     scale: Option<f64>,
 ) -> Result<Tensor> {
+    grouped_attention_scores(q, k, (heads, heads), scale)
+}
+
+/// q (B, S, heads·hd), k (B, S, kv_heads·hd) → scores (B, heads, S, S):
+/// query head h against key head h / (heads / kv_heads).
+pub fn grouped_attention_scores(
+    q: &Tensor,
+    k: &Tensor,
+    (heads, kv_heads): (usize, usize),
+    scale: Option<f64>,
+) -> Result<Tensor> {
+    let groups = Groups::new(heads, kv_heads)?;
     if !fused_for(q) {
-        return reference::attention_scores(q, k, heads, scale);
+        let k = reference::repeat_kv(k, kv_heads, heads)?;
+        return reference::attention_scores(q, &k, heads, scale);
     }
     let op = Scores {
-        heads,
+        groups,
         scale: scale.unwrap_or(1.0),
     };
     q.contiguous()?.apply_op2(&k.contiguous()?, op)
@@ -32,11 +50,72 @@ pub fn attention_scores(
 
 /// probabilities (B, heads, S, S), v (B, S, D) → context (B, S, D).
 pub fn attention_context(p: &Tensor, v: &Tensor, heads: usize) -> Result<Tensor> {
+    grouped_attention_context(p, v, (heads, heads))
+}
+
+/// probabilities (B, heads, S, S), v (B, S, kv_heads·hd) → context
+/// (B, S, heads·hd): query head h reads value head h / (heads / kv_heads).
+pub fn grouped_attention_context(
+    p: &Tensor,
+    v: &Tensor,
+    (heads, kv_heads): (usize, usize),
+) -> Result<Tensor> {
+    let groups = Groups::new(heads, kv_heads)?;
     if !fused_for(p) {
-        return reference::attention_context(p, v, heads);
+        let v = reference::repeat_kv(v, kv_heads, heads)?;
+        return reference::attention_context(p, &v, heads);
     }
     p.contiguous()?
-        .apply_op2(&v.contiguous()?, Context { heads })
+        .apply_op2(&v.contiguous()?, Context { groups })
+}
+
+/// Query heads and the key/value heads they share.
+#[derive(Clone, Copy)]
+struct Groups {
+    heads: usize,
+    kv_heads: usize,
+}
+
+impl Groups {
+    fn new(heads: usize, kv_heads: usize) -> Result<Self> {
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            candle_core::bail!(
+                "attention: {heads} query heads cannot share {kv_heads} key/value heads"
+            );
+        }
+        Ok(Groups { heads, kv_heads })
+    }
+
+    /// The key/value head query head `h` reads.
+    fn kv(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+
+    /// Whether query head `h` is its group's first (it writes the group's
+    /// key/value gradient; the others add to it).
+    fn first(&self, h: usize) -> bool {
+        h % (self.heads / self.kv_heads) == 0
+    }
+
+    /// (B, S, D, hd) of q and the key/value width, checked against k or v.
+    fn shapes(
+        &self,
+        lq: &Layout,
+        lkv: &Layout,
+        what: &str,
+    ) -> Result<(usize, usize, usize, usize, usize)> {
+        let (b, s, d, hd) = bsd(lq, self.heads, "q")?;
+        let dkv = self.kv_heads * hd;
+        if lkv.dims() != [b, s, dkv] {
+            candle_core::bail!(
+                "attention: {what} {:?} does not fit q {:?} with {} key/value heads",
+                lkv.dims(),
+                lq.dims(),
+                self.kv_heads
+            );
+        }
+        Ok((b, s, d, hd, dkv))
+    }
 }
 
 /// (B, S, D) and the head width of a layout.
@@ -68,7 +147,7 @@ fn head_t<T>(m: &[T], (b, h): (usize, usize), (s, d, hd): (usize, usize, usize))
 }
 
 struct Scores {
-    heads: usize,
+    groups: Groups,
     scale: f64,
 }
 
@@ -84,23 +163,17 @@ impl CustomOp2 for Scores {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, s, d, hd) = bsd(l1, self.heads, "q")?;
-        if l2.dims() != l1.dims() {
-            candle_core::bail!(
-                "attention: k {:?} differs from q {:?}",
-                l2.dims(),
-                l1.dims()
-            );
-        }
-        let nh = self.heads;
+        let g = self.groups;
+        let (b, s, d, hd, dkv) = g.shapes(l1, l2, "k")?;
+        let nh = g.heads;
         with_real!(s1, T => {
             let (q, k) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
             let scale: T = real(self.scale);
             let mut out = vec![T::zero(); b * nh * s * s];
             for (bh, dst) in out.chunks_exact_mut(s * s).enumerate() {
-                let at = (bh / nh, bh % nh);
-                let geo = (s, d, hd);
-                matmul_strided((s, s, hd), head(q, at, geo), head_t(k, at, geo), dst, s, false, scale);
+                let (bi, h) = (bh / nh, bh % nh);
+                let (qh, kh) = (head(q, (bi, h), (s, d, hd)), head_t(k, (bi, g.kv(h)), (s, dkv, hd)));
+                matmul_strided((s, s, hd), qh, kh, dst, s, false, scale);
             }
             Ok((T::to_cpu_storage_owned(out), Shape::from((b, nh, s, s))))
         })
@@ -114,7 +187,7 @@ impl CustomOp2 for Scores {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let op = ScoresGrad {
-            heads: self.heads,
+            groups: self.groups,
             scale: self.scale,
         };
         let packed = q.apply_op3_no_bwd(k, &grad.contiguous()?, &op)?;
@@ -123,9 +196,10 @@ impl CustomOp2 for Scores {
     }
 }
 
-/// (q, k, g) → [dq = scale·g·k | dk = scale·gᵀ·q], head by head.
+/// (q, k, g) → [dq = scale·g·k | dk = scale·gᵀ·q], head by head; a
+/// shared key head's gradient sums its group's.
 struct ScoresGrad {
-    heads: usize,
+    groups: Groups,
     scale: f64,
 }
 
@@ -143,20 +217,22 @@ impl CustomOp3 for ScoresGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, s, d, hd) = bsd(l1, self.heads, "q")?;
-        let nh = self.heads;
+        let g = self.groups;
+        let (b, s, d, hd, dkv) = g.shapes(l1, l2, "k")?;
+        let nh = g.heads;
         with_real!(s1, T => {
-            let (q, k, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let (q, k, gr) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
             let scale: T = real(self.scale);
-            let mut out = vec![T::zero(); 2 * b * s * d];
+            let mut out = vec![T::zero(); b * s * d + b * s * dkv];
             let (dq, dk) = out.split_at_mut(b * s * d);
-            let geo = (s, d, hd);
-            for (bh, gm) in g.chunks_exact(s * s).enumerate() {
+            for (bh, gm) in gr.chunks_exact(s * s).enumerate() {
                 let (bi, h) = (bh / nh, bh % nh);
-                let at = bi * s * d + h * hd;
+                let kv = g.kv(h);
                 let gm_t = Mat { data: gm, rs: 1, cs: s };
-                matmul_strided((s, hd, s), Mat::rows(gm, s), head(k, (bi, h), geo), &mut dq[at..], d, false, scale);
-                matmul_strided((s, hd, s), gm_t, head(q, (bi, h), geo), &mut dk[at..], d, false, scale);
+                let at_q = bi * s * d + h * hd;
+                let at_k = bi * s * dkv + kv * hd;
+                matmul_strided((s, hd, s), Mat::rows(gm, s), head(k, (bi, kv), (s, dkv, hd)), &mut dq[at_q..], d, false, scale);
+                matmul_strided((s, hd, s), gm_t, head(q, (bi, h), (s, d, hd)), &mut dk[at_k..], dkv, !g.first(h), scale);
             }
             flat(out)
         })
@@ -164,7 +240,24 @@ impl CustomOp3 for ScoresGrad {
 }
 
 struct Context {
-    heads: usize,
+    groups: Groups,
+}
+
+/// (B, S, D, hd, D_kv) of the context from the probabilities and v.
+fn context_shapes(
+    g: Groups,
+    lp: &Layout,
+    lv: &Layout,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, s, dkv, hd) = bsd(lv, g.kv_heads, "v")?;
+    if lp.dims() != [b, g.heads, s, s] {
+        candle_core::bail!(
+            "attention: probabilities {:?} do not fit v {:?}",
+            lp.dims(),
+            lv.dims()
+        );
+    }
+    Ok((b, s, g.heads * hd, hd, dkv))
 }
 
 impl CustomOp2 for Context {
@@ -179,22 +272,17 @@ impl CustomOp2 for Context {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, s, d, hd) = bsd(l2, self.heads, "v")?;
-        let nh = self.heads;
-        if l1.dims() != [b, nh, s, s] {
-            candle_core::bail!(
-                "attention: probabilities {:?} do not fit v {:?}",
-                l1.dims(),
-                l2.dims()
-            );
-        }
+        let g = self.groups;
+        let (b, s, d, hd, dkv) = context_shapes(g, l1, l2)?;
+        let nh = g.heads;
         with_real!(s1, T => {
             let (p, v) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
             let mut out = vec![T::zero(); b * s * d];
             for (bh, pm) in p.chunks_exact(s * s).enumerate() {
                 let (bi, h) = (bh / nh, bh % nh);
                 let dst = &mut out[bi * s * d + h * hd..];
-                matmul_strided((s, hd, s), Mat::rows(pm, s), head(v, (bi, h), (s, d, hd)), dst, d, false, T::one());
+                let vh = head(v, (bi, g.kv(h)), (s, dkv, hd));
+                matmul_strided((s, hd, s), Mat::rows(pm, s), vh, dst, d, false, T::one());
             }
             Ok((T::to_cpu_storage_owned(out), Shape::from((b, s, d))))
         })
@@ -207,16 +295,19 @@ impl CustomOp2 for Context {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let op = ContextGrad { heads: self.heads };
+        let op = ContextGrad {
+            groups: self.groups,
+        };
         let packed = p.apply_op3_no_bwd(v, &grad.contiguous()?, &op)?;
         let [dp, dv] = unpack(&packed, [p.shape(), v.shape()])?;
         Ok((Some(dp), Some(dv)))
     }
 }
 
-/// (p, v, g) → [dp = g_h·v_hᵀ | dv = p_hᵀ·g_h], head by head.
+/// (p, v, g) → [dp = g_h·v_hᵀ | dv = p_hᵀ·g_h], head by head; a shared
+/// value head's gradient sums its group's.
 struct ContextGrad {
-    heads: usize,
+    groups: Groups,
 }
 
 impl CustomOp3 for ContextGrad {
@@ -233,19 +324,21 @@ impl CustomOp3 for ContextGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (b, s, d, hd) = bsd(l2, self.heads, "v")?;
-        let nh = self.heads;
+        let g = self.groups;
+        let (b, s, d, hd, dkv) = context_shapes(g, l1, l2)?;
+        let nh = g.heads;
         with_real!(s1, T => {
-            let (p, v, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let mut out = vec![T::zero(); b * nh * s * s + b * s * d];
+            let (p, v, gr) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
+            let mut out = vec![T::zero(); b * nh * s * s + b * s * dkv];
             let (dp, dv) = out.split_at_mut(b * nh * s * s);
-            let geo = (s, d, hd);
             for (bh, (pm, dpm)) in p.chunks_exact(s * s).zip(dp.chunks_exact_mut(s * s)).enumerate() {
                 let (bi, h) = (bh / nh, bh % nh);
+                let kv = g.kv(h);
                 let pm_t = Mat { data: pm, rs: 1, cs: s };
-                matmul_strided((s, s, hd), head(g, (bi, h), geo), head_t(v, (bi, h), geo), dpm, s, false, T::one());
-                let at = bi * s * d + h * hd;
-                matmul_strided((s, hd, s), pm_t, head(g, (bi, h), geo), &mut dv[at..], d, false, T::one());
+                let gh = head(gr, (bi, h), (s, d, hd));
+                matmul_strided((s, s, hd), gh, head_t(v, (bi, kv), (s, dkv, hd)), dpm, s, false, T::one());
+                let at = bi * s * dkv + kv * hd;
+                matmul_strided((s, hd, s), pm_t, head(gr, (bi, h), (s, d, hd)), &mut dv[at..], dkv, !g.first(h), T::one());
             }
             flat(out)
         })

@@ -37,7 +37,9 @@ mod swiglu;
 mod tanh_rnn;
 
 pub use activation::{gelu, leaky_relu, relu, tanh, LEAKY_SLOPE};
-pub use attention::{attention_context, attention_scores};
+pub use attention::{
+    attention_context, attention_scores, grouped_attention_context, grouped_attention_scores,
+};
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
 pub use gru::gru_layer;

@@ -99,6 +99,20 @@ fn split_heads(t: &Tensor, heads: usize) -> Result<Tensor> {
         .contiguous()
 }
 
+/// Key/value heads (B, S, kv_heads·hd) repeated for the query heads that
+/// share them: (B, S, heads·hd), head h a copy of head h / (heads / kv_heads).
+pub fn repeat_kv(t: &Tensor, kv_heads: usize, heads: usize) -> Result<Tensor> {
+    if kv_heads == heads {
+        return Ok(t.clone());
+    }
+    let (b, s, d) = t.dims3()?;
+    let (group, hd) = (heads / kv_heads, d / kv_heads);
+    t.reshape((b, s, kv_heads, 1, hd))?
+        .broadcast_as((b, s, kv_heads, group, hd))?
+        .contiguous()?
+        .reshape((b, s, heads * hd))
+}
+
 /// Attention scores (B, heads, S, S) = scale · q_h · k_hᵀ.
 pub fn attention_scores(
     q: &Tensor,

@@ -231,6 +231,45 @@ fn attention_products_match_reference_and_gradcheck() {
 }
 
 #[test]
+fn grouped_attention_matches_repeated_heads_and_gradchecks() {
+    // 6 query heads over 2 and over 3 key/value heads, head width 2.
+    for kv in [2, 3] {
+        let heads = (6, kv);
+        let sc: &Op = &move |xs| grouped_attention_scores(&xs[0], &xs[1], heads, Some(0.7));
+        let ctx: &Op = &move |xs| {
+            let p = softmax_last_dim(&grouped_attention_scores(&xs[0], &xs[1], heads, None)?)?;
+            grouped_attention_context(&p, &xs[1], heads)
+        };
+        let (q, k) = (&[2, 5, 12][..], &[2, 5, 2 * kv][..]);
+        matches_reference("grouped_attention_scores", sc, &[q, k]);
+        matches_reference("grouped_attention_context", ctx, &[q, k]);
+        gradchecks(
+            "grouped_attention_scores",
+            sc,
+            &[&[2, 3, 12], &[2, 3, 2 * kv]],
+        );
+        gradchecks(
+            "grouped_attention_context",
+            ctx,
+            &[&[2, 3, 12], &[2, 3, 2 * kv]],
+        );
+    }
+    // The grouped kernel is the plain one on repeated key/value heads.
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(3);
+    let mut draw = |n: usize, shape: &[usize]| {
+        let v: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+        Tensor::from_vec(v, shape, &dev).unwrap()
+    };
+    let (q, k) = (draw(2 * 4 * 12, &[2, 4, 12]), draw(2 * 4 * 4, &[2, 4, 4]));
+    let grouped = grouped_attention_scores(&q, &k, (6, 2), None).unwrap();
+    let repeated = reference::repeat_kv(&k, 2, 6).unwrap();
+    let plain = attention_scores(&q, &repeated, 6, None).unwrap();
+    let diff = (grouped - plain).unwrap().abs().unwrap().max_all().unwrap();
+    assert_eq!(diff.to_scalar::<f64>().unwrap(), 0.0);
+}
+
+#[test]
 fn rms_norm_matches_reference_and_gradchecks() {
     let rms: &Op = &|xs| rms_norm(&xs[0], &xs[1], 1e-5);
     matches_reference("rms_norm", rms, &[&[2, 5, 16], &[16]]);

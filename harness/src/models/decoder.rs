@@ -104,20 +104,6 @@ impl Decoder {
         kernels::rope(&x.reshape((b, s, n, d / n))?, cos, sin)?.reshape((b, s, d))
     }
 
-    /// Key/value heads repeated for the query heads that share them.
-    fn share_kv(&self, t: &Tensor) -> Result<Tensor> {
-        if self.kv_heads == self.heads {
-            return Ok(t.clone());
-        }
-        let (b, s, d) = t.dims3()?;
-        let (kv, hd) = (self.kv_heads, d / self.kv_heads);
-        let group = self.heads / kv;
-        t.reshape((b, s, kv, 1, hd))?
-            .broadcast_as((b, s, kv, group, hd))?
-            .contiguous()?
-            .reshape((b, s, kv * group * hd))
-    }
-
     fn attention(
         &self,
         l: &Block,
@@ -144,8 +130,8 @@ impl Decoder {
         )?;
         let q = Self::rotate(&q, self.heads, cos, sin)?;
         let k = Self::rotate(&k, self.kv_heads, cos, sin)?;
-        let (k, v) = (self.share_kv(&k)?, self.share_kv(&v)?);
-        let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
+        let heads = (self.heads, self.kv_heads);
+        let scores = kernels::grouped_attention_scores(&q, &k, heads, self.scale)?;
         let scores =
             tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
         let scores = causal.mask.where_cond(&scores, &causal.blocked)?;
@@ -154,7 +140,7 @@ impl Decoder {
             OpKind::Softmax,
             layers::softmax(&scores)?,
         )?;
-        let ctx = kernels::attention_context(&probs, &v, self.heads)?;
+        let ctx = kernels::grouped_attention_context(&probs, &v, heads)?;
         tr.record_with_as(
             || format!("{}.attn.out", l.name),
             OpKind::Linear,
