@@ -376,6 +376,55 @@ fn after_a_failure_the_state_from_before_the_step_is_back() {
 }
 
 #[test]
+fn a_failed_step_leaves_the_optimizer_as_it_was() {
+    // Two copies of one net; the first takes a failing step between two
+    // good ones. The guard reads a preparing optimizer's state only on a
+    // failure: the next good step must be the same bits in both.
+    let (first, second) = (VarMap::new(), VarMap::new());
+    let (a, b) = (net(&first), net(&second));
+    for (name, var) in first.data().lock().unwrap().iter() {
+        second.data().lock().unwrap()[name]
+            .set(var.as_tensor())
+            .unwrap();
+    }
+    let mut ga = Guard::new(&first, GuardOptions::default()).unwrap();
+    let mut gb = Guard::new(&second, GuardOptions::default()).unwrap();
+    let (mut oa, mut ob) = (
+        ga.optimizer(adam(1e-8)).unwrap(),
+        gb.optimizer(adam(1e-8)).unwrap(),
+    );
+    ga.step(0, &batch(0), &mut oa, |x| a.loss(x, Fault::None))
+        .unwrap();
+    gb.step(0, &batch(0), &mut ob, |x| b.loss(x, Fault::None))
+        .unwrap();
+    assert!(ga
+        .step(1, &batch(1), &mut oa, |x| a.loss(x, Fault::Loss))
+        .is_err());
+    ga.step(1, &batch(1), &mut oa, |x| a.loss(x, Fault::None))
+        .unwrap();
+    gb.step(1, &batch(1), &mut ob, |x| b.loss(x, Fault::None))
+        .unwrap();
+    let bits = |vm: &VarMap| {
+        let data = vm.data().lock().unwrap();
+        let mut named: Vec<(String, Vec<u32>)> = data
+            .iter()
+            .map(|(n, v)| {
+                let values = v
+                    .as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                (n.clone(), values.iter().map(|x| x.to_bits()).collect())
+            })
+            .collect();
+        named.sort();
+        named
+    };
+    assert_eq!(bits(&first), bits(&second));
+}
+
+#[test]
 fn misuse_gets_a_clear_error() {
     let empty = VarMap::new();
     let e = Guard::new(&empty, GuardOptions::default())
