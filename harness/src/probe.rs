@@ -159,9 +159,11 @@ pub fn first_non_finite(tensors: &[&Tensor]) -> Result<Option<usize>> {
 /// read in place on the CPU, with no candle op; converted on its device
 /// otherwise.
 pub fn first_value(t: &Tensor) -> Result<f64> {
+    if t.elem_count() == 0 {
+        return Err(candle_core::Error::Msg("the tensor has no values".into()).into());
+    }
     let in_place = with_cpu_range(t, |cpu, range| {
         let at = range.start;
-        (range.end > at).then_some(())?;
         Some(match t.dtype() {
             DType::F32 => cpu.as_slice::<f32>().ok()?[at] as f64,
             DType::F64 => cpu.as_slice::<f64>().ok()?[at],
@@ -528,6 +530,24 @@ impl DivergenceTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_value_reads_in_place_and_refuses_an_empty_tensor() {
+        let dev = candle_core::Device::Cpu;
+        let x = Tensor::new(&[1.5f32, -2.25, 3.0], &dev).unwrap();
+        assert_eq!(first_value(&x.narrow(0, 1, 1).unwrap()).unwrap(), -2.25);
+        let loss = Tensor::new(f32::INFINITY, &dev).unwrap();
+        assert_eq!(first_value(&loss).unwrap(), f64::INFINITY);
+        let half = x.to_dtype(DType::F16).unwrap().narrow(0, 2, 1).unwrap();
+        assert_eq!(first_value(&half).unwrap(), 3.0);
+        // A strided view goes through the copy and gives the same value.
+        let m = Tensor::new(&[[1f64, 2.], [3., 4.]], &dev)
+            .unwrap()
+            .t()
+            .unwrap();
+        assert_eq!(first_value(&m.narrow(0, 1, 1).unwrap()).unwrap(), 2.0);
+        assert!(first_value(&x.narrow(0, 0, 0).unwrap()).is_err());
+    }
 
     #[test]
     fn the_bit_test_finds_exactly_the_non_finite_values() {

@@ -55,15 +55,16 @@ impl Guard {
         let copy = |vars: &[Var]| -> CandleResult<Vec<Tensor>> {
             vars.iter().map(|v| v.as_tensor().copy()).collect()
         };
+        let deferred = opt.can_prepare();
         Ok(Before {
-            params: if opt.can_prepare() {
+            params: if deferred {
                 None
             } else {
                 Some(copy(&self.vars)?)
             },
             buffers: copy(&self.buffers)?,
-            optimizer: if opt.can_prepare() { None } else { opt.saved() },
-            deferred: opt.can_prepare(),
+            optimizer: if deferred { None } else { opt.saved() },
+            deferred,
             tracker: self.tracker.clone(),
             history: self.trace.mark(),
         })

@@ -97,19 +97,14 @@ impl Groups {
         h % (self.heads / self.kv_heads) == 0
     }
 
-    /// (B, S, D, hd) of q and the key/value width, checked against k or v.
-    fn shapes(
-        &self,
-        lq: &Layout,
-        lkv: &Layout,
-        what: &str,
-    ) -> Result<(usize, usize, usize, usize, usize)> {
+    /// (B, S, D, hd) of q and the key width, checked against k.
+    fn shapes(&self, lq: &Layout, lk: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
         let (b, s, d, hd) = bsd(lq, self.heads, "q")?;
         let dkv = self.kv_heads * hd;
-        if lkv.dims() != [b, s, dkv] {
+        if lk.dims() != [b, s, dkv] {
             candle_core::bail!(
-                "attention: {what} {:?} does not fit q {:?} with {} key/value heads",
-                lkv.dims(),
+                "attention: k {:?} does not fit q {:?} with {} key/value heads",
+                lk.dims(),
                 lq.dims(),
                 self.kv_heads
             );
@@ -164,7 +159,7 @@ impl CustomOp2 for Scores {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = self.groups;
-        let (b, s, d, hd, dkv) = g.shapes(l1, l2, "k")?;
+        let (b, s, d, hd, dkv) = g.shapes(l1, l2)?;
         let nh = g.heads;
         with_real!(s1, T => {
             let (q, k) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
@@ -218,7 +213,7 @@ impl CustomOp3 for ScoresGrad {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = self.groups;
-        let (b, s, d, hd, dkv) = g.shapes(l1, l2, "k")?;
+        let (b, s, d, hd, dkv) = g.shapes(l1, l2)?;
         let nh = g.heads;
         with_real!(s1, T => {
             let (q, k, gr) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
@@ -338,7 +333,7 @@ impl CustomOp3 for ContextGrad {
                 let gh = head(gr, (bi, h), (s, d, hd));
                 matmul_strided((s, s, hd), gh, head_t(v, (bi, kv), (s, dkv, hd)), dpm, s, false, T::one());
                 let at = bi * s * dkv + kv * hd;
-                matmul_strided((s, hd, s), pm_t, head(gr, (bi, h), (s, d, hd)), &mut dv[at..], dkv, !g.first(h), T::one());
+                matmul_strided((s, hd, s), pm_t, gh, &mut dv[at..], dkv, !g.first(h), T::one());
             }
             flat(out)
         })
