@@ -24,6 +24,18 @@ pub const JOURNAL_FILE: &str = "journal.jsonl";
 /// The lock file beside the journal (see [`Journal::open`]).
 pub const LOCK_FILE: &str = ".lock";
 
+/// The share of a campaign's runs that mutate a case found earlier (the
+/// rest are fresh draws), unless `fuzz --mutation-rate` says otherwise.
+pub const DEFAULT_MUTATION_RATE: f64 = 0.25;
+
+fn default_mutation_rate() -> f64 {
+    DEFAULT_MUTATION_RATE
+}
+
+fn is_default_mutation_rate(rate: &f64) -> bool {
+    *rate == DEFAULT_MUTATION_RATE
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Entry {
@@ -42,6 +54,13 @@ pub enum Entry {
         /// The dataset every case trains on (`path sha256`), if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         data: Option<String>,
+        /// The share of runs that mutate an earlier finding (journals from
+        /// before the option hold the default, which is left unwritten).
+        #[serde(
+            default = "default_mutation_rate",
+            skip_serializing_if = "is_default_mutation_rate"
+        )]
+        mutation_rate: f64,
     },
     /// One training run.
     Run {

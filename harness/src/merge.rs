@@ -26,7 +26,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
             ),
         ));
     }
-    let mut header: Option<(u64, Vec<String>, bool)> = None;
+    let mut header: Option<(u64, Vec<String>, bool, f64)> = None;
     let mut start: Option<Entry> = None;
     let mut merged: Vec<Entry> = Vec::new();
     let mut runs = BTreeSet::new();
@@ -41,9 +41,10 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
                     seed,
                     families,
                     clean_data,
+                    mutation_rate,
                     ..
                 } => {
-                    let this = (*seed, families.clone(), *clean_data);
+                    let this = (*seed, families.clone(), *clean_data, *mutation_rate);
                     match &header {
                         None => {
                             header = Some(this);
@@ -53,7 +54,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
                         Some(_) => {
                             return Err(Error::option(
                                 "inputs",
-                                format!("{} comes from a campaign with another seed, family list or data mode", dir.display()),
+                                format!("{} comes from a campaign with another seed, family list, data mode or mutation rate", dir.display()),
                             ))
                         }
                     }
@@ -78,7 +79,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
             merged.push(e);
         }
     }
-    let Some((seed, families, clean_data)) = header else {
+    let Some((seed, families, clean_data, mutation_rate)) = header else {
         return Err(Error::option(
             "inputs",
             "no campaign journal among the inputs",
@@ -121,6 +122,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         device,
         budget: format!("{budget} per shard, {} shards", inputs.len()),
         data,
+        mutation_rate,
     })?;
     journal.append_group(&merged)?;
     let summary = summarize(&opts, &merged, Vec::new(), 0, Duration::ZERO);

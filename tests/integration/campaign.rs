@@ -272,6 +272,89 @@ fn shards_partition_the_runs_and_merge_into_one_campaign() {
     assert!(merged.join("summary.json").is_file());
 }
 
+/// Without mutation every case is a function of (seed, index): two shards
+/// merge into exactly the runs of the same campaign in one process. (With
+/// mutation each shard mutates its own findings; the test shows that too,
+/// so that the equality is the option's doing.)
+#[test]
+fn without_mutation_merged_shards_equal_the_campaign_in_one_process() {
+    let json = |j: &[Entry]| -> Vec<String> {
+        runs_by_index(j)
+            .values()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect()
+    };
+    let campaign = |name: &str, runs: &str, extra: &[&str]| {
+        let dir = scratch(name);
+        let mut args = vec!["fuzz", "--runs", runs, "--seed", "7", "--quiet"];
+        args.extend_from_slice(&["--minimize-runs", "1", "--out", dir.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let out = nanhunt(&args);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+        dir
+    };
+    let mut differing = Vec::new();
+    for rate in ["0", "1"] {
+        let one = campaign(
+            &format!("one-process-{rate}"),
+            "16",
+            &["--mutation-rate", rate],
+        );
+        let shards: Vec<_> = ["0/2", "1/2"]
+            .iter()
+            .enumerate()
+            .map(|(i, shard)| {
+                let name = format!("no-mutation-{rate}-shard-{i}");
+                campaign(&name, "8", &["--mutation-rate", rate, "--shard", shard])
+            })
+            .collect();
+        let merged = scratch(&format!("no-mutation-{rate}-merged"));
+        std::fs::remove_dir_all(&merged).unwrap();
+        let mut args = vec!["merge".to_string()];
+        args.extend(shards.iter().map(|d| d.to_str().unwrap().to_string()));
+        args.extend(["--out".to_string(), merged.to_str().unwrap().to_string()]);
+        let out = nanhunt(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+        let (a, b) = (json(&journal(&one)), json(&journal(&merged)));
+        assert_eq!(a.len(), 16);
+        assert_eq!(b.len(), 16);
+        differing.push(a.iter().zip(&b).filter(|(x, y)| x != y).count());
+        if rate == "0" {
+            assert_eq!(a, b);
+            assert_eq!(signatures(&journal(&one)), signatures(&journal(&merged)));
+        }
+    }
+    assert!(
+        differing[1] > 0,
+        "mutating shards ran the one process's cases"
+    );
+    // A resumed campaign keeps its rate; a bad rate names the option.
+    let dir = scratch("mutation-rate-resume");
+    let _ = campaign("mutation-rate-resume", "2", &["--mutation-rate", "0"]);
+    let out = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "2",
+        "--seed",
+        "7",
+        "--resume",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("mutation rate"), "{}", stderr(&out));
+    let out = nanhunt(&[
+        "fuzz",
+        "--mutation-rate",
+        "1.5",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--mutation-rate"), "{}", stderr(&out));
+}
+
 /// The minimizer's contract on real failures drawn from the campaign's own
 /// strategy: the result fails with the same signature, is a fixpoint (a
 /// second minimization changes nothing), and is never larger.

@@ -35,9 +35,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use workers::Executor;
 
-/// The share of runs that mutate a found case instead of generating a new one.
-const MUTATION_RATE: f64 = 0.25;
-
 /// Shared state of the workers.
 struct State {
     journal: Journal,
@@ -61,7 +58,7 @@ impl State {
 fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) -> Case {
     let limits = &opts.limits.case;
     let mut rng = Rng::keyed(opts.seed, "campaign.dispatch", index);
-    let mut case = if !found.is_empty() && rng.uniform() < MUTATION_RATE {
+    let mut case = if !found.is_empty() && rng.uniform() < opts.mutation_rate {
         let base = found
             .values()
             .nth(rng.below(found.len()))
@@ -215,6 +212,7 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
         device: opts.device.to_string(),
         budget: budget_text(opts),
         data: opts.strategy.data_name(),
+        mutation_rate: opts.mutation_rate,
     };
     let data_text = match &header {
         Entry::Start { data, .. } => data.clone(),
@@ -231,17 +229,19 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
             clean_data,
             shard,
             data,
+            mutation_rate,
             ..
         }) if *seed == opts.seed
             && families == &opts.strategy.families
             && *clean_data == opts.strategy.clean_data
             && *data == data_text
-            && *shard == (opts.shard.index, opts.shard.count) => {}
+            && *shard == (opts.shard.index, opts.shard.count)
+            && *mutation_rate == opts.mutation_rate => {}
         Some(_) => {
             return Err(Error::option(
                 "resume",
                 format!(
-                "{} was written by a campaign with another seed, family list, data mode, dataset or shard",
+                "{} was written by a campaign with another seed, family list, data mode, dataset, shard or mutation rate",
                 journal_path.display()
             ),
             ))

@@ -2,6 +2,7 @@
 //! `--budget` durations.
 
 use super::workers::{WorkerLimits, Workers};
+use crate::journal::DEFAULT_MUTATION_RATE;
 use crate::progress::Reporter;
 use crate::spec::DeviceSpec;
 use crate::strategy::StrategyOptions;
@@ -102,6 +103,10 @@ pub struct CampaignOptions {
     pub workers: Workers,
     /// Case size limits, the per-run time limit and each child's memory limit.
     pub limits: WorkerLimits,
+    /// The share of runs that mutate a case this shard found (0: every run
+    /// a fresh draw, a function of seed and index alone, so that shards
+    /// merge into exactly the campaign run in one process).
+    pub mutation_rate: f64,
 }
 
 impl Default for CampaignOptions {
@@ -120,6 +125,7 @@ impl Default for CampaignOptions {
             progress: None,
             workers: Workers::Threads,
             limits: WorkerLimits::default(),
+            mutation_rate: DEFAULT_MUTATION_RATE,
         }
     }
 }

@@ -52,6 +52,8 @@ pub fn user_report(
         device: base.device.to_string(),
         budget: format!("{} runs", campaign.runs),
         data: None,
+        // Every run after the first mutates the user's case.
+        mutation_rate: 1.0,
     }];
     for index in 0..campaign.runs {
         let case = if index == 0 {

@@ -51,6 +51,11 @@ pub struct Args {
     /// Longest generated run, in steps (generated runs take 3 or more).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=100_000))]
     max_steps: u64,
+    /// The share of runs that mutate a case this shard found earlier; 0
+    /// makes every run a fresh draw, so that shards merge into exactly the
+    /// campaign run in one process.
+    #[arg(long, default_value_t = crate::journal::DEFAULT_MUTATION_RATE, value_parser = mutation_rate)]
+    mutation_rate: f64,
     /// Training runs each minimization may spend.
     #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     minimize_runs: u64,
@@ -76,6 +81,13 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+fn mutation_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("`{text}` is not a share between 0 and 1")),
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -149,6 +161,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.resume = args.resume;
     opts.shard = args.shard;
     opts.minimize_runs = args.minimize_runs as usize;
+    opts.mutation_rate = args.mutation_rate;
     opts.progress = super::progress::Bar::unless(args.quiet, "runs");
     opts.workers = match args.workers {
         WorkerKind::Threads => Workers::Threads,
