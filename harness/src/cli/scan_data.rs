@@ -46,6 +46,10 @@ pub struct Args {
     /// samples per MiB, estimated past it, with the error stated).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
     max_memory_mib: u64,
+    /// Threads that scan the file (all cores by default); the report is the
+    /// same for any number.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=super::MAX_THREADS))]
+    threads: Option<u64>,
     #[arg(long, value_enum, default_value = "md")]
     report: Format,
     /// Write the report here instead of printing it.
@@ -86,6 +90,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.extreme = args.extreme;
     opts.max_listed = args.max_listed as usize;
     opts.max_memory = (args.max_memory_mib as usize) << 20;
+    opts.threads = match args.threads {
+        Some(n) => n as usize,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     let scan = scan_file(&source, &opts)
         .map_err(as_option)
         .map_err(super::in_file(&args.file))?;

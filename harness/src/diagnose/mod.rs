@@ -271,6 +271,7 @@ impl Evidence {
                     extreme: EXTREME,
                     max_listed: usize::MAX,
                     max_memory: max,
+                    threads: 1,
                 };
                 Some(crate::data::scan::scan_dataset(&**d, Some(&drawn), &opts)?)
             }

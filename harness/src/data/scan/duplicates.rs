@@ -142,6 +142,7 @@ fn mix(mut h: u64) -> u64 {
 /// A sample's hash: its values' bits and its labels in four independent
 /// lanes (so the multiplies overlap), mixed at the end. Equal samples hash
 /// equal; two different ones collide with odds of about 2^-64.
+#[inline(always)]
 pub fn sample_hash(values: &[f64], labels: &[i64]) -> u64 {
     let mut lanes = [K0, K1, K2, K3];
     let mut quads = values.chunks_exact(4);

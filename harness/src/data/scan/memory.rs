@@ -1,16 +1,22 @@
 //! How a scan divides its memory limit: a chunk of samples in flight, the
 //! reservoir the quantiles come from, the per-feature sums and the
 //! duplicate table. None of them grows with the sample count; a sample too
-//! wide for the limit is refused before anything is read.
+//! wide for the limit is refused before anything is read. A scan on more
+//! than one thread holds a second chunk (read while the first is scanned)
+//! and its blocks' partial sums, which the shares leave room for.
 
+use super::block::block_samples;
 use super::duplicates::ENTRY_BYTES;
 use crate::data::dataset::SampleShape;
 
 /// The scan's shares of its memory limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// Samples read per chunk.
+    /// Samples read per chunk at most: a whole number of blocks.
     pub chunk: usize,
+    /// Samples per block, the unit the scan's threads share: blocks start
+    /// at multiples of it in the file, whatever the chunk read.
+    pub block: usize,
     /// Samples in the quantile reservoir.
     pub reservoir: usize,
     /// Distinct samples the duplicate table compares exactly.
@@ -26,6 +32,13 @@ const MIN_RESERVOIR: usize = 16;
 pub const FEATURE_BYTES: usize = 8 * 8 + 96;
 
 impl Plan {
+    /// Samples to read at a time on `threads` threads: two blocks each,
+    /// within the chunk (small reads stay in the core's cache between the
+    /// read and the scan).
+    pub fn read_size(&self, threads: usize) -> usize {
+        (self.block * 2 * threads.max(1)).min(self.chunk)
+    }
+
     /// The plan for samples of `shape` under `max_bytes`; the reason when
     /// the samples are too wide for it.
     pub fn new(shape: &SampleShape, max_bytes: usize) -> Result<Plan, String> {
@@ -47,8 +60,11 @@ impl Plan {
         // of buckets (the table's 7/8 load, so it never regrows).
         let buckets = ((max_bytes / 2) / ENTRY_BYTES).max(16);
         let buckets = 1usize << buckets.ilog2();
+        let chunk = (max_bytes / 16 / sample).clamp(1, 1 << 16);
+        let block = block_samples(f).min(chunk);
         Ok(Plan {
-            chunk: (max_bytes / 16 / sample).clamp(1, 1 << 16),
+            chunk: chunk / block * block,
+            block,
             reservoir,
             duplicates: buckets / 8 * 7,
         })
@@ -71,13 +87,21 @@ mod tests {
     #[test]
     fn the_shares_fit_the_limit() {
         let max = 64 << 20;
-        for f in [1, 16, 784, 3 * 32 * 32] {
+        for f in [1, 16, 784, 3 * 32 * 32, 20_000] {
             let p = Plan::new(&shape(f), max).unwrap();
             let used = p.chunk * 8 * (f + 1)
                 + p.reservoir * 8 * f
                 + p.duplicates * ENTRY_BYTES
                 + FEATURE_BYTES * f;
             assert!(used <= max, "{f} features: {p:?} uses {used}");
+            // On threads: the chunk read beside, each block's sums and hashes.
+            let blocks = p.chunk / p.block;
+            assert_eq!(p.chunk % p.block, 0);
+            let threaded = used + p.chunk * 8 * (f + 1) + blocks * 8 * 8 * f + p.chunk * 8;
+            assert!(
+                threaded <= max,
+                "{f} features on threads: {p:?} uses {threaded}"
+            );
             assert!(p.reservoir >= MIN_RESERVOIR && p.chunk >= 1);
         }
     }

@@ -7,6 +7,8 @@
 //! file or the sample count: duplicates and quantiles come from bounded
 //! sketches whose error the scan states.
 
+mod block;
+mod columns;
 mod duplicates;
 mod memory;
 mod report;
@@ -20,7 +22,7 @@ pub use report::{
 pub use scanner::Scanner;
 
 use super::dataset::{Dataset, Rows};
-use super::files::{self, Chunk};
+use super::files::{self, Chunk, SampleReader};
 use crate::error::{Document, Error, Result};
 use crate::spec::FileSource;
 
@@ -30,19 +32,56 @@ pub fn scan_file(source: &FileSource, opts: &ScanOptions) -> Result<DataScan> {
     let shape = reader.shape().clone();
     let plan = Plan::new(&shape, opts.max_memory)
         .map_err(|r| Error::malformed(Document::Dataset, &source.path, r))?;
-    let per = plan.chunk;
     let mut opts = opts.clone();
     opts.classes = opts.classes.or(reader.classes());
+    let per = plan.read_size(opts.threads);
     let mut scanner = Scanner::new(shape, opts, &plan);
-    let mut chunk = Chunk::default();
-    loop {
-        chunk.clear();
-        if reader.read(per, &mut chunk)? == 0 {
-            break;
+    match scanner.pool() {
+        Some(pool) => pool.install(|| read_beside(&mut *reader, per, &mut scanner))?,
+        None => {
+            let mut chunk = Chunk::default();
+            while fill(&mut *reader, per, &mut chunk)? > 0 {
+                scanner.push(&chunk);
+                chunk.clear();
+            }
         }
-        scanner.push(&chunk);
     }
     Ok(scanner.finish(source.path.display().to_string()))
+}
+
+/// Reads `per` samples into `chunk`, fewer only at the end of the file (a
+/// reader may return fewer at a time): chunks of whole blocks keep every
+/// block where it is in the file.
+fn fill(reader: &mut (dyn SampleReader + Send), per: usize, chunk: &mut Chunk) -> Result<usize> {
+    let mut held = 0;
+    while held < per {
+        match reader.read(per - held, chunk)? {
+            0 => break,
+            n => held += n,
+        }
+    }
+    Ok(held)
+}
+
+/// Reads the next chunk on one of the scan's threads while the others scan
+/// the chunk before: two chunks in all.
+fn read_beside(
+    reader: &mut (dyn SampleReader + Send),
+    per: usize,
+    scanner: &mut Scanner,
+) -> Result<()> {
+    let (mut current, mut next) = (Chunk::default(), Chunk::default());
+    if reader.read(per, &mut current)? == 0 {
+        return Ok(());
+    }
+    loop {
+        next.clear();
+        let (read, ()) = rayon::join(|| fill(reader, per, &mut next), || scanner.push(&current));
+        if read? == 0 {
+            return Ok(());
+        }
+        std::mem::swap(&mut current, &mut next);
+    }
 }
 
 /// Scans the samples `indices` of a dataset (all when `None`).
@@ -54,7 +93,7 @@ pub fn scan_dataset(
     let shape = dataset.shape();
     let plan = Plan::new(&shape, opts.max_memory)
         .map_err(|r| Error::invalid("data", format!("dataset {}: {r}", dataset.name())))?;
-    let per = plan.chunk;
+    let per = plan.read_size(opts.threads);
     let all: Vec<usize>;
     let indices = match indices {
         Some(i) => i,
@@ -138,5 +177,40 @@ mod tests {
             vec![3]
         );
         assert_eq!(scan.bad_samples(), vec![1, 3]);
+    }
+
+    #[test]
+    fn any_number_of_threads_gives_the_same_report() {
+        // 2,500 samples of 64 values: blocks of 1,024 samples, three per chunk.
+        let (k, f) = (2_500, 64);
+        let mut rng = crate::rng::Rng::keyed(7, "scan.threads", 0);
+        let mut values: Vec<f32> = (0..k * f)
+            .map(|_| rng.uniform_in(-3.0, 3.0) as f32)
+            .collect();
+        values[1_300 * f + 5] = f32::NAN;
+        values[2_100 * f] = f32::INFINITY;
+        let (head, tail) = values.split_at_mut(2_000 * f);
+        tail[..f].copy_from_slice(&head[17 * f..18 * f]);
+        let labels = (0..k as i64).map(|i| i % 3).collect();
+        let shape = SampleShape {
+            dims: vec![f],
+            integer: false,
+            labels: 1,
+            targets: 0,
+        };
+        let d = MemoryDataset::new("t".into(), shape, values, labels, Vec::new()).unwrap();
+        let report = |threads| {
+            let opts = ScanOptions {
+                threads,
+                ..ScanOptions::default()
+            };
+            serde_json::to_string(&scan_dataset(&d, None, &opts).unwrap()).unwrap()
+        };
+        let one = report(1);
+        assert!(
+            one.contains("\"duplicate_sample\"") && one.contains("\"nan\""),
+            "{one}"
+        );
+        assert_eq!(one, report(3));
     }
 }

@@ -16,6 +16,9 @@ pub struct ScanOptions {
     /// Bytes the scan may hold (`scan-data --max-memory-mib`); it sizes
     /// the chunk, the quantile reservoir and the duplicate table.
     pub max_memory: usize,
+    /// Threads that scan a chunk's blocks (1: the calling thread alone).
+    /// The report is the same, to the bit, for any number.
+    pub threads: usize,
 }
 
 impl Default for ScanOptions {
@@ -25,6 +28,7 @@ impl Default for ScanOptions {
             extreme: 1e6,
             max_listed: 100,
             max_memory: 64 << 20,
+            threads: 1,
         }
     }
 }

@@ -1,9 +1,11 @@
-//! The scan's running state, fed chunks of samples in order. Per-feature
-//! sums live one vector per statistic, so a sample whose values are all
-//! finite (nearly every one) updates them in loops the compiler
-//! vectorizes; a sample with a NaN or an infinity takes the careful path.
+//! The scan's running state, fed chunks of samples in order. A chunk is cut
+//! into fixed blocks scanned on the scan's threads (`ScanOptions::threads`)
+//! and merged in file order; what needs the order itself (the duplicate
+//! table, the quantile reservoir) then takes the blocks' samples one by one.
 
-use super::duplicates::{sample_hash, Duplicates};
+use super::block::{merge_labels, Block, Labels, Seen, SAMPLE_PROBLEMS};
+use super::columns::Columns;
+use super::duplicates::Duplicates;
 use super::memory::Plan;
 use super::report::{
     DataScan, FeatureStats, LabelStats, Problem, ProblemKind, QuantileSketch, ScanOptions, Sketches,
@@ -11,209 +13,61 @@ use super::report::{
 use crate::data::dataset::SampleShape;
 use crate::data::files::Chunk;
 use crate::rng::Rng;
+use rayon::prelude::*;
 use std::collections::HashMap;
+use std::sync::Arc;
 
-/// Per-feature sums, shifted by the feature's first finite value so that
-/// large offsets do not cancel the variance away.
-struct Columns {
-    /// NaN until the feature's first finite value.
-    shift: Vec<f64>,
-    /// Features still without a shift.
-    unshifted: usize,
-    /// Finite values per feature, beyond the all-finite samples.
-    n: Vec<u64>,
-    /// Samples whose values were all finite: counted once for every feature.
-    whole: u64,
-    sum: Vec<f64>,
-    sum_sq: Vec<f64>,
-    min: Vec<f64>,
-    max: Vec<f64>,
-    nan: Vec<usize>,
-    inf: Vec<usize>,
-}
-
-/// What one sample showed.
-struct Flags {
-    nan: bool,
-    inf: bool,
-    /// Its largest finite magnitude.
-    largest: f64,
-    zero: bool,
-}
-
-impl Columns {
-    fn new(f: usize) -> Self {
-        Columns {
-            shift: vec![f64::NAN; f],
-            unshifted: f,
-            n: vec![0; f],
-            whole: 0,
-            sum: vec![0.0; f],
-            sum_sq: vec![0.0; f],
-            min: vec![f64::INFINITY; f],
-            max: vec![f64::NEG_INFINITY; f],
-            nan: vec![0; f],
-            inf: vec![0; f],
-        }
-    }
-
-    fn add(&mut self, sample: &[f64]) -> Flags {
-        let (finite, zero, largest) = survey(sample);
-        if finite && self.unshifted == 0 {
-            self.add_finite(sample);
-            return Flags {
-                nan: false,
-                inf: false,
-                largest,
-                zero,
-            };
-        }
-        self.add_careful(sample)
-    }
-
-    fn add_finite(&mut self, sample: &[f64]) {
-        let sums = self.sum.iter_mut().zip(self.sum_sq.iter_mut());
-        for ((v, shift), (sum, sq)) in sample.iter().zip(&self.shift).zip(sums) {
-            let d = v - shift;
-            *sum += d;
-            *sq += d * d;
-        }
-        for ((v, lo), hi) in sample.iter().zip(&mut self.min).zip(&mut self.max) {
-            *lo = if *v < *lo { *v } else { *lo };
-            *hi = if *v > *hi { *v } else { *hi };
-        }
-        self.whole += 1;
-    }
-
-    fn add_careful(&mut self, sample: &[f64]) -> Flags {
-        let mut flags = Flags {
-            nan: false,
-            inf: false,
-            largest: 0.0,
-            zero: true,
-        };
-        for (j, &v) in sample.iter().enumerate() {
-            if v.is_nan() {
-                self.nan[j] += 1;
-                (flags.nan, flags.zero) = (true, false);
-                continue;
-            }
-            if v.is_infinite() {
-                self.inf[j] += 1;
-                (flags.inf, flags.zero) = (true, false);
-                continue;
-            }
-            flags.zero &= v == 0.0;
-            flags.largest = flags.largest.max(v.abs());
-            if self.shift[j].is_nan() {
-                self.shift[j] = v;
-                self.unshifted -= 1;
-            }
-            let d = v - self.shift[j];
-            self.n[j] += 1;
-            self.sum[j] += d;
-            self.sum_sq[j] += d * d;
-            self.min[j] = self.min[j].min(v);
-            self.max[j] = self.max[j].max(v);
-        }
-        flags
-    }
-
-    /// Feature `j`'s statistics, its median and IQR from `sorted`.
-    fn stats(&self, j: usize, sorted: &[f64]) -> FeatureStats {
-        let q = |p: f64| {
-            if sorted.is_empty() {
-                f64::NAN
-            } else {
-                sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-            }
-        };
-        let n = self.n[j] + self.whole;
-        let (mean, std) = if n == 0 {
-            (f64::NAN, f64::NAN)
-        } else {
-            let m = self.sum[j] / n as f64;
-            (
-                self.shift[j] + m,
-                (self.sum_sq[j] / n as f64 - m * m).max(0.0).sqrt(),
-            )
-        };
-        FeatureStats {
-            index: j,
-            min: if n == 0 { f64::NAN } else { self.min[j] },
-            max: if n == 0 { f64::NAN } else { self.max[j] },
-            mean,
-            std,
-            median: q(0.5),
-            iqr: q(0.75) - q(0.25),
-            nan: self.nan[j],
-            inf: self.inf[j],
-        }
-    }
-}
-
-/// Whether every value is finite, whether all are (±)0, and the largest
-/// magnitude (meaningful when finite), in four independent lanes the
-/// compiler vectorizes: v · 0 is NaN exactly for a NaN or an infinity, and
-/// the bits shifted past the sign are 0 exactly for ±0.
-fn survey(sample: &[f64]) -> (bool, bool, f64) {
-    let mut bad = [0.0f64; 4];
-    let mut big = [0.0f64; 4];
-    let mut bits = [0u64; 4];
-    let mut quads = sample.chunks_exact(4);
-    for q in &mut quads {
-        for i in 0..4 {
-            let v = q[i];
-            bad[i] += v * 0.0;
-            let a = v.abs();
-            big[i] = if a > big[i] { a } else { big[i] };
-            bits[i] |= v.to_bits() << 1;
-        }
-    }
-    for (i, &v) in quads.remainder().iter().enumerate() {
-        bad[i] += v * 0.0;
-        big[i] = if v.abs() > big[i] { v.abs() } else { big[i] };
-        bits[i] |= v.to_bits() << 1;
-    }
-    let finite = bad.iter().all(|&b| b == 0.0);
-    let zero = bits.iter().all(|&b| b == 0);
-    let largest = big.iter().fold(0.0f64, |m, &b| m.max(b));
-    (finite, zero, largest)
-}
-
-/// A problem's count and listed indices, as the scan goes.
-#[derive(Default)]
-struct Seen {
-    count: usize,
-    indices: Vec<usize>,
-}
-
-impl Seen {
-    fn add(&mut self, index: usize, max: usize) {
-        self.count += 1;
-        if self.indices.len() < max {
-            self.indices.push(index);
-        }
-    }
-}
-
-/// A seeded uniform sample of whole samples (algorithm R), held flat.
+/// A seeded uniform sample of whole samples, held flat: Li's algorithm L,
+/// which draws how many samples to skip instead of a number per sample.
 struct Reservoir {
     capacity: usize,
     values: Vec<f64>,
     rng: Rng,
+    /// The next position that replaces a held sample, once full.
+    next: usize,
+    w: f64,
 }
 
 impl Reservoir {
+    fn new(capacity: usize, f: usize) -> Self {
+        Reservoir {
+            capacity,
+            values: Vec::with_capacity(capacity * f),
+            rng: Rng::keyed(0, "scan.reservoir", 0),
+            next: usize::MAX,
+            w: 1.0,
+        }
+    }
+
+    /// A uniform draw in (0, 1).
+    fn open_uniform(&mut self) -> f64 {
+        loop {
+            let u = self.rng.uniform();
+            if u > 0.0 {
+                return u;
+            }
+        }
+    }
+
+    fn schedule(&mut self, position: usize) {
+        self.w *= (self.open_uniform().ln() / self.capacity as f64).exp();
+        let skip = (self.open_uniform().ln() / (-self.w).ln_1p()).floor();
+        self.next = position.saturating_add(1).saturating_add(skip as usize);
+    }
+
     fn offer(&mut self, sample: &[f64], position: usize) {
         let f = sample.len();
         if self.values.len() < self.capacity * f {
             self.values.extend_from_slice(sample);
+            if self.values.len() == self.capacity * f {
+                self.schedule(position);
+            }
             return;
         }
-        let j = self.rng.below(position + 1);
-        if j < self.capacity {
+        if position == self.next {
+            let j = self.rng.below(self.capacity);
             self.values[j * f..(j + 1) * f].copy_from_slice(sample);
+            self.schedule(position);
         }
     }
 }
@@ -228,22 +82,33 @@ pub struct Scanner {
     seen: HashMap<ProblemKind, Seen>,
     extreme_max: f64,
     duplicates: Duplicates,
-    labels: Option<(i64, i64, Vec<usize>)>,
+    labels: Labels,
     reservoir: Reservoir,
+    /// Samples per block; every chunk but the last holds whole blocks.
+    block: usize,
+    /// The threads that scan blocks; none: the calling thread alone.
+    pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Scanner {
     /// A scan of samples of `shape` within the shares of `plan`.
     pub fn new(shape: SampleShape, opts: ScanOptions, plan: &Plan) -> Self {
         let f = shape.numel();
+        // A pool that cannot start leaves the scan on this thread.
+        let pool = (opts.threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(opts.threads)
+                    .thread_name(|i| format!("scan-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten()
+            .map(Arc::new);
         Scanner {
             columns: Columns::new(f),
             duplicates: Duplicates::new(plan.duplicates, opts.max_listed),
-            reservoir: Reservoir {
-                capacity: plan.reservoir,
-                values: Vec::with_capacity(plan.reservoir * f),
-                rng: Rng::keyed(0, "scan.reservoir", 0),
-            },
+            reservoir: Reservoir::new(plan.reservoir, f),
             shape,
             opts,
             next: 0,
@@ -251,7 +116,15 @@ impl Scanner {
             seen: HashMap::new(),
             extreme_max: 0.0,
             labels: None,
+            block: plan.block,
+            pool,
         }
+    }
+
+    /// The scan's threads, when it has more than one: reading the file on
+    /// one of them keeps the thread count the user gave.
+    pub fn pool(&self) -> Option<Arc<rayon::ThreadPool>> {
+        self.pool.clone()
     }
 
     /// Feeds the chunk's samples (values, labels, targets as read), the
@@ -265,57 +138,35 @@ impl Scanner {
         let f = self.shape.numel();
         let l = self.shape.labels;
         let k = chunk.values.len().checked_div(f).unwrap_or(0);
-        let max = self.opts.max_listed;
-        for row in 0..k {
-            let position = self.next + row;
-            let index = ids.map_or(position, |ids| ids[row]);
-            let sample = &chunk.values[row * f..(row + 1) * f];
-            let flags = self.columns.add(sample);
-            let extreme = flags.largest > self.opts.extreme;
-            if extreme {
-                self.extreme_max = self.extreme_max.max(flags.largest);
-            }
-            for (flag, kind) in [
-                (flags.nan, ProblemKind::Nan),
-                (flags.inf, ProblemKind::Inf),
-                (extreme, ProblemKind::Extreme),
-                (flags.zero && f > 0, ProblemKind::AllZeroSample),
-            ] {
-                if flag {
-                    self.seen.entry(kind).or_default().add(index, max);
+        let per = self.block;
+        let ranges: Vec<_> = (0..k).step_by(per).map(|s| s..(s + per).min(k)).collect();
+        let next = self.next;
+        let index = |row: usize| ids.map_or(next + row, |ids| ids[row]);
+        let opts = &self.opts;
+        let scan =
+            |rows: &std::ops::Range<usize>| Block::scan(chunk, rows.clone(), (f, l), opts, index);
+        let blocks: Vec<Block> = match &self.pool {
+            Some(pool) => pool.install(|| ranges.par_iter().map(scan).collect()),
+            None => ranges.iter().map(scan).collect(),
+        };
+        for (rows, block) in ranges.into_iter().zip(blocks) {
+            self.columns.merge(&block.columns);
+            let max = self.opts.max_listed;
+            for (kind, seen) in SAMPLE_PROBLEMS.into_iter().zip(block.seen) {
+                if seen.count > 0 {
+                    self.seen.entry(kind).or_default().extend(seen, max);
                 }
             }
-            let labels = &chunk.labels[row * l..(row + 1) * l];
-            if self.add_labels(labels) {
-                self.seen
-                    .entry(ProblemKind::LabelOutOfRange)
-                    .or_default()
-                    .add(index, max);
+            self.extreme_max = self.extreme_max.max(block.extreme_max);
+            merge_labels(&mut self.labels, block.labels);
+            for (row, hash) in rows.zip(block.hashes) {
+                self.duplicates.push(hash, index(row));
+                self.reservoir
+                    .offer(&chunk.values[row * f..(row + 1) * f], next + row);
             }
-            self.duplicates.push(sample_hash(sample, labels), index);
-            self.reservoir.offer(sample, position);
         }
         self.next += k;
         self.values += (k * f) as u64;
-    }
-
-    /// Counts a sample's labels; whether one is out of range.
-    fn add_labels(&mut self, labels: &[i64]) -> bool {
-        let mut bad = false;
-        for &y in labels {
-            let (lo, hi, counts) = self.labels.get_or_insert((y, y, Vec::new()));
-            *lo = (*lo).min(y);
-            *hi = (*hi).max(y);
-            if (0..1024).contains(&y) {
-                let y = y as usize;
-                if counts.len() <= y {
-                    counts.resize(y + 1, 0);
-                }
-                counts[y] += 1;
-            }
-            bad |= y < 0 || self.opts.classes.is_some_and(|c| y >= c as i64);
-        }
-        bad
     }
 
     /// Every feature's statistics, the quantiles from the reservoir (one
@@ -458,24 +309,5 @@ fn problem(kind: ProblemKind, seen: Seen, detail: String) -> Problem {
         indices: seen.indices,
         detail,
         fix: kind.fix(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::survey;
-
-    #[test]
-    fn the_survey_sees_every_lane_and_the_remainder() {
-        assert_eq!(survey(&[0.0, -0.0, 0.0, 0.0, -0.0]), (true, true, 0.0));
-        assert_eq!(survey(&[1.0, -7.5, 2.0, 0.0, 3.0]), (true, false, 7.5));
-        // A non-finite value in a full lane and in the remainder.
-        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            let (finite, zero, _) = survey(&[0.0, bad, 0.0, 0.0]);
-            assert!(!finite && !zero);
-            let (finite, zero, _) = survey(&[0.0, 0.0, 0.0, 0.0, 0.0, bad]);
-            assert!(!finite && !zero);
-        }
-        assert_eq!(survey(&[]), (true, true, 0.0));
     }
 }

@@ -1,0 +1,329 @@
+//! Per-feature statistics in two steps: a block of samples sums its values
+//! one vector per statistic (a sample whose values are all finite, nearly
+//! every one, updates them in loops the compiler vectorizes; one with a NaN
+//! or an infinity takes the careful path), and the scan merges the blocks'
+//! moments in file order (Chan, Golub and LeVeque), so that its figures do
+//! not depend on how many threads scanned the blocks.
+
+use super::report::FeatureStats;
+
+/// A block's per-feature sums, shifted by the feature's first finite value
+/// in the block so that large offsets do not cancel the variance away.
+pub struct BlockColumns {
+    /// NaN until the feature's first finite value.
+    shift: Vec<f64>,
+    /// Features still without a shift.
+    unshifted: usize,
+    /// Finite values per feature, beyond the all-finite samples.
+    n: Vec<u64>,
+    /// Samples whose values were all finite: counted once for every feature.
+    whole: u64,
+    sum: Vec<f64>,
+    sum_sq: Vec<f64>,
+    min: Vec<f64>,
+    max: Vec<f64>,
+    nan: Vec<usize>,
+    inf: Vec<usize>,
+}
+
+/// What one sample showed.
+pub struct Flags {
+    pub nan: bool,
+    pub inf: bool,
+    /// Its largest finite magnitude.
+    pub largest: f64,
+    pub zero: bool,
+}
+
+impl BlockColumns {
+    pub fn new(f: usize) -> Self {
+        BlockColumns {
+            shift: vec![f64::NAN; f],
+            unshifted: f,
+            n: vec![0; f],
+            whole: 0,
+            sum: vec![0.0; f],
+            sum_sq: vec![0.0; f],
+            min: vec![f64::INFINITY; f],
+            max: vec![f64::NEG_INFINITY; f],
+            nan: vec![0; f],
+            inf: vec![0; f],
+        }
+    }
+
+    /// Whether every feature has its shift, so that an all-finite sample
+    /// may take [`Self::add_finite`].
+    #[inline(always)]
+    pub fn ready(&self) -> bool {
+        self.unshifted == 0
+    }
+
+    /// Adds all-finite samples (see [`Self::ready`]) in one pass over the
+    /// sums: each feature's sums take the samples in order, so the bits are
+    /// those of adding them one by one, for a quarter of the loads and
+    /// stores of the sums.
+    #[inline(always)]
+    pub fn add_finite(&mut self, samples: &[&[f64]]) {
+        let mut quads = samples.chunks_exact(4);
+        for q in &mut quads {
+            self.add_four([q[0], q[1], q[2], q[3]]);
+        }
+        for &sample in quads.remainder() {
+            self.add_one(sample);
+        }
+    }
+
+    #[inline(always)]
+    fn add_four(&mut self, [a, b, c, d]: [&[f64]; 4]) {
+        let f = self.sum.len();
+        let (a, b, c, d) = (&a[..f], &b[..f], &c[..f], &d[..f]);
+        let (shift, sum, sq) = (&self.shift[..f], &mut self.sum[..f], &mut self.sum_sq[..f]);
+        for j in 0..f {
+            let s = shift[j];
+            let (da, db, dc, dd) = (a[j] - s, b[j] - s, c[j] - s, d[j] - s);
+            sum[j] = sum[j] + da + db + dc + dd;
+            sq[j] = sq[j] + da * da + db * db + dc * dc + dd * dd;
+        }
+        let (min, max) = (&mut self.min[..f], &mut self.max[..f]);
+        for j in 0..f {
+            let (lo, hi) = (&mut min[j], &mut max[j]);
+            for v in [a[j], b[j], c[j], d[j]] {
+                *lo = if v < *lo { v } else { *lo };
+                *hi = if v > *hi { v } else { *hi };
+            }
+        }
+        self.whole += 4;
+    }
+
+    #[inline(always)]
+    fn add_one(&mut self, sample: &[f64]) {
+        let sums = self.sum.iter_mut().zip(self.sum_sq.iter_mut());
+        for ((v, shift), (sum, sq)) in sample.iter().zip(&self.shift).zip(sums) {
+            let d = v - shift;
+            *sum += d;
+            *sq += d * d;
+        }
+        for ((v, lo), hi) in sample.iter().zip(&mut self.min).zip(&mut self.max) {
+            *lo = if *v < *lo { *v } else { *lo };
+            *hi = if *v > *hi { *v } else { *hi };
+        }
+        self.whole += 1;
+    }
+
+    /// Adds a sample holding a NaN or an infinity, or one that comes before
+    /// every feature has its shift; what it showed.
+    pub fn add_careful(&mut self, sample: &[f64]) -> Flags {
+        let mut flags = Flags {
+            nan: false,
+            inf: false,
+            largest: 0.0,
+            zero: true,
+        };
+        for (j, &v) in sample.iter().enumerate() {
+            if v.is_nan() {
+                self.nan[j] += 1;
+                (flags.nan, flags.zero) = (true, false);
+                continue;
+            }
+            if v.is_infinite() {
+                self.inf[j] += 1;
+                (flags.inf, flags.zero) = (true, false);
+                continue;
+            }
+            flags.zero &= v == 0.0;
+            flags.largest = flags.largest.max(v.abs());
+            if self.shift[j].is_nan() {
+                self.shift[j] = v;
+                self.unshifted -= 1;
+            }
+            let d = v - self.shift[j];
+            self.n[j] += 1;
+            self.sum[j] += d;
+            self.sum_sq[j] += d * d;
+            self.min[j] = self.min[j].min(v);
+            self.max[j] = self.max[j].max(v);
+        }
+        flags
+    }
+}
+
+/// Whether every value is finite, whether all are (±)0, and the largest
+/// magnitude (meaningful when finite), in four independent lanes the
+/// compiler vectorizes: v · 0 is NaN exactly for a NaN or an infinity, and
+/// the bits shifted past the sign are 0 exactly for ±0.
+#[inline(always)]
+pub fn survey(sample: &[f64]) -> (bool, bool, f64) {
+    let mut bad = [0.0f64; 4];
+    let mut big = [0.0f64; 4];
+    let mut bits = [0u64; 4];
+    let mut quads = sample.chunks_exact(4);
+    for q in &mut quads {
+        for i in 0..4 {
+            let v = q[i];
+            bad[i] += v * 0.0;
+            let a = v.abs();
+            big[i] = if a > big[i] { a } else { big[i] };
+            bits[i] |= v.to_bits() << 1;
+        }
+    }
+    for (i, &v) in quads.remainder().iter().enumerate() {
+        bad[i] += v * 0.0;
+        big[i] = if v.abs() > big[i] { v.abs() } else { big[i] };
+        bits[i] |= v.to_bits() << 1;
+    }
+    let finite = bad.iter().all(|&b| b == 0.0);
+    let zero = bits.iter().all(|&b| b == 0);
+    let largest = big.iter().fold(0.0f64, |m, &b| m.max(b));
+    (finite, zero, largest)
+}
+
+/// The scan's per-feature moments: finite count, mean and sum of squared
+/// deviations, merged block by block in file order.
+pub struct Columns {
+    n: Vec<u64>,
+    mean: Vec<f64>,
+    m2: Vec<f64>,
+    min: Vec<f64>,
+    max: Vec<f64>,
+    nan: Vec<usize>,
+    inf: Vec<usize>,
+}
+
+impl Columns {
+    pub fn new(f: usize) -> Self {
+        Columns {
+            n: vec![0; f],
+            mean: vec![0.0; f],
+            m2: vec![0.0; f],
+            min: vec![f64::INFINITY; f],
+            max: vec![f64::NEG_INFINITY; f],
+            nan: vec![0; f],
+            inf: vec![0; f],
+        }
+    }
+
+    /// Adds the next block's values.
+    pub fn merge(&mut self, b: &BlockColumns) {
+        for j in 0..self.n.len() {
+            let nb = b.n[j] + b.whole;
+            self.nan[j] += b.nan[j];
+            self.inf[j] += b.inf[j];
+            if nb == 0 {
+                continue;
+            }
+            let (nbf, sum) = (nb as f64, b.sum[j]);
+            let mean_b = b.shift[j] + sum / nbf;
+            let m2_b = (b.sum_sq[j] - sum * sum / nbf).max(0.0);
+            let na = self.n[j];
+            let n = na + nb;
+            let delta = mean_b - self.mean[j];
+            self.mean[j] += delta * (nbf / n as f64);
+            self.m2[j] += m2_b + delta * delta * (na as f64 * nbf / n as f64);
+            self.n[j] = n;
+            self.min[j] = self.min[j].min(b.min[j]);
+            self.max[j] = self.max[j].max(b.max[j]);
+        }
+    }
+
+    /// Feature `j`'s statistics, its median and IQR from `sorted`.
+    pub fn stats(&self, j: usize, sorted: &[f64]) -> FeatureStats {
+        let q = |p: f64| {
+            if sorted.is_empty() {
+                f64::NAN
+            } else {
+                sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        let n = self.n[j];
+        let (mean, std) = if n == 0 {
+            (f64::NAN, f64::NAN)
+        } else {
+            (self.mean[j], (self.m2[j] / n as f64).sqrt())
+        };
+        FeatureStats {
+            index: j,
+            min: if n == 0 { f64::NAN } else { self.min[j] },
+            max: if n == 0 { f64::NAN } else { self.max[j] },
+            mean,
+            std,
+            median: q(0.5),
+            iqr: q(0.75) - q(0.25),
+            nan: self.nan[j],
+            inf: self.inf[j],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_survey_sees_every_lane_and_the_remainder() {
+        assert_eq!(survey(&[0.0, -0.0, 0.0, 0.0, -0.0]), (true, true, 0.0));
+        assert_eq!(survey(&[1.0, -7.5, 2.0, 0.0, 3.0]), (true, false, 7.5));
+        // A non-finite value in a full lane and in the remainder.
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let (finite, zero, _) = survey(&[0.0, bad, 0.0, 0.0]);
+            assert!(!finite && !zero);
+            let (finite, zero, _) = survey(&[0.0, 0.0, 0.0, 0.0, 0.0, bad]);
+            assert!(!finite && !zero);
+        }
+        assert_eq!(survey(&[]), (true, true, 0.0));
+    }
+
+    /// Samples added four at a time give the bits of adding them one by one.
+    #[test]
+    fn four_at_a_time_is_one_by_one() {
+        let mut rng = crate::rng::Rng::keyed(1, "columns", 0);
+        let samples: Vec<Vec<f64>> = (0..11)
+            .map(|_| (0..7).map(|_| rng.uniform_in(-1e3, 1e3)).collect())
+            .collect();
+        let views: Vec<&[f64]> = samples.iter().map(|s| &s[..]).collect();
+        let (mut four, mut one) = (BlockColumns::new(7), BlockColumns::new(7));
+        four.add_careful(views[0]);
+        one.add_careful(views[0]);
+        four.add_finite(&views[1..]);
+        for v in &views[1..] {
+            one.add_finite(std::slice::from_ref(v));
+        }
+        let bits = |b: &BlockColumns| {
+            [&b.sum, &b.sum_sq, &b.min, &b.max]
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        assert_eq!(bits(&four), bits(&one));
+        assert_eq!((four.whole, one.whole), (10, 10));
+    }
+
+    /// Blocks of any size merge to the two-pass mean and deviation, on
+    /// values with a large offset and a NaN among them.
+    #[test]
+    fn merged_blocks_give_the_two_pass_moments() {
+        let values: Vec<f64> = (0..1000)
+            .map(|i| 1e9 + ((i * 7919) % 1000) as f64 * 0.001)
+            .collect();
+        let mean = values.iter().sum::<f64>() / 1000.0;
+        let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 1000.0;
+        for block in [1, 3, 64, 1000] {
+            let mut cols = Columns::new(1);
+            for part in values.chunks(block) {
+                let mut b = BlockColumns::new(1);
+                let samples: Vec<[f64; 1]> = part.iter().map(|&v| [v]).collect();
+                let (first, rest) = samples.split_first().unwrap();
+                b.add_careful(first);
+                b.add_finite(&rest.iter().map(|s| &s[..]).collect::<Vec<_>>());
+                b.add_careful(&[f64::NAN]);
+                cols.merge(&b);
+            }
+            let s = cols.stats(0, &[]);
+            assert!((s.mean - mean).abs() < 1e-6, "block {block}: {}", s.mean);
+            assert!(
+                (s.std - var.sqrt()).abs() < 1e-6,
+                "block {block}: {} vs {}",
+                s.std,
+                var.sqrt()
+            );
+            assert_eq!(s.nan, 1000_usize.div_ceil(block));
+        }
+    }
+}
