@@ -171,6 +171,57 @@ fn scan_data_finds_exactly_the_planted_samples() {
     assert!(stdout(&md).contains("Fix: impute"), "{}", stdout(&md));
 }
 
+/// Six copies of the planted digits (10 782 samples, eleven blocks): several
+/// chunks on every thread count, read, scanned and absorbed side by side.
+#[test]
+fn scan_data_gives_the_same_bytes_on_any_number_of_threads() {
+    let dir = scratch("scan-threads");
+    planted(&dir);
+    let (x, y) = {
+        let bytes = std::fs::read(dir.join("digits_bad.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let values = |name: &str| st.tensor(name).unwrap().data().to_vec();
+        (values("inputs"), values("labels"))
+    };
+    let x: Vec<f32> = x
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let y: Vec<i64> = y
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let file = dir.join("six.safetensors");
+    write_digits(&file, &x.repeat(6), &y.repeat(6), Dtype::I64);
+    let report = |threads: &str| {
+        let out = nanhunt(&[
+            "scan-data",
+            file.to_str().unwrap(),
+            "--classes",
+            "10",
+            "--threads",
+            threads,
+            "--report",
+            "json",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let one = report("1");
+    let scan: serde_json::Value = serde_json::from_str(&one).unwrap();
+    assert_eq!(scan["samples"], 6 * 1797);
+    let nan = scan["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "nan")
+        .unwrap();
+    assert_eq!(nan["count"], 12, "{nan}");
+    for threads in ["2", "3"] {
+        assert_eq!(report(threads), one, "--threads {threads}");
+    }
+}
+
 /// The sample a finding's detail names ("sample 411 of ...").
 fn named_sample(detail: &str) -> usize {
     let at = detail.find("sample ").unwrap_or_else(|| panic!("{detail}")) + 7;

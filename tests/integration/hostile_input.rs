@@ -61,6 +61,11 @@ fn numbers_out_of_range_are_refused_with_the_option_named() {
         &["run", case, "--max-memory-mib", "17592186044416"],
         &["--max-memory-mib", "1..=16777216"],
     );
+    let digits = "corpora/datasets/digits/digits.safetensors";
+    fails_with(
+        &["scan-data", digits, "--threads", "0"],
+        &["--threads", "1..=1024"],
+    );
     fails_with(&["lr-table", "--seeds", "0"], &["--seeds"]);
     fails_with(&["minimize", case, "--max-runs", "0"], &["--max-runs"]);
     assert!(!Path::new(out).exists(), "nothing was started");

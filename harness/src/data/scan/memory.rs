@@ -2,8 +2,9 @@
 //! reservoir the quantiles come from, the per-feature sums and the
 //! duplicate table. None of them grows with the sample count; a sample too
 //! wide for the limit is refused before anything is read. A scan on more
-//! than one thread holds a second chunk (read while the first is scanned)
-//! and its blocks' partial sums, which the shares leave room for.
+//! than one thread holds three chunks (one read while the next is scanned
+//! and the one before absorbed) and two chunks' block sums, which the
+//! shares leave room for.
 
 use super::block::block_samples;
 use super::duplicates::ENTRY_BYTES;
@@ -94,10 +95,12 @@ mod tests {
                 + p.duplicates * ENTRY_BYTES
                 + FEATURE_BYTES * f;
             assert!(used <= max, "{f} features: {p:?} uses {used}");
-            // On threads: the chunk read beside, each block's sums and hashes.
+            // On threads: two more chunks (one read, one absorbed while
+            // another is scanned) and two chunks' block sums and hashes.
             let blocks = p.chunk / p.block;
             assert_eq!(p.chunk % p.block, 0);
-            let threaded = used + p.chunk * 8 * (f + 1) + blocks * 8 * 8 * f + p.chunk * 8;
+            let partials = blocks * 8 * 8 * f + p.chunk * 8;
+            let threaded = used + 2 * p.chunk * 8 * (f + 1) + 2 * partials;
             assert!(
                 threaded <= max,
                 "{f} features on threads: {p:?} uses {threaded}"

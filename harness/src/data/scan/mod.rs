@@ -63,24 +63,46 @@ fn fill(reader: &mut (dyn SampleReader + Send), per: usize, chunk: &mut Chunk) -
     Ok(held)
 }
 
-/// Reads the next chunk on one of the scan's threads while the others scan
-/// the chunk before: two chunks in all.
+/// A pipeline of three chunks on the scan's threads: while one chunk's
+/// blocks are scanned, the chunk before is absorbed (the duplicate table
+/// and the reservoir, in order) and the next one is read.
 fn read_beside(
     reader: &mut (dyn SampleReader + Send),
     per: usize,
     scanner: &mut Scanner,
 ) -> Result<()> {
-    let (mut current, mut next) = (Chunk::default(), Chunk::default());
-    if reader.read(per, &mut current)? == 0 {
+    let blocks = scanner.blocks();
+    let f = reader.shape().numel().max(1);
+    let (mut current, mut next, mut after) = (Chunk::default(), Chunk::default(), Chunk::default());
+    if fill(reader, per, &mut current)? == 0 {
         return Ok(());
     }
+    let mut start = 0;
+    let (read, mut scanned) = rayon::join(
+        || fill(reader, per, &mut next),
+        || blocks.scan(&current, start, None),
+    );
+    let mut read = read?;
     loop {
-        next.clear();
-        let (read, ()) = rayon::join(|| fill(reader, per, &mut next), || scanner.push(&current));
-        if read? == 0 {
+        if read == 0 {
+            scanner.absorb(&current, None, scanned);
             return Ok(());
         }
+        let next_start = start + current.values.len() / f;
+        after.clear();
+        let (read_after, (next_scanned, ())) = rayon::join(
+            || fill(reader, per, &mut after),
+            || {
+                rayon::join(
+                    || blocks.scan(&next, next_start, None),
+                    || scanner.absorb(&current, None, scanned),
+                )
+            },
+        );
+        read = read_after?;
+        (scanned, start) = (next_scanned, next_start);
         std::mem::swap(&mut current, &mut next);
+        std::mem::swap(&mut next, &mut after);
     }
 }
 

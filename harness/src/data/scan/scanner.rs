@@ -15,6 +15,7 @@ use crate::data::files::Chunk;
 use crate::rng::Rng;
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// A seeded uniform sample of whole samples, held flat: Li's algorithm L,
@@ -68,6 +69,41 @@ impl Reservoir {
             let j = self.rng.below(self.capacity);
             self.values[j * f..(j + 1) * f].copy_from_slice(sample);
             self.schedule(position);
+        }
+    }
+}
+
+/// Scans the blocks of a chunk, on the scan's threads where it has them.
+pub struct Blocks {
+    opts: ScanOptions,
+    /// Values and labels per sample.
+    shape: (usize, usize),
+    /// Samples per block.
+    per: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Blocks {
+    /// The blocks of `chunk`, whose first sample is sample `start` of the
+    /// scan (`ids`: the samples' dataset indices, else their positions).
+    pub fn scan(
+        &self,
+        chunk: &Chunk,
+        start: usize,
+        ids: Option<&[usize]>,
+    ) -> Vec<(Range<usize>, Block)> {
+        let (f, l) = self.shape;
+        let k = chunk.values.len().checked_div(f).unwrap_or(0);
+        let per = self.per;
+        let ranges: Vec<_> = (0..k).step_by(per).map(|s| s..(s + per).min(k)).collect();
+        let index = |row: usize| ids.map_or(start + row, |ids| ids[row]);
+        let scan = |rows: &Range<usize>| {
+            let block = Block::scan(chunk, rows.clone(), (f, l), &self.opts, index);
+            (rows.clone(), block)
+        };
+        match &self.pool {
+            Some(pool) => pool.install(|| ranges.par_iter().map(scan).collect()),
+            None => ranges.iter().map(scan).collect(),
         }
     }
 }
@@ -135,21 +171,35 @@ impl Scanner {
 
     /// Feeds samples whose dataset indices are `ids` (else the next ones).
     pub fn push_with(&mut self, chunk: &Chunk, ids: Option<&[usize]>) {
+        let blocks = self.blocks().scan(chunk, self.next, ids);
+        self.absorb(chunk, ids, blocks);
+    }
+
+    /// What scans a chunk's blocks, apart from the running state, so that
+    /// the next chunk can be scanned while this one is absorbed.
+    pub(super) fn blocks(&self) -> Blocks {
+        Blocks {
+            opts: self.opts.clone(),
+            shape: (self.shape.numel(), self.shape.labels),
+            per: self.block,
+            pool: self.pool.clone(),
+        }
+    }
+
+    /// Adds the next chunk's scanned blocks (from [`Blocks::scan`] at this
+    /// scan's position) in file order; the duplicate table and the
+    /// reservoir take its samples one by one.
+    pub(super) fn absorb(
+        &mut self,
+        chunk: &Chunk,
+        ids: Option<&[usize]>,
+        blocks: Vec<(Range<usize>, Block)>,
+    ) {
         let f = self.shape.numel();
-        let l = self.shape.labels;
         let k = chunk.values.len().checked_div(f).unwrap_or(0);
-        let per = self.block;
-        let ranges: Vec<_> = (0..k).step_by(per).map(|s| s..(s + per).min(k)).collect();
         let next = self.next;
         let index = |row: usize| ids.map_or(next + row, |ids| ids[row]);
-        let opts = &self.opts;
-        let scan =
-            |rows: &std::ops::Range<usize>| Block::scan(chunk, rows.clone(), (f, l), opts, index);
-        let blocks: Vec<Block> = match &self.pool {
-            Some(pool) => pool.install(|| ranges.par_iter().map(scan).collect()),
-            None => ranges.iter().map(scan).collect(),
-        };
-        for (rows, block) in ranges.into_iter().zip(blocks) {
+        for (rows, block) in blocks {
             self.columns.merge(&block.columns);
             let max = self.opts.max_listed;
             for (kind, seen) in SAMPLE_PROBLEMS.into_iter().zip(block.seen) {
