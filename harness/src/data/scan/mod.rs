@@ -37,7 +37,7 @@ pub fn scan_file(source: &FileSource, opts: &ScanOptions) -> Result<DataScan> {
     let per = plan.read_size(opts.threads);
     let mut scanner = Scanner::new(shape, opts, &plan);
     match scanner.pool() {
-        Some(pool) => pool.install(|| read_beside(&mut *reader, per, &mut scanner))?,
+        Some(pool) => pool.install(|| pipeline(&mut *reader, per, &mut scanner))?,
         None => {
             let mut chunk = Chunk::default();
             while fill(&mut *reader, per, &mut chunk)? > 0 {
@@ -66,7 +66,7 @@ fn fill(reader: &mut (dyn SampleReader + Send), per: usize, chunk: &mut Chunk) -
 /// A pipeline of three chunks on the scan's threads: while one chunk's
 /// blocks are scanned, the chunk before is absorbed (the duplicate table
 /// and the reservoir, in order) and the next one is read.
-fn read_beside(
+fn pipeline(
     reader: &mut (dyn SampleReader + Send),
     per: usize,
     scanner: &mut Scanner,
@@ -203,7 +203,8 @@ mod tests {
 
     #[test]
     fn any_number_of_threads_gives_the_same_report() {
-        // 2,500 samples of 64 values: blocks of 1,024 samples, three per chunk.
+        // 2,500 samples of 64 values: three blocks of up to 1,024 samples,
+        // read two at a time on one thread and all three at once on three.
         let (k, f) = (2_500, 64);
         let mut rng = crate::rng::Rng::keyed(7, "scan.threads", 0);
         let mut values: Vec<f32> = (0..k * f)
