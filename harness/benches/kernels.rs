@@ -180,8 +180,69 @@ fn forward_backward(c: &mut Criterion) {
     group.finish();
 }
 
+/// One optimizer step (Adam, and SGD with momentum) over a family's
+/// parameter list: many small tensors (the small sizes) and a few large
+/// ones, fused pass against the op chain.
+fn optimizer_step(c: &mut Criterion) {
+    nanhunt::device::retain_freed_memory();
+    let mut group = c.benchmark_group("optimizer");
+    let lists: [(&str, Vec<Vec<usize>>); 2] = [
+        (
+            "24 tensors of 8..64",
+            (0..24).map(|i| vec![8 * (1 + i % 8)]).collect(),
+        ),
+        (
+            "4 tensors of 64x1024",
+            (0..4).map(|_| vec![64, 1024]).collect(),
+        ),
+    ];
+    let adam = nanhunt::spec::OptimizerSpec::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let sgd = nanhunt::spec::OptimizerSpec::Sgd {
+        lr: 1e-2,
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 1e-4,
+    };
+    for (list, shapes) in &lists {
+        let params: Vec<Var> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Var::from_tensor(&randn(i as u64, s)).unwrap())
+            .collect();
+        let grads: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| randn(100 + i as u64, s))
+            .map(|g| (g * 1e-3).unwrap())
+            .collect();
+        for (rule, spec) in [("adam", &adam), ("sgd momentum", &sgd)] {
+            for k in [Kernels::Fused, Kernels::Reference] {
+                let label = if k == Kernels::Fused {
+                    "fused"
+                } else {
+                    "reference"
+                };
+                let mut opt = nanhunt::optim::Optimizer::new(spec, params.len());
+                let name = format!("{rule}, {list}");
+                group.bench_function(BenchmarkId::new(name, label), |b| {
+                    b.iter(|| {
+                        kernels::with_kernels(k, || opt.step(&params, &grads, spec.lr())).unwrap()
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(2));
-    targets = forward_backward
+    targets = forward_backward, optimizer_step
 }

@@ -49,6 +49,18 @@ pub fn scan_host(values: &[f32]) -> TensorScan {
     scan_slice(values, |v| v as f64)
 }
 
+/// Scans host values of a kernel float type: the pass a tensor of them
+/// gets, so the same bits (an optimizer scans the values it just wrote).
+pub(crate) fn scan_real<T: crate::kernels::Real>(values: &[T]) -> TensorScan {
+    scan_slice(values, <T as candle_core::WithDType>::to_f64)
+}
+
+/// Whether every value is finite (an optimizer's check of the state it
+/// just wrote).
+pub(crate) fn all_finite_real<T: crate::kernels::Real>(values: &[T]) -> bool {
+    crate::kernels::wide(|| values.iter().fold(true, |ok, v| ok & v.is_finite()))
+}
+
 /// One pass without branches: Σx² in f64 (finite iff every x is finite,
 /// since f64 cannot overflow on squares of f32/f16 values) and max |x|, in
 /// eight independent lanes so the loop vectorizes (on 256-bit vectors where

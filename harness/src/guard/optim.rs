@@ -4,7 +4,7 @@
 //! `SGD` and `AdamW`, which step but whose state is private (a guard's
 //! dump says so).
 
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, UpdateScans};
 pub use crate::scene::OptimizerRecord;
 use crate::spec::OptimizerSpec;
 use candle_core::backprop::GradStore;
@@ -72,6 +72,12 @@ pub trait GuardOptimizer {
     fn commit(&mut self, _new: Vec<Tensor>) -> Result<()> {
         Ok(())
     }
+    /// What the pass that prepared the update saw of the values it wrote,
+    /// where it saw them (nanhunt's fused pass on the CPU): the guard then
+    /// reads them instead of scanning the tensors again.
+    fn prepared_scans(&self) -> Option<&UpdateScans> {
+        None
+    }
     /// The state a prepared update would leave, as (variable index in the
     /// optimizer's order, kind, tensor): checked with the parameters, as
     /// the runner checks its optimizer's state.
@@ -97,6 +103,8 @@ pub struct NanhuntOptimizer {
     lr: f64,
     /// The state after a prepared update, until it is committed.
     prepared: Option<Optimizer>,
+    /// What the prepared update's pass saw, until it is committed.
+    scans: Option<UpdateScans>,
     /// The variables' indices as names (`0`, `1`, …), built once: the
     /// state is saved by them before every step.
     index_names: Vec<String>,
@@ -130,6 +138,7 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
             index_names: (0..vars.len()).map(|i| i.to_string()).collect(),
             vars,
             prepared: None,
+            scans: None,
         })
     }
 
@@ -171,8 +180,9 @@ impl GuardOptimizer for NanhuntOptimizer {
         // On a clone (its tensors are shared, not copied): the state only
         // advances at commit.
         let mut next = self.inner.clone();
-        let new = next.update(&self.vars, &grads, self.lr)?;
+        let (new, scans) = next.update_checked(&self.vars, &grads, self.lr)?;
         self.prepared = Some(next);
+        self.scans = scans;
         Ok(Some(new))
     }
 
@@ -183,7 +193,12 @@ impl GuardOptimizer for NanhuntOptimizer {
         if let Some(next) = self.prepared.take() {
             self.inner = next;
         }
+        self.scans = None;
         Ok(())
+    }
+
+    fn prepared_scans(&self) -> Option<&UpdateScans> {
+        self.scans.as_ref()
     }
 
     fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {
@@ -197,6 +212,17 @@ impl GuardOptimizer for NanhuntOptimizer {
     fn non_finite_prepared_state(
         &self,
     ) -> crate::error::Result<Option<(usize, &'static str, Tensor)>> {
+        if let Some(scans) = &self.scans {
+            // The pass checked it: the tensor only for the failure.
+            let bad = scans.bad_state.and_then(|(at, kind)| {
+                let state = self.prepared.as_ref()?.state_tensors();
+                state
+                    .into_iter()
+                    .find(|&(i, k, _)| (i, k) == (at, kind))
+                    .map(|(i, k, t)| (i, k, t.clone()))
+            });
+            return Ok(bad);
+        }
         for (i, kind, t) in self.prepared.iter().flat_map(|o| o.state_tensors()) {
             if crate::probe::first_non_finite(&[t])?.is_some() {
                 return Ok(Some((i, kind, t.clone())));

@@ -151,7 +151,11 @@ impl Guard {
                 self.vars.iter().map(|v| v.as_tensor()).collect()
             }
         };
-        let scans = scan_all(&refs)?;
+        // A prepared update's own pass may have scanned what it wrote.
+        let scans = match (&prepared, opt.prepared_scans()) {
+            (Some(_), Some(seen)) => seen.params.clone(),
+            _ => scan_all(&refs)?,
+        };
         if let Some(i) = checks::first_bad(&scans) {
             let which = Updated::Param(&self.names[i]);
             return Ok(Err(checks::update_failure(

@@ -3,11 +3,13 @@
 //! The state is exposed (`state()`) for the probe and for crash dumps.
 
 mod clip;
+mod fused;
 mod schedule;
 
 pub use clip::{clip, global_norm};
 pub use schedule::lr_at;
 
+use crate::probe::TensorScan;
 use crate::spec::OptimizerSpec;
 use candle_core::{Result, Tensor, Var};
 
@@ -20,6 +22,17 @@ struct Slot {
     m: Option<Tensor>,
     /// Adam second moment / RMSprop square average.
     v: Option<Tensor>,
+}
+
+impl Slot {
+    fn detach(&mut self) {
+        for t in [&mut self.momentum, &mut self.m, &mut self.v]
+            .into_iter()
+            .flatten()
+        {
+            *t = t.detach();
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -104,93 +117,175 @@ impl Optimizer {
 
     /// Applies one update with learning rate `lr` to each (param, grad) pair.
     pub fn step(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<()> {
-        for (p, new) in params.iter().zip(self.update(params, grads, lr)?) {
-            p.set(&new)?;
-        }
-        Ok(())
+        let (new, _) = self.advance(params, grads, lr, false)?;
+        set(params, new)
+    }
+
+    /// [`Optimizer::step`], and what its pass saw of the values it wrote
+    /// where every parameter took the fused pass (`None` otherwise: scan
+    /// them then).
+    pub fn step_checked(
+        &mut self,
+        params: &[Var],
+        grads: &[Tensor],
+        lr: f64,
+    ) -> Result<Option<UpdateScans>> {
+        let (new, scans) = self.advance(params, grads, lr, true)?;
+        set(params, new)?;
+        Ok(scans)
     }
 
     /// The parameters one update would give, without setting them (the
     /// optimizer's own state does advance): a caller can check them first.
     pub fn update(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<Vec<Tensor>> {
+        Ok(self.advance(params, grads, lr, false)?.0)
+    }
+
+    /// [`Optimizer::update`] with what its pass saw, as [`Optimizer::step_checked`].
+    pub fn update_checked(
+        &mut self,
+        params: &[Var],
+        grads: &[Tensor],
+        lr: f64,
+    ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
+        self.advance(params, grads, lr, true)
+    }
+
+    /// One update's new parameters; with `check`, the scans of the fused pass.
+    fn advance(
+        &mut self,
+        params: &[Var],
+        grads: &[Tensor],
+        lr: f64,
+        check: bool,
+    ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.steps += 1;
         let t = self.steps as i32;
         let mut out = Vec::with_capacity(params.len());
-        for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
-            let new = match self.spec {
-                OptimizerSpec::Sgd {
-                    momentum,
-                    nesterov,
-                    weight_decay,
-                    ..
-                } => {
-                    let g = with_weight_decay(g, p, weight_decay)?;
-                    let direction = if momentum > 0.0 {
-                        let buf = match &slot.momentum {
-                            // PyTorch: the first step's buffer is the gradient itself.
-                            None => g.clone(),
-                            Some(b) => ((b * momentum)? + &g)?,
-                        };
-                        slot.momentum = Some(buf.clone());
-                        if nesterov {
-                            (&g + (buf * momentum)?)?
-                        } else {
-                            buf
-                        }
-                    } else {
-                        g
-                    };
-                    (p.as_tensor() - (direction * lr)?)?
+        let mut scans = check.then(|| UpdateScans {
+            params: Vec::with_capacity(params.len()),
+            bad_state: None,
+        });
+        for (i, ((p, g), slot)) in params.iter().zip(grads).zip(&mut self.slots).enumerate() {
+            let fused = fused::update(&self.spec, (p.as_tensor(), g), slot, (lr, t), check)?;
+            if let Some(fused::Fused { new, checked }) = fused {
+                if let (Some(all), Some((scan, bad))) = (scans.as_mut(), checked) {
+                    all.params.push(scan);
+                    all.bad_state = all.bad_state.or(bad.map(|kind| (i, kind)));
                 }
-                OptimizerSpec::Adam {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                    ..
-                } => {
-                    let g = with_weight_decay(g, p, weight_decay)?;
-                    adam_update(p.as_tensor(), &g, slot, [beta1, beta2, eps], lr, t)?
-                }
-                OptimizerSpec::Adamw {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                    ..
-                } => {
-                    let decayed = (p.as_tensor() * (1.0 - lr * weight_decay))?;
-                    adam_update(&decayed, g, slot, [beta1, beta2, eps], lr, t)?
-                }
-                OptimizerSpec::Rmsprop {
-                    alpha,
-                    eps,
-                    momentum,
-                    weight_decay,
-                    ..
-                } => {
-                    let g = with_weight_decay(g, p, weight_decay)?;
-                    let v = ema(slot.v.as_ref(), &g.sqr()?, alpha)?;
-                    let avg = (v.sqrt()? + eps)?;
-                    slot.v = Some(v);
-                    let direction = if momentum > 0.0 {
-                        let step = (&g / &avg)?;
-                        let buf = match &slot.momentum {
-                            None => step,
-                            Some(b) => ((b * momentum)? + step)?,
-                        };
-                        slot.momentum = Some(buf.clone());
-                        buf
-                    } else {
-                        (&g / &avg)?
-                    };
-                    (p.as_tensor() - (direction * lr)?)?
-                }
-            };
-            out.push(new);
+                out.push(new);
+                continue;
+            }
+            // The op chain: what it wrote is scanned by the caller.
+            scans = None;
+            let new = chain(&self.spec, p, g, slot, lr, t)?;
+            // Off the graph: with weight decay the ops run on the tracked
+            // parameter, and a state that kept its graph would hold every
+            // earlier step's tensors (and overflow the stack when dropped).
+            slot.detach();
+            out.push(new.detach());
         }
-        Ok(out)
+        Ok((out, scans))
     }
+}
+
+/// What an update's fused pass saw of the values it wrote: the probe's
+/// scan of each new parameter (the same bits as scanning the tensors) and
+/// the first state tensor that is not finite, as (parameter index, kind)
+/// in [`Optimizer::state_tensors`] order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpdateScans {
+    pub params: Vec<TensorScan>,
+    pub bad_state: Option<(usize, &'static str)>,
+}
+
+/// The parameters set to their new values.
+fn set(params: &[Var], new: Vec<Tensor>) -> Result<()> {
+    for (p, new) in params.iter().zip(new) {
+        p.set(&new)?;
+    }
+    Ok(())
+}
+
+/// One parameter's update as candle ops (every device and dtype).
+fn chain(
+    spec: &OptimizerSpec,
+    p: &Var,
+    g: &Tensor,
+    slot: &mut Slot,
+    lr: f64,
+    t: i32,
+) -> Result<Tensor> {
+    Ok(match *spec {
+        OptimizerSpec::Sgd {
+            momentum,
+            nesterov,
+            weight_decay,
+            ..
+        } => {
+            let g = with_weight_decay(g, p, weight_decay)?;
+            let direction = if momentum > 0.0 {
+                let buf = match &slot.momentum {
+                    // PyTorch: the first step's buffer is the gradient itself.
+                    None => g.clone(),
+                    Some(b) => ((b * momentum)? + &g)?,
+                };
+                slot.momentum = Some(buf.clone());
+                if nesterov {
+                    (&g + (buf * momentum)?)?
+                } else {
+                    buf
+                }
+            } else {
+                g
+            };
+            (p.as_tensor() - (direction * lr)?)?
+        }
+        OptimizerSpec::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            ..
+        } => {
+            let g = with_weight_decay(g, p, weight_decay)?;
+            adam_update(p.as_tensor(), &g, slot, [beta1, beta2, eps], lr, t)?
+        }
+        OptimizerSpec::Adamw {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            ..
+        } => {
+            let decayed = (p.as_tensor() * (1.0 - lr * weight_decay))?;
+            adam_update(&decayed, g, slot, [beta1, beta2, eps], lr, t)?
+        }
+        OptimizerSpec::Rmsprop {
+            alpha,
+            eps,
+            momentum,
+            weight_decay,
+            ..
+        } => {
+            let g = with_weight_decay(g, p, weight_decay)?;
+            let v = ema(slot.v.as_ref(), &g.sqr()?, alpha)?;
+            let avg = (v.sqrt()? + eps)?;
+            slot.v = Some(v);
+            let direction = if momentum > 0.0 {
+                let step = (&g / &avg)?;
+                let buf = match &slot.momentum {
+                    None => step,
+                    Some(b) => ((b * momentum)? + step)?,
+                };
+                slot.momentum = Some(buf.clone());
+                buf
+            } else {
+                (&g / &avg)?
+            };
+            (p.as_tensor() - (direction * lr)?)?
+        }
+    })
 }
 
 /// g + wd · p (L2 regularization folded into the gradient).

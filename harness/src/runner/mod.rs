@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::finding::{Finding, FindingKind, Subject, Trace};
 use crate::losses::UserLoss;
 use crate::models::{ModelFactory, ParamStore, Tracer};
-use crate::optim::{self, Optimizer};
+use crate::optim::{self, Optimizer, UpdateScans};
 use crate::probe::{scan_all, DivergenceTracker};
 use crate::scaler::LossScaler;
 use crate::spec::{Case, Limits};
@@ -313,7 +313,7 @@ impl<'a> Session<'a> {
             return Ok(None);
         };
         self.syncs += 1;
-        let Some(failure) = self.check_update()? else {
+        let Some(failure) = self.check_update(None)? else {
             return Ok(None);
         };
         let localized = self.localized(step, lr, before, &failure)?;
@@ -488,14 +488,31 @@ impl<'a> Session<'a> {
 
     /// Scans parameters (whose norm goes into the trace) and optimizer
     /// state after an update.
-    fn check_update(&mut self) -> Result<Option<Failure>> {
+    /// `seen`: what the optimizer's own pass saw of the values it wrote,
+    /// where it saw them (then nothing is scanned again).
+    fn check_update(&mut self, seen: Option<UpdateScans>) -> Result<Option<Failure>> {
         let tensors = self.update_tensors();
         let n = self.vars.len();
-        let params = scan_all(&tensors[..n])?;
-        // The optimizer state's finiteness from the bits; its statistics only for a failure.
-        let bad = match params.iter().position(|s| !s.is_finite()) {
-            Some(i) => Some(i),
-            None => crate::probe::first_non_finite(&tensors[n..])?.map(|i| n + i),
+        let (params, bad) = match seen {
+            Some(seen) => {
+                let state = seen.bad_state.and_then(|bad| {
+                    self.optimizer
+                        .state_tensors()
+                        .position(|(i, kind, _)| (i, kind) == bad)
+                });
+                let bad = seen.params.iter().position(|s| !s.is_finite());
+                (seen.params, bad.or(state.map(|i| n + i)))
+            }
+            None => {
+                let params = scan_all(&tensors[..n])?;
+                // The optimizer state's finiteness from the bits; its
+                // statistics only for a failure.
+                let bad = match params.iter().position(|s| !s.is_finite()) {
+                    Some(i) => Some(i),
+                    None => crate::probe::first_non_finite(&tensors[n..])?.map(|i| n + i),
+                };
+                (params, bad)
+            }
         };
         let Some(i) = bad else {
             let norm = crate::probe::global_norm(&params);

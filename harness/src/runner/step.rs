@@ -426,13 +426,16 @@ impl Session<'_> {
     /// The optimizer's update; read in place, parameters and optimizer
     /// state are checked now (deferred: at the next step's copy).
     fn update_phase(&mut self, grads: &[Tensor], lr: f64, readback: Readback) -> Result<Flow<()>> {
-        self.optimizer.step(&self.vars, grads, lr)?;
-        if self.probe && readback == Readback::InPlace {
-            if let Some(f) = self.check_update()? {
-                return fail(f);
-            }
+        if !(self.probe && readback == Readback::InPlace) {
+            self.optimizer.step(&self.vars, grads, lr)?;
+            return Ok(Flow::Go(()));
         }
-        Ok(Flow::Go(()))
+        // The fused pass scans what it writes: no second pass over it.
+        let seen = self.optimizer.step_checked(&self.vars, grads, lr)?;
+        match self.check_update(seen)? {
+            Some(f) => fail(f),
+            None => Ok(Flow::Go(())),
+        }
     }
 
     /// The loss trend: divergence ends the run.
@@ -446,7 +449,7 @@ impl Session<'_> {
         // A failed update comes before divergence, as when read in place
         // (an extra synchronization, only when the run is over anyway).
         if self.probe && readback == Readback::Deferred {
-            if let Some(f) = self.check_update()? {
+            if let Some(f) = self.check_update(None)? {
                 return Ok(Some(Failed::ThisStep(Box::new(f))));
             }
         }

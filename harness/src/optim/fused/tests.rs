@@ -1,0 +1,242 @@
+//! The fused update against the op chain, bit for bit: every rule and
+//! option, f32 and f64, three steps (the first has no state), over values
+//! that include ±0, subnormals, huge values, infinities and NaN.
+
+use crate::kernels::{with_kernels, Kernels};
+use crate::optim::Optimizer;
+use crate::spec::OptimizerSpec;
+use candle_core::{DType, Device, Tensor, Var};
+
+fn specs() -> Vec<OptimizerSpec> {
+    let sgd = |momentum, nesterov, weight_decay| OptimizerSpec::Sgd {
+        lr: 0.1,
+        momentum,
+        nesterov,
+        weight_decay,
+    };
+    let adam = |weight_decay| OptimizerSpec::Adam {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay,
+    };
+    let adamw = |weight_decay| OptimizerSpec::Adamw {
+        lr: 1e-2,
+        beta1: 0.8,
+        beta2: 0.99,
+        eps: 1e-6,
+        weight_decay,
+    };
+    let rmsprop = |momentum, weight_decay| OptimizerSpec::Rmsprop {
+        lr: 1e-2,
+        alpha: 0.99,
+        eps: 1e-8,
+        momentum,
+        weight_decay,
+    };
+    vec![
+        sgd(0.0, false, 0.0),
+        sgd(0.9, false, 0.01),
+        sgd(0.9, true, 0.0),
+        sgd(f64::NAN, false, 0.0),
+        adam(0.0),
+        adam(0.01),
+        adamw(0.0),
+        adamw(0.1),
+        rmsprop(0.0, 0.0),
+        rmsprop(0.9, 0.01),
+    ]
+}
+
+/// Ordinary values with the pathological ones mixed in.
+fn values(seed: u64, n: usize) -> Vec<f64> {
+    let special = [
+        0.0,
+        -0.0,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e-40,
+        -1e-310,
+        3e38,
+        -1e30,
+        1e-30,
+    ];
+    let mut rng = crate::rng::Rng::new(seed);
+    (0..n)
+        .map(|i| match i % 7 {
+            0 => special[(i / 7) % special.len()],
+            _ => rng.normal(),
+        })
+        .collect()
+}
+
+/// The parameters and every state tensor after each of three steps.
+fn trajectory(spec: &OptimizerSpec, dtype: DType, kernels: Kernels) -> Vec<Vec<f64>> {
+    let dev = Device::Cpu;
+    let shapes = [(3usize, 5usize), (1, 70), (9, 8)];
+    let params: Vec<Var> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let t = Tensor::from_vec(values(i as u64, s.0 * s.1), s, &dev).unwrap();
+            Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
+        })
+        .collect();
+    let mut opt = Optimizer::new(spec, params.len());
+    let mut seen = Vec::new();
+    for step in 0..3u64 {
+        let grads: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                let v = values(100 + 10 * step + i as u64, s.0 * s.1);
+                Tensor::from_vec(v, s, &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            })
+            .collect();
+        with_kernels(kernels, || opt.step(&params, &grads, spec.lr())).unwrap();
+        let read = |t: &Tensor| {
+            t.flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        seen.extend(params.iter().map(|p| read(p.as_tensor())));
+        seen.extend(opt.state_tensors().map(|(_, _, t)| read(t)));
+    }
+    seen
+}
+
+#[test]
+fn the_fused_update_gives_the_op_chains_bits() {
+    for spec in specs() {
+        for dtype in [DType::F32, DType::F64] {
+            let fused = trajectory(&spec, dtype, Kernels::Fused);
+            let chain = trajectory(&spec, dtype, Kernels::Reference);
+            assert_eq!(fused.len(), chain.len(), "{spec:?} {dtype:?}");
+            for (k, (a, b)) in fused.iter().zip(&chain).enumerate() {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                    assert!(same, "{spec:?} {dtype:?} tensor {k} [{i}]: {x:e} != {y:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_strided_gradient_takes_the_op_chain_with_the_same_result() {
+    let dev = Device::Cpu;
+    let spec = &specs()[4];
+    let run = |transposed: bool| {
+        let p = Var::from_tensor(&Tensor::from_vec(values(1, 12), (3, 4), &dev).unwrap()).unwrap();
+        let g = Tensor::from_vec(values(2, 12), (4, 3), &dev)
+            .unwrap()
+            .t()
+            .unwrap();
+        let g = if transposed {
+            g
+        } else {
+            g.contiguous().unwrap()
+        };
+        let mut opt = Optimizer::new(spec, 1);
+        opt.step(std::slice::from_ref(&p), &[g], spec.lr()).unwrap();
+        p.as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    };
+    let (a, b) = (run(true), run(false));
+    assert!(a
+        .iter()
+        .zip(&b)
+        .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())));
+}
+
+#[test]
+fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
+    let dev = Device::Cpu;
+    for spec in specs() {
+        for dtype in [DType::F32, DType::F64] {
+            let params: Vec<Var> = (0..3u64)
+                .map(|i| {
+                    let t = Tensor::from_vec(values(i, 40), (5, 8), &dev).unwrap();
+                    Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
+                })
+                .collect();
+            let mut opt = Optimizer::new(&spec, params.len());
+            for step in 0..3u64 {
+                // Finite gradients on the first parameter, so that the
+                // first bad state is not always the first one.
+                let grads: Vec<Tensor> = (0..3u64)
+                    .map(|i| {
+                        let v: Vec<f64> = values(50 + 10 * step + i, 40)
+                            .into_iter()
+                            .map(|x| if i == 0 && !x.is_finite() { 0.5 } else { x })
+                            .collect();
+                        Tensor::from_vec(v, (5, 8), &dev)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap()
+                    })
+                    .collect();
+                let got = opt.step_checked(&params, &grads, spec.lr()).unwrap();
+                let got = got.expect("every parameter takes the fused pass");
+                let refs: Vec<&Tensor> = params.iter().map(|p| p.as_tensor()).collect();
+                let want = crate::probe::scan_all(&refs).unwrap();
+                assert_eq!(got.params.len(), want.len());
+                for (a, b) in got.params.iter().zip(&want) {
+                    assert_eq!(a.sum_sq.to_bits(), b.sum_sq.to_bits(), "{spec:?} {dtype:?}");
+                    assert_eq!(
+                        a.max_abs.to_bits(),
+                        b.max_abs.to_bits(),
+                        "{spec:?} {dtype:?}"
+                    );
+                    assert_eq!((a.nan, a.inf), (b.nan, b.inf), "{spec:?} {dtype:?}");
+                }
+                let state: Vec<(usize, &str, &Tensor)> = opt.state_tensors().collect();
+                let tensors: Vec<&Tensor> = state.iter().map(|s| s.2).collect();
+                let first = crate::probe::first_non_finite(&tensors).unwrap();
+                let want_bad = first.map(|i| (state[i].0, state[i].1));
+                assert_eq!(got.bad_state, want_bad, "{spec:?} {dtype:?} step {step}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_op_chains_state_keeps_no_graph() {
+    // Weight decay runs ops on the tracked parameter: a state that kept
+    // their graph would hold every step's tensors.
+    let dev = Device::Cpu;
+    for spec in specs() {
+        let p = Var::from_tensor(&Tensor::from_vec(values(3, 6), 6, &dev).unwrap()).unwrap();
+        let g = Tensor::from_vec(values(4, 6), 6, &dev).unwrap();
+        let mut opt = Optimizer::new(&spec, 1);
+        let new = with_kernels(Kernels::Reference, || {
+            opt.step(
+                std::slice::from_ref(&p),
+                std::slice::from_ref(&g),
+                spec.lr(),
+            )
+            .unwrap();
+            opt.update(
+                std::slice::from_ref(&p),
+                std::slice::from_ref(&g),
+                spec.lr(),
+            )
+        })
+        .unwrap();
+        assert!(!new[0].track_op(), "{spec:?}");
+        for (_, kind, t) in opt.state_tensors() {
+            assert!(!t.track_op(), "{spec:?} {kind}");
+        }
+    }
+}
