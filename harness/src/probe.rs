@@ -58,7 +58,11 @@ pub(crate) fn scan_real<T: crate::kernels::Real>(values: &[T]) -> TensorScan {
 /// Whether every value is finite (an optimizer's check of the state it
 /// just wrote).
 pub(crate) fn all_finite_real<T: crate::kernels::Real>(values: &[T]) -> bool {
-    crate::kernels::wide(|| values.iter().fold(true, |ok, v| ok & v.is_finite()))
+    match T::cpu_storage_ref(values) {
+        candle_core::CpuStorageRef::F32(v) => all_finite_f32(v),
+        candle_core::CpuStorageRef::F64(v) => all_finite_f64(v),
+        _ => values.iter().all(|v| v.is_finite()),
+    }
 }
 
 /// One pass without branches: Σx² in f64 (finite iff every x is finite,

@@ -214,12 +214,9 @@ impl GuardOptimizer for NanhuntOptimizer {
     ) -> crate::error::Result<Option<(usize, &'static str, Tensor)>> {
         if let Some(scans) = &self.scans {
             // The pass checked it: the tensor only for the failure.
-            let bad = scans.bad_state.and_then(|(at, kind)| {
-                let state = self.prepared.as_ref()?.state_tensors();
-                state
-                    .into_iter()
-                    .find(|&(i, k, _)| (i, k) == (at, kind))
-                    .map(|(i, k, t)| (i, k, t.clone()))
+            let bad = scans.bad_state.and_then(|at| {
+                let (i, kind, t) = self.prepared.as_ref()?.state_tensors().nth(at)?;
+                Some((i, kind, t.clone()))
             });
             return Ok(bad);
         }

@@ -22,9 +22,9 @@ pub(super) struct Fused {
     /// The parameter's new values.
     pub new: Tensor,
     /// Where asked for: the scan of the new values (the probe's pass over
-    /// them, so its bits) and the first of the state it leaves
-    /// (in [`super::STATE_KINDS`] order) that is not finite.
-    pub checked: Option<(TensorScan, Option<&'static str>)>,
+    /// them, so its bits) and the first of the state tensors it leaves
+    /// (counted in [`super::STATE_KINDS`] order) that is not finite.
+    pub checked: Option<(TensorScan, Option<usize>)>,
 }
 
 /// The new parameter values, with `slot` advanced; `None` (nothing changed)
@@ -77,11 +77,8 @@ fn apply<T: Real>(
     let states = [momentum, m, v];
     // Checked while the values are still in cache.
     let checked = check.then(|| {
-        let bad = super::STATE_KINDS
-            .into_iter()
-            .zip(&states)
-            .find(|(_, s)| s.as_deref().is_some_and(|s| !all_finite_real(s)))
-            .map(|(kind, _)| kind);
+        // Counted among the states it leaves, in `STATE_KINDS` order.
+        let bad = states.iter().flatten().position(|s| !all_finite_real(s));
         (scan_real(&new), bad)
     });
     let tensor = |values| Tensor::from_vec(values, p.shape(), p.device());

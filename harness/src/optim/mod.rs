@@ -25,6 +25,14 @@ struct Slot {
 }
 
 impl Slot {
+    /// How many state tensors it holds.
+    fn tensors(&self) -> usize {
+        [&self.momentum, &self.m, &self.v]
+            .iter()
+            .filter(|t| t.is_some())
+            .count()
+    }
+
     fn detach(&mut self) {
         for t in [&mut self.momentum, &mut self.m, &mut self.v]
             .into_iter()
@@ -166,12 +174,16 @@ impl Optimizer {
             params: Vec::with_capacity(params.len()),
             bad_state: None,
         });
-        for (i, ((p, g), slot)) in params.iter().zip(grads).zip(&mut self.slots).enumerate() {
+        // State tensors of the parameters before this one: where a bad
+        // state tensor stands in `state_tensors`.
+        let mut states_before = 0;
+        for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
             let fused = fused::update(&self.spec, (p.as_tensor(), g), slot, (lr, t), check)?;
             if let Some(fused::Fused { new, checked }) = fused {
                 if let (Some(all), Some((scan, bad))) = (scans.as_mut(), checked) {
                     all.params.push(scan);
-                    all.bad_state = all.bad_state.or(bad.map(|kind| (i, kind)));
+                    all.bad_state = all.bad_state.or(bad.map(|k| states_before + k));
+                    states_before += slot.tensors();
                 }
                 out.push(new);
                 continue;
@@ -191,12 +203,12 @@ impl Optimizer {
 
 /// What an update's fused pass saw of the values it wrote: the probe's
 /// scan of each new parameter (the same bits as scanning the tensors) and
-/// the first state tensor that is not finite, as (parameter index, kind)
-/// in [`Optimizer::state_tensors`] order.
+/// the first state tensor that is not finite, by its position in
+/// [`Optimizer::state_tensors`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct UpdateScans {
     pub params: Vec<TensorScan>,
-    pub bad_state: Option<(usize, &'static str)>,
+    pub bad_state: Option<usize>,
 }
 
 /// The parameters set to their new values.

@@ -495,13 +495,8 @@ impl<'a> Session<'a> {
         let n = self.vars.len();
         let (params, bad) = match seen {
             Some(seen) => {
-                let state = seen.bad_state.and_then(|bad| {
-                    self.optimizer
-                        .state_tensors()
-                        .position(|(i, kind, _)| (i, kind) == bad)
-                });
                 let bad = seen.params.iter().position(|s| !s.is_finite());
-                (seen.params, bad.or(state.map(|i| n + i)))
+                (seen.params, bad.or(seen.bad_state.map(|i| n + i)))
             }
             None => {
                 let params = scan_all(&tensors[..n])?;
