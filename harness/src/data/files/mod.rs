@@ -5,6 +5,7 @@
 //! the case's.
 
 mod csv;
+mod narrow;
 mod npy;
 pub mod pinned;
 mod safetensors;
@@ -16,19 +17,54 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// Samples read so far, appended by [`SampleReader::read`].
+pub use narrow::Narrow;
+
+/// Samples read so far, appended by [`SampleReader::read`]. A chunk holds
+/// its inputs in one of two forms: f32 inputs as they are (`narrow`, in
+/// place where the file is mapped), any other dtype as f64 (`values`).
 #[derive(Clone, Debug, Default)]
 pub struct Chunk {
     pub values: Vec<f64>,
+    pub narrow: Narrow,
     pub labels: Vec<i64>,
     pub targets: Vec<f64>,
+}
+
+/// A chunk's inputs, in the form the reader held them.
+#[derive(Clone, Copy, Debug)]
+pub enum Inputs<'a> {
+    Wide(&'a [f64]),
+    Narrow(&'a [f32]),
+}
+
+impl Inputs<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Inputs::Wide(v) => v.len(),
+            Inputs::Narrow(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Chunk {
     pub fn clear(&mut self) {
         self.values.clear();
+        self.narrow.clear();
         self.labels.clear();
         self.targets.clear();
+    }
+
+    /// The inputs read, in whichever form they were read.
+    pub fn inputs(&self) -> Inputs<'_> {
+        if self.narrow.is_empty() {
+            Inputs::Wide(&self.values)
+        } else {
+            Inputs::Narrow(self.narrow.as_slice())
+        }
     }
 }
 
@@ -263,6 +299,7 @@ fn read_all(source: &FileSource, max_bytes: usize, held: usize) -> Result<Memory
             break;
         }
         values.extend(chunk.values.iter().map(|&v| v as f32));
+        values.extend_from_slice(chunk.narrow.as_slice());
         labels.extend_from_slice(&chunk.labels);
         targets.extend(chunk.targets.iter().map(|&v| v as f32));
         let read = 4 * (values.len() + targets.len()) + 8 * labels.len() + held;

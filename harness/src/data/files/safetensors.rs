@@ -5,6 +5,7 @@
 //! converted a chunk of samples at a time and the mapped pages already
 //! read are given back, so a scan of a file larger than memory stays small.
 
+use super::narrow::Bytes;
 use super::{layout, sample_dims, Chunk, Part, SampleReader};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
@@ -12,6 +13,7 @@ use crate::spec::FileSource;
 use ::safetensors::{Dtype, SafeTensors};
 use memmap2::Mmap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One tensor's bytes within the map, read a chunk of samples at a time.
 struct Region {
@@ -28,44 +30,19 @@ impl Region {
         self.start + rows.start * self.sample_bytes..self.start + rows.end * self.sample_bytes
     }
 
-    /// Gives the pages before `upto` back to the OS (whole pages only): the
-    /// map then holds what a chunk needs, not the file.
+    /// Gives the pages before `upto` back to the OS (see [`Bytes::release`]).
     fn release(&mut self, bytes: &Bytes, upto: usize) {
-        let Bytes::Mapped(map) = bytes else {
-            return; // pinned bytes stay whole until the load drops them
-        };
-        const PAGE: usize = 4096;
-        let from = self.released.max(self.start / PAGE * PAGE);
-        let end = upto / PAGE * PAGE;
-        if end > from {
-            // SAFETY: the pages are never read again (samples are read in
-            // order); were they, they would be read from the file again.
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, end - from)
-            };
-            self.released = end;
-        }
-    }
-}
-
-/// The file's bytes: mapped, or pinned in memory by a loading run.
-enum Bytes {
-    Mapped(Mmap),
-    Pinned(std::sync::Arc<[u8]>),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Pinned(b) => b,
+        let from = self.released.max(self.start);
+        if upto > from {
+            bytes.release(from..upto);
+            self.released = upto / 4096 * 4096;
         }
     }
 }
 
 pub struct Reader {
-    map: Bytes,
+    /// Shared with the chunks that view f32 inputs in place.
+    map: Arc<Bytes>,
     inputs: Region,
     labels: Option<Region>,
     targets: Option<Region>,
@@ -151,7 +128,7 @@ fn integers(dtype: Dtype, bytes: &[u8], out: &mut Vec<i64>) {
 impl Reader {
     pub fn open(source: &FileSource) -> Result<Self> {
         let path = source.path.clone();
-        let map = match super::pinned::bytes(&path) {
+        let map = Arc::new(match super::pinned::bytes(&path) {
             Some(b) => Bytes::Pinned(b),
             None => {
                 let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
@@ -160,7 +137,7 @@ impl Reader {
                 // candle's loaders.
                 Bytes::Mapped(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?)
             }
-        };
+        });
         let st = SafeTensors::deserialize(&map).map_err(|e| bad(&path, e.to_string()))?;
         let view = |name: &str| {
             st.tensor(name).map_err(|_| {
@@ -238,8 +215,13 @@ impl SampleReader for Reader {
         let rows = self.next..self.next + k;
         let map = &self.map;
         let bytes = self.inputs.range(rows.clone());
-        convert(self.inputs.dtype, &map[bytes.clone()], &mut chunk.values);
-        self.inputs.release(map, bytes.end);
+        if self.inputs.dtype == Dtype::F32 && chunk.values.is_empty() {
+            // Viewed in place: the chunk gives its pages back when dropped.
+            chunk.narrow.extend_from_file(map, bytes);
+        } else {
+            convert(self.inputs.dtype, &map[bytes.clone()], &mut chunk.values);
+            self.inputs.release(map, bytes.end);
+        }
         if let Some(r) = &mut self.labels {
             let bytes = r.range(rows.clone());
             integers(r.dtype, &map[bytes.clone()], &mut chunk.labels);

@@ -3,10 +3,10 @@
 //! size and are merged in file order, so a scan on any number of threads
 //! gives the same report as one on one thread, to the bit.
 
-use super::columns::{survey, BlockColumns, Flags};
-use super::duplicates::sample_hash;
+use super::columns::{BlockColumns, Flags};
+use super::element::Element;
 use super::report::{ProblemKind, ScanOptions};
-use crate::data::files::Chunk;
+use crate::data::files::{Chunk, Inputs};
 use std::ops::Range;
 
 /// Values per block (fewer samples would spend more on the merge than on
@@ -91,6 +91,20 @@ impl Block {
         opts: &ScanOptions,
         index: impl Fn(usize) -> usize,
     ) -> Block {
+        let labels = &chunk.labels[..];
+        match chunk.inputs() {
+            Inputs::Wide(values) => Self::scan_in((values, labels), rows, shape, opts, index),
+            Inputs::Narrow(values) => Self::scan_in((values, labels), rows, shape, opts, index),
+        }
+    }
+
+    fn scan_in<T: Element>(
+        chunk: (&[T], &[i64]),
+        rows: Range<usize>,
+        shape: (usize, usize),
+        opts: &ScanOptions,
+        index: impl Fn(usize) -> usize,
+    ) -> Block {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has the feature `scan_wide` is compiled for.
@@ -105,8 +119,8 @@ impl Block {
     /// inlined into the AVX2 frame.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn scan_wide(
-        chunk: &Chunk,
+    unsafe fn scan_wide<T: Element>(
+        chunk: (&[T], &[i64]),
         rows: Range<usize>,
         shape: (usize, usize),
         opts: &ScanOptions,
@@ -118,8 +132,8 @@ impl Block {
     /// Samples whose values are all finite wait in groups of four for their
     /// sums; any other sample first adds the waiting ones, keeping the order.
     #[inline(always)]
-    fn scan_rows(
-        chunk: &Chunk,
+    fn scan_rows<T: Element>(
+        (values, labels): (&[T], &[i64]),
         rows: Range<usize>,
         (f, l): (usize, usize),
         opts: &ScanOptions,
@@ -133,12 +147,12 @@ impl Block {
             labels: None,
             hashes: Vec::with_capacity(rows.len()),
         };
-        let mut waiting: [&[f64]; 4] = [&[]; 4];
+        let mut waiting: [&[T]; 4] = [&[]; 4];
         let mut held = 0;
         for row in rows {
-            let sample = &chunk.values[row * f..(row + 1) * f];
-            let labels = &chunk.labels[row * l..(row + 1) * l];
-            let (finite, zero, largest) = survey(sample);
+            let sample = &values[row * f..(row + 1) * f];
+            let labels = &labels[row * l..(row + 1) * l];
+            let (finite, zero, largest) = T::survey(sample);
             let flags = if finite && block.columns.ready() {
                 waiting[held] = sample;
                 held += 1;
@@ -172,7 +186,7 @@ impl Block {
             for (seen, _) in block.seen.iter_mut().zip(shown).filter(|(_, s)| *s) {
                 seen.add(index(row), max);
             }
-            block.hashes.push(sample_hash(sample, labels));
+            block.hashes.push(T::hash(sample, labels));
         }
         block.columns.add_finite(&waiting[..held]);
         block

@@ -5,6 +5,7 @@
 //! moments in file order (Chan, Golub and LeVeque), so that its figures do
 //! not depend on how many threads scanned the blocks.
 
+use super::element::Element;
 use super::report::FeatureStats;
 
 /// A block's per-feature sums, shifted by the feature's first finite value
@@ -63,7 +64,7 @@ impl BlockColumns {
     /// those of adding them one by one, for a quarter of the loads and
     /// stores of the sums.
     #[inline(always)]
-    pub fn add_finite(&mut self, samples: &[&[f64]]) {
+    pub fn add_finite<T: Element>(&mut self, samples: &[&[T]]) {
         let mut quads = samples.chunks_exact(4);
         for q in &mut quads {
             self.add_four([q[0], q[1], q[2], q[3]]);
@@ -74,20 +75,19 @@ impl BlockColumns {
     }
 
     #[inline(always)]
-    fn add_four(&mut self, [a, b, c, d]: [&[f64]; 4]) {
+    fn add_four<T: Element>(&mut self, [a, b, c, d]: [&[T]; 4]) {
         let f = self.sum.len();
         let (a, b, c, d) = (&a[..f], &b[..f], &c[..f], &d[..f]);
         let (shift, sum, sq) = (&self.shift[..f], &mut self.sum[..f], &mut self.sum_sq[..f]);
-        for j in 0..f {
-            let s = shift[j];
-            let (da, db, dc, dd) = (a[j] - s, b[j] - s, c[j] - s, d[j] - s);
-            sum[j] = sum[j] + da + db + dc + dd;
-            sq[j] = sq[j] + da * da + db * db + dc * dc + dd * dd;
-        }
         let (min, max) = (&mut self.min[..f], &mut self.max[..f]);
         for j in 0..f {
+            let s = shift[j];
+            let values = [a[j], b[j], c[j], d[j]].map(T::wide);
+            let [da, db, dc, dd] = values.map(|v| v - s);
+            sum[j] = sum[j] + da + db + dc + dd;
+            sq[j] = sq[j] + da * da + db * db + dc * dc + dd * dd;
             let (lo, hi) = (&mut min[j], &mut max[j]);
-            for v in [a[j], b[j], c[j], d[j]] {
+            for v in values {
                 *lo = if v < *lo { v } else { *lo };
                 *hi = if v > *hi { v } else { *hi };
             }
@@ -96,30 +96,31 @@ impl BlockColumns {
     }
 
     #[inline(always)]
-    fn add_one(&mut self, sample: &[f64]) {
+    fn add_one<T: Element>(&mut self, sample: &[T]) {
         let sums = self.sum.iter_mut().zip(self.sum_sq.iter_mut());
         for ((v, shift), (sum, sq)) in sample.iter().zip(&self.shift).zip(sums) {
-            let d = v - shift;
+            let d = v.wide() - shift;
             *sum += d;
             *sq += d * d;
         }
         for ((v, lo), hi) in sample.iter().zip(&mut self.min).zip(&mut self.max) {
-            *lo = if *v < *lo { *v } else { *lo };
-            *hi = if *v > *hi { *v } else { *hi };
+            let v = v.wide();
+            *lo = if v < *lo { v } else { *lo };
+            *hi = if v > *hi { v } else { *hi };
         }
         self.whole += 1;
     }
 
     /// Adds a sample holding a NaN or an infinity, or one that comes before
     /// every feature has its shift; what it showed.
-    pub fn add_careful(&mut self, sample: &[f64]) -> Flags {
+    pub fn add_careful<T: Element>(&mut self, sample: &[T]) -> Flags {
         let mut flags = Flags {
             nan: false,
             inf: false,
             largest: 0.0,
             zero: true,
         };
-        for (j, &v) in sample.iter().enumerate() {
+        for (j, v) in sample.iter().map(|v| v.wide()).enumerate() {
             if v.is_nan() {
                 self.nan[j] += 1;
                 (flags.nan, flags.zero) = (true, false);
@@ -145,36 +146,6 @@ impl BlockColumns {
         }
         flags
     }
-}
-
-/// Whether every value is finite, whether all are (±)0, and the largest
-/// magnitude (meaningful when finite), in four independent lanes the
-/// compiler vectorizes: v · 0 is NaN exactly for a NaN or an infinity, and
-/// the bits shifted past the sign are 0 exactly for ±0.
-#[inline(always)]
-pub fn survey(sample: &[f64]) -> (bool, bool, f64) {
-    let mut bad = [0.0f64; 4];
-    let mut big = [0.0f64; 4];
-    let mut bits = [0u64; 4];
-    let mut quads = sample.chunks_exact(4);
-    for q in &mut quads {
-        for i in 0..4 {
-            let v = q[i];
-            bad[i] += v * 0.0;
-            let a = v.abs();
-            big[i] = if a > big[i] { a } else { big[i] };
-            bits[i] |= v.to_bits() << 1;
-        }
-    }
-    for (i, &v) in quads.remainder().iter().enumerate() {
-        bad[i] += v * 0.0;
-        big[i] = if v.abs() > big[i] { v.abs() } else { big[i] };
-        bits[i] |= v.to_bits() << 1;
-    }
-    let finite = bad.iter().all(|&b| b == 0.0);
-    let zero = bits.iter().all(|&b| b == 0);
-    let largest = big.iter().fold(0.0f64, |m, &b| m.max(b));
-    (finite, zero, largest)
 }
 
 /// The scan's per-feature moments: finite count, mean and sum of squared
@@ -257,20 +228,6 @@ impl Columns {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_survey_sees_every_lane_and_the_remainder() {
-        assert_eq!(survey(&[0.0, -0.0, 0.0, 0.0, -0.0]), (true, true, 0.0));
-        assert_eq!(survey(&[1.0, -7.5, 2.0, 0.0, 3.0]), (true, false, 7.5));
-        // A non-finite value in a full lane and in the remainder.
-        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            let (finite, zero, _) = survey(&[0.0, bad, 0.0, 0.0]);
-            assert!(!finite && !zero);
-            let (finite, zero, _) = survey(&[0.0, 0.0, 0.0, 0.0, 0.0, bad]);
-            assert!(!finite && !zero);
-        }
-        assert_eq!(survey(&[]), (true, true, 0.0));
-    }
 
     /// Samples added four at a time give the bits of adding them one by one.
     #[test]

@@ -6,46 +6,124 @@
 //! duplicates among them are scaled up: an adaptive distinct sample.
 
 use super::report::DuplicateSketch;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// The table's hasher: its keys are hashes already (their top bits are
-/// the sampled ones), so one multiply spreads them over the buckets.
-#[derive(Default)]
-struct Spread(u64);
+/// Bytes per bucket the memory plan reserves: key, first index and copies,
+/// twice (a full table is thinned into a fresh one).
+pub const ENTRY_BYTES: usize = 2 * (8 + 16 + 1);
 
-impl Hasher for Spread {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(K0);
+/// Four slots of the table in one cache line: a probe is one line, and
+/// the lines of the next samples are fetched while this one is probed.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line {
+    /// A sample's hash (0 for a free slot: a hash of 0 is stored as 1).
+    keys: [u64; 4],
+    /// The sample's first index.
+    first: [u64; 4],
+}
+
+/// An open-addressed table of distinct samples: lines probed in turn from
+/// the one the hash's low bits name (the sampling uses its top bits).
+struct Table {
+    lines: Vec<Line>,
+    /// Copies after the first, per slot: read on a repeat and when the
+    /// table is thinned, never on a new sample.
+    copies: Vec<u64>,
+    len: usize,
+}
+
+/// Where a hash is in the table, or the free slot it would take.
+enum Slot {
+    Seen(usize),
+    Free(usize),
+}
+
+impl Table {
+    /// Room for `capacity` samples at a load of at most 7/8.
+    fn new(capacity: usize) -> Self {
+        let slots = (capacity * 8).div_ceil(7).next_power_of_two().max(16);
+        Table {
+            lines: vec![Line::default(); slots / 4],
+            copies: vec![0; slots],
+            len: 0,
         }
     }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(K0);
+
+    fn key(hash: u64) -> u64 {
+        hash.max(1)
+    }
+
+    fn home(&self, key: u64) -> usize {
+        key as usize & (self.lines.len() - 1)
+    }
+
+    /// Asks the CPU for the line `hash` is probed from.
+    #[inline(always)]
+    fn prefetch(&self, hash: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let line = &self.lines[self.home(Self::key(hash))];
+            // SAFETY: a prefetch of memory the table owns; it reads nothing.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>((line as *const Line).cast());
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = hash;
+    }
+
+    /// The table is never full (its load stays under 7/8), so a free slot
+    /// ends every probe.
+    fn find(&self, key: u64) -> Slot {
+        let mask = self.lines.len() - 1;
+        let mut at = self.home(key);
+        loop {
+            let line = &self.lines[at];
+            for (i, &k) in line.keys.iter().enumerate() {
+                if k == key {
+                    return Slot::Seen(at * 4 + i);
+                }
+                if k == 0 {
+                    return Slot::Free(at * 4 + i);
+                }
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    fn first(&self, slot: usize) -> u64 {
+        self.lines[slot / 4].first[slot % 4]
+    }
+
+    fn insert_at(&mut self, slot: usize, key: u64, first: u64, copies: u64) {
+        let line = &mut self.lines[slot / 4];
+        (line.keys[slot % 4], line.first[slot % 4]) = (key, first);
+        self.copies[slot] = copies;
+        self.len += 1;
+    }
+
+    /// Every sample held: (key, first index, copies).
+    fn entries(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        let slots = self.lines.iter().flat_map(|l| l.keys.iter().zip(&l.first));
+        slots
+            .zip(&self.copies)
+            .filter(|((&k, _), _)| k != 0)
+            .map(|((&k, &f), &c)| (k, f, c))
     }
 }
-
-/// A sample seen: its first index and the copies after it.
-struct Group {
-    first: usize,
-    copies: u64,
-}
-
-/// Bytes per bucket the memory plan reserves: key, group and control
-/// byte, twice (a full table is thinned into a fresh one).
-pub const ENTRY_BYTES: usize = 2 * (8 + 16 + 1);
 
 pub struct Duplicates {
     capacity: usize,
     level: u32,
-    seen: HashMap<u64, Group, BuildHasherDefault<Spread>>,
+    seen: Table,
     /// (duplicate, original) pairs, in the order found (ascending).
     listed: Vec<(usize, usize)>,
     max_listed: usize,
 }
+
+/// How far ahead of the probe the lines are fetched.
+const AHEAD: usize = 8;
 
 impl Duplicates {
     /// A table of at most `capacity` distinct samples.
@@ -54,7 +132,7 @@ impl Duplicates {
         Duplicates {
             capacity,
             level: 0,
-            seen: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            seen: Table::new(capacity),
             listed: Vec::new(),
             max_listed,
         }
@@ -64,47 +142,68 @@ impl Duplicates {
         self.level == 0 || hash >> (64 - self.level) == 0
     }
 
+    /// Records samples of hashes `hashes`, `index(i)` the index of the
+    /// i-th (indices ascend), fetching the table's lines ahead of time.
+    pub fn push_all(&mut self, hashes: &[u64], index: impl Fn(usize) -> usize) {
+        for &h in hashes.iter().take(AHEAD) {
+            self.seen.prefetch(h);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.seen.prefetch(ahead);
+            }
+            self.push(h, index(i));
+        }
+    }
+
     /// Records sample `index` of hash `hash` (indices ascend).
     pub fn push(&mut self, hash: u64, index: usize) {
         if !self.keeps(hash) {
             return;
         }
-        if let Some(g) = self.seen.get_mut(&hash) {
-            g.copies += 1;
-            if self.listed.len() < self.max_listed {
-                self.listed.push((index, g.first));
+        let key = Table::key(hash);
+        let slot = match self.seen.find(key) {
+            Slot::Seen(slot) => {
+                self.seen.copies[slot] += 1;
+                if self.listed.len() < self.max_listed {
+                    self.listed.push((index, self.seen.first(slot) as usize));
+                }
+                return;
             }
+            Slot::Free(slot) => slot,
+        };
+        if self.seen.len < self.capacity {
+            self.seen.insert_at(slot, key, index as u64, 0);
             return;
         }
-        // Full: keep a smaller share of the hash space in a fresh table
-        // (a table thinned in place keeps its tombstones and regrows).
-        if self.seen.len() >= self.capacity {
-            while self.seen.len() >= self.capacity / 2 && self.level < 63 {
-                self.level += 1;
-                let level = self.level;
-                self.seen.retain(|&h, _| h >> (64 - level) == 0);
-            }
-            let old = std::mem::replace(
-                &mut self.seen,
-                HashMap::with_capacity_and_hasher(self.capacity, Default::default()),
-            );
-            self.seen.extend(old);
+        // Full: keep a smaller share of the hash space in a fresh table.
+        let kept = |level: u32| {
+            self.seen
+                .entries()
+                .filter(move |e| e.0 >> (64 - level) == 0)
+        };
+        let mut level = self.level;
+        while level < 63 && (level == self.level || kept(level).count() >= self.capacity / 2) {
+            level += 1;
         }
-        if self.keeps(hash) && self.seen.len() < self.capacity {
-            self.seen.insert(
-                hash,
-                Group {
-                    first: index,
-                    copies: 0,
-                },
-            );
+        let mut fresh = Table::new(self.capacity);
+        for (k, first, copies) in kept(level) {
+            if let Slot::Free(slot) = fresh.find(k) {
+                fresh.insert_at(slot, k, first, copies);
+            }
+        }
+        (self.seen, self.level) = (fresh, level);
+        if self.keeps(hash) && self.seen.len < self.capacity {
+            if let Slot::Free(slot) = self.seen.find(key) {
+                self.seen.insert_at(slot, key, index as u64, 0);
+            }
         }
     }
 
     /// The duplicates listed (duplicate, original), the count to report,
     /// and how exact it is.
     pub fn finish(&mut self) -> (Vec<(usize, usize)>, u64, DuplicateSketch) {
-        let found: u64 = self.seen.values().map(|g| g.copies).sum();
+        let found: u64 = self.seen.entries().map(|e| e.2).sum();
         let sampled = 0.5f64.powi(self.level as i32);
         let exact = self.level == 0;
         let estimated = if exact {
@@ -147,19 +246,50 @@ pub fn sample_hash(values: &[f64], labels: &[i64]) -> u64 {
     let mut lanes = [K0, K1, K2, K3];
     let mut quads = values.chunks_exact(4);
     for q in &mut quads {
-        for (lane, v) in lanes.iter_mut().zip(q) {
-            *lane = (*lane ^ v.to_bits()).wrapping_mul(K0).rotate_left(31);
-        }
+        absorb(&mut lanes, [0, 1, 2, 3].map(|i| q[i].to_bits()));
     }
-    for (lane, v) in lanes.iter_mut().zip(quads.remainder()) {
-        *lane = (*lane ^ v.to_bits()).wrapping_mul(K1).rotate_left(29);
+    let tail = quads.remainder().iter().map(|v| v.to_bits());
+    finish(lanes, tail, values.len(), labels)
+}
+
+/// The hash of f32 values: two values' bits to a word, so half the
+/// multiplies of [`sample_hash`] (the samples of one file are all f32 or
+/// all f64, so the two kinds never need to agree).
+#[inline(always)]
+pub fn sample_hash_f32(values: &[f32], labels: &[i64]) -> u64 {
+    let pair = |a: f32, b: f32| u64::from(a.to_bits()) | u64::from(b.to_bits()) << 32;
+    let mut lanes = [K0, K1, K2, K3];
+    let mut octets = values.chunks_exact(8);
+    for o in &mut octets {
+        absorb(&mut lanes, [0, 2, 4, 6].map(|i| pair(o[i], o[i + 1])));
+    }
+    let rest = octets.remainder();
+    let tail = rest
+        .chunks(2)
+        .map(|p| pair(p[0], p.get(1).copied().unwrap_or(0.0)));
+    finish(lanes, tail, values.len(), labels)
+}
+
+#[inline(always)]
+fn absorb(lanes: &mut [u64; 4], words: [u64; 4]) {
+    for (lane, w) in lanes.iter_mut().zip(words) {
+        *lane = (*lane ^ w).wrapping_mul(K0).rotate_left(31);
+    }
+}
+
+/// Takes the last words (fewer than four), mixes the lanes, the labels
+/// and the value count.
+#[inline(always)]
+fn finish(mut lanes: [u64; 4], tail: impl Iterator<Item = u64>, len: usize, labels: &[i64]) -> u64 {
+    for (lane, w) in lanes.iter_mut().zip(tail) {
+        *lane = (*lane ^ w).wrapping_mul(K1).rotate_left(29);
     }
     let mut h = mix(lanes[0] ^ lanes[1].rotate_left(17))
         ^ mix(lanes[2].rotate_left(7) ^ lanes[3].rotate_left(41));
     for &y in labels {
         h = mix(h ^ (y as u64).wrapping_mul(K2));
     }
-    mix(h ^ (values.len() as u64).wrapping_mul(K3))
+    mix(h ^ (len as u64).wrapping_mul(K3))
 }
 
 #[cfg(test)]
@@ -200,13 +330,13 @@ mod tests {
     #[test]
     fn one_sample_copied_everywhere_does_not_grow_the_table() {
         let mut d = Duplicates::new(16, 0);
-        let room = d.seen.capacity();
+        let room = d.seen.lines.len();
         for i in 0..10_000usize {
             let v = if i % 2 == 0 { 0.0 } else { i as f64 };
             d.push(sample_hash(&[v], &[]), i);
-            assert!(d.seen.len() <= 16);
+            assert!(d.seen.len <= 16);
         }
-        assert_eq!(d.seen.capacity(), room, "the table never grew");
+        assert_eq!(d.seen.lines.len(), room, "the table never grew");
         let (_, _, sketch) = d.finish();
         assert!(!sketch.exact);
     }
@@ -222,5 +352,24 @@ mod tests {
             sample_hash(&[0.0; 5], &[]),
             "a zero more is another sample"
         );
+        let base = sample_hash_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], &[1]);
+        assert_ne!(
+            base,
+            sample_hash_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], &[2])
+        );
+        assert_ne!(
+            base,
+            sample_hash_f32(&[2.0, 1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], &[1])
+        );
+        assert_ne!(
+            base,
+            sample_hash_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.5], &[1])
+        );
+        assert_ne!(
+            sample_hash_f32(&[1.0; 9], &[]),
+            sample_hash_f32(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0], &[]),
+            "a trailing zero is another sample"
+        );
+        assert_ne!(sample_hash_f32(&[0.0], &[]), sample_hash_f32(&[-0.0], &[]));
     }
 }

@@ -10,6 +10,7 @@
 mod block;
 mod columns;
 mod duplicates;
+mod element;
 mod memory;
 mod report;
 mod scanner;
@@ -88,7 +89,7 @@ fn pipeline(
             scanner.absorb(&current, None, scanned);
             return Ok(());
         }
-        let next_start = start + current.values.len() / f;
+        let next_start = start + current.inputs().len() / f;
         after.clear();
         let (read_after, (next_scanned, ())) = rayon::join(
             || fill(reader, per, &mut after),
@@ -133,11 +134,11 @@ pub fn scan_dataset(
         for &i in block {
             dataset.append(i, &mut rows)?;
         }
-        let chunk = Chunk {
-            values: rows.values.iter().map(|&v| f64::from(v)).collect(),
+        let mut chunk = Chunk {
             labels: rows.labels.clone(),
-            targets: Vec::new(),
+            ..Chunk::default()
         };
+        chunk.narrow.extend_from_slice(&rows.values);
         scanner.push_with(&chunk, Some(block));
     }
     Ok(scanner.finish(dataset.name()))
@@ -235,5 +236,77 @@ mod tests {
             "{one}"
         );
         assert_eq!(one, report(3));
+    }
+
+    /// f32 inputs viewed in place in the mapped file, and the same values
+    /// stored as f64 (read as f64), give the same report to the bit, on one
+    /// thread and on the pipeline of two.
+    #[test]
+    fn f32_in_place_and_f64_give_the_same_report() {
+        use ::safetensors::tensor::TensorView;
+        use ::safetensors::Dtype;
+        let (k, f) = (3_000, 24);
+        let mut rng = crate::rng::Rng::keyed(3, "scan.narrow", 0);
+        let mut values: Vec<f32> = (0..k * f)
+            .map(|_| rng.uniform_in(-5.0, 50.0) as f32)
+            .collect();
+        values[700 * f + 3] = f32::NAN;
+        values[1_400 * f + 23] = f32::NEG_INFINITY;
+        values[2_000 * f + 1] = 3e7;
+        values[900 * f..901 * f].fill(0.0);
+        let copy = values[12 * f..13 * f].to_vec(); // labels 12 % 4 = 2500 % 4
+        values[2_500 * f..2_501 * f].copy_from_slice(&copy);
+        let labels: Vec<i64> = (0..k as i64)
+            .map(|i| if i == 77 { 9 } else { i % 4 })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("nanhunt-scan-narrow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let raw = |v: &[u8]| v.to_vec();
+        let label_bytes: Vec<u8> = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+        let wide: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| f64::from(v).to_le_bytes())
+            .collect();
+        let narrow: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut reports = Vec::new();
+        for (name, dtype, bytes) in [("f32", Dtype::F32, raw(&narrow)), ("f64", Dtype::F64, wide)] {
+            let path = dir.join(format!("{name}.safetensors"));
+            let tensors = vec![
+                (
+                    "inputs",
+                    TensorView::new(dtype, vec![k, f], &bytes).unwrap(),
+                ),
+                (
+                    "labels",
+                    TensorView::new(Dtype::I64, vec![k], &label_bytes).unwrap(),
+                ),
+            ];
+            ::safetensors::serialize_to_file(tensors, None, &path).unwrap();
+            let source: FileSource =
+                serde_json::from_value(serde_json::json!({ "path": path })).unwrap();
+            for threads in [1, 2] {
+                let opts = ScanOptions {
+                    classes: Some(4),
+                    max_memory: 1 << 20,
+                    threads,
+                    ..ScanOptions::default()
+                };
+                let mut scan = scan_file(&source, &opts).unwrap();
+                scan.dataset.clear();
+                reports.push(serde_json::to_string(&scan).unwrap());
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        for kind in [
+            "\"nan\"",
+            "\"inf\"",
+            "\"extreme\"",
+            "all_zero",
+            "duplicate_sample",
+            "label_out",
+        ] {
+            assert!(reports[0].contains(kind), "{kind} in {}", reports[0]);
+        }
+        assert!(reports.iter().all(|r| *r == reports[0]), "{reports:#?}");
     }
 }

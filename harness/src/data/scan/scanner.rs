@@ -6,12 +6,13 @@
 use super::block::{merge_labels, Block, Labels, Seen, SAMPLE_PROBLEMS};
 use super::columns::Columns;
 use super::duplicates::Duplicates;
+use super::element::Element;
 use super::memory::Plan;
 use super::report::{
     DataScan, FeatureStats, LabelStats, Problem, ProblemKind, QuantileSketch, ScanOptions, Sketches,
 };
 use crate::data::dataset::SampleShape;
-use crate::data::files::Chunk;
+use crate::data::files::{Chunk, Inputs};
 use crate::rng::Rng;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -56,10 +57,18 @@ impl Reservoir {
         self.next = position.saturating_add(1).saturating_add(skip as usize);
     }
 
-    fn offer(&mut self, sample: &[f64], position: usize) {
+    /// Offers samples `rows` of `values` (samples of `f`), the first of
+    /// the chunk at scan position `start`.
+    fn offer_rows<T: Element>(&mut self, values: &[T], f: usize, rows: Range<usize>, start: usize) {
+        for row in rows {
+            self.offer(&values[row * f..(row + 1) * f], start + row);
+        }
+    }
+
+    fn offer<T: Element>(&mut self, sample: &[T], position: usize) {
         let f = sample.len();
         if self.values.len() < self.capacity * f {
-            self.values.extend_from_slice(sample);
+            self.values.extend(sample.iter().map(|v| v.wide()));
             if self.values.len() == self.capacity * f {
                 self.schedule(position);
             }
@@ -67,7 +76,10 @@ impl Reservoir {
         }
         if position == self.next {
             let j = self.rng.below(self.capacity);
-            self.values[j * f..(j + 1) * f].copy_from_slice(sample);
+            let held = &mut self.values[j * f..(j + 1) * f];
+            for (h, v) in held.iter_mut().zip(sample) {
+                *h = v.wide();
+            }
             self.schedule(position);
         }
     }
@@ -93,7 +105,7 @@ impl Blocks {
         ids: Option<&[usize]>,
     ) -> Vec<(Range<usize>, Block)> {
         let (f, l) = self.shape;
-        let k = chunk.values.len().checked_div(f).unwrap_or(0);
+        let k = chunk.inputs().len().checked_div(f).unwrap_or(0);
         let per = self.per;
         let ranges: Vec<_> = (0..k).step_by(per).map(|s| s..(s + per).min(k)).collect();
         let index = |row: usize| ids.map_or(start + row, |ids| ids[row]);
@@ -196,7 +208,7 @@ impl Scanner {
         blocks: Vec<(Range<usize>, Block)>,
     ) {
         let f = self.shape.numel();
-        let k = chunk.values.len().checked_div(f).unwrap_or(0);
+        let k = chunk.inputs().len().checked_div(f).unwrap_or(0);
         let next = self.next;
         let index = |row: usize| ids.map_or(next + row, |ids| ids[row]);
         for (rows, block) in blocks {
@@ -209,10 +221,12 @@ impl Scanner {
             }
             self.extreme_max = self.extreme_max.max(block.extreme_max);
             merge_labels(&mut self.labels, block.labels);
-            for (row, hash) in rows.zip(block.hashes) {
-                self.duplicates.push(hash, index(row));
-                self.reservoir
-                    .offer(&chunk.values[row * f..(row + 1) * f], next + row);
+            let first = rows.start;
+            self.duplicates
+                .push_all(&block.hashes, |i| index(first + i));
+            match chunk.inputs() {
+                Inputs::Wide(v) => self.reservoir.offer_rows(v, f, rows, next),
+                Inputs::Narrow(v) => self.reservoir.offer_rows(v, f, rows, next),
             }
         }
         self.next += k;
