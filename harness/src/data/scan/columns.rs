@@ -148,6 +148,30 @@ impl BlockColumns {
     }
 }
 
+/// The values at the ranks of the quartiles in sorted order (the nearest
+/// rank), found by selection: the elements a full sort would put there, for
+/// a linear pass instead of a sort per feature.
+fn quartiles(values: &mut [f64]) -> [f64; 3] {
+    let n = values.len();
+    if n == 0 {
+        return [f64::NAN; 3];
+    }
+    let rank = |p: f64| ((n - 1) as f64 * p).round() as usize;
+    let (r1, r2, r3) = (rank(0.25), rank(0.5), rank(0.75));
+    let (low, &mut median, high) = values.select_nth_unstable_by(r2, f64::total_cmp);
+    let q1 = if r1 < r2 {
+        *low.select_nth_unstable_by(r1, f64::total_cmp).1
+    } else {
+        median
+    };
+    let q3 = if r3 > r2 {
+        *high.select_nth_unstable_by(r3 - r2 - 1, f64::total_cmp).1
+    } else {
+        median
+    };
+    [q1, median, q3]
+}
+
 /// The scan's per-feature moments: finite count, mean and sum of squared
 /// deviations, merged block by block in file order.
 pub struct Columns {
@@ -196,15 +220,10 @@ impl Columns {
         }
     }
 
-    /// Feature `j`'s statistics, its median and IQR from `sorted`.
-    pub fn stats(&self, j: usize, sorted: &[f64]) -> FeatureStats {
-        let q = |p: f64| {
-            if sorted.is_empty() {
-                f64::NAN
-            } else {
-                sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-            }
-        };
+    /// Feature `j`'s statistics, its median and IQR from the reservoir's
+    /// finite values of it, `held` (reordered).
+    pub fn stats(&self, j: usize, held: &mut [f64]) -> FeatureStats {
+        let [q1, median, q3] = quartiles(held);
         let n = self.n[j];
         let (mean, std) = if n == 0 {
             (f64::NAN, f64::NAN)
@@ -217,8 +236,8 @@ impl Columns {
             max: if n == 0 { f64::NAN } else { self.max[j] },
             mean,
             std,
-            median: q(0.5),
-            iqr: q(0.75) - q(0.25),
+            median,
+            iqr: q3 - q1,
             nan: self.nan[j],
             inf: self.inf[j],
         }
@@ -228,6 +247,19 @@ impl Columns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selected_quartiles_are_the_sorted_ones() {
+        let mut rng = crate::rng::Rng::keyed(2, "quartiles", 0);
+        for n in [1, 2, 3, 4, 5, 8, 101, 2048] {
+            let mut v: Vec<f64> = (0..n).map(|_| (rng.uniform_in(-9.0, 9.0)).round()).collect();
+            let mut sorted = v.clone();
+            sorted.sort_by(f64::total_cmp);
+            let at = |p: f64| sorted[((n - 1) as f64 * p).round() as usize];
+            assert_eq!(quartiles(&mut v), [at(0.25), at(0.5), at(0.75)], "{n} values");
+        }
+        assert!(quartiles(&mut []).iter().all(|q| q.is_nan()));
+    }
 
     /// Samples added four at a time give the bits of adding them one by one.
     #[test]
@@ -272,7 +304,7 @@ mod tests {
                 b.add_careful(&[f64::NAN]);
                 cols.merge(&b);
             }
-            let s = cols.stats(0, &[]);
+            let s = cols.stats(0, &mut []);
             assert!((s.mean - mean).abs() < 1e-6, "block {block}: {}", s.mean);
             assert!(
                 (s.std - var.sqrt()).abs() < 1e-6,

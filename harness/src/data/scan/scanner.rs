@@ -243,8 +243,7 @@ impl Scanner {
                 column.clear();
                 let held = self.reservoir.values.iter().skip(j).step_by(f.max(1));
                 column.extend(held.copied().filter(|v| v.is_finite()));
-                column.sort_by(f64::total_cmp);
-                self.columns.stats(j, &column)
+                self.columns.stats(j, &mut column)
             })
             .collect()
     }
