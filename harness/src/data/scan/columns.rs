@@ -252,11 +252,17 @@ mod tests {
     fn selected_quartiles_are_the_sorted_ones() {
         let mut rng = crate::rng::Rng::keyed(2, "quartiles", 0);
         for n in [1, 2, 3, 4, 5, 8, 101, 2048] {
-            let mut v: Vec<f64> = (0..n).map(|_| (rng.uniform_in(-9.0, 9.0)).round()).collect();
+            let mut v: Vec<f64> = (0..n)
+                .map(|_| (rng.uniform_in(-9.0, 9.0)).round())
+                .collect();
             let mut sorted = v.clone();
             sorted.sort_by(f64::total_cmp);
             let at = |p: f64| sorted[((n - 1) as f64 * p).round() as usize];
-            assert_eq!(quartiles(&mut v), [at(0.25), at(0.5), at(0.75)], "{n} values");
+            assert_eq!(
+                quartiles(&mut v),
+                [at(0.25), at(0.5), at(0.75)],
+                "{n} values"
+            );
         }
         assert!(quartiles(&mut []).iter().all(|q| q.is_nan()));
     }
