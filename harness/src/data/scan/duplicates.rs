@@ -143,16 +143,31 @@ impl Duplicates {
     }
 
     /// Records samples of hashes `hashes`, `index(i)` the index of the
-    /// i-th (indices ascend), fetching the table's lines ahead of time.
+    /// i-th (indices ascend), fetching the table's lines ahead of time:
+    /// those of the next [`AHEAD`] samples the table keeps (past its room
+    /// it keeps a share, and the others cost no probe and no fetch).
     pub fn push_all(&mut self, hashes: &[u64], index: impl Fn(usize) -> usize) {
-        for &h in hashes.iter().take(AHEAD) {
-            self.seen.prefetch(h);
-        }
+        // `lead`: the next hash to look ahead at; `fetched`: kept hashes
+        // fetched but not yet recorded.
+        let (mut lead, mut fetched) = (0, 0);
         for (i, &h) in hashes.iter().enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                self.seen.prefetch(ahead);
+            while fetched < AHEAD && lead < hashes.len() {
+                if self.keeps(hashes[lead]) {
+                    self.seen.prefetch(hashes[lead]);
+                    fetched += 1;
+                }
+                lead += 1;
             }
+            if !self.keeps(h) {
+                continue;
+            }
+            fetched -= 1;
+            let level = self.level;
             self.push(h, index(i));
+            if self.level != level {
+                // Thinned: the lines fetched are another table's.
+                (lead, fetched) = (i + 1, 0);
+            }
         }
     }
 
@@ -325,6 +340,26 @@ mod tests {
         let off = (count as f64 - 20_000.0).abs() / 20_000.0;
         assert!(off <= err, "estimated {count}, ±{err}");
         assert!(listed.iter().all(|&(dup, orig)| dup == orig + 1));
+    }
+
+    /// Batches, with their fetches ahead and the table thinned midway,
+    /// record what one push at a time records.
+    #[test]
+    fn a_batch_is_one_push_at_a_time() {
+        let hashes: Vec<u64> = (0..50_000usize)
+            .map(|i| sample_hash(&[(i % 20_000) as f64], &[]))
+            .collect();
+        let (mut batched, mut single) = (Duplicates::new(4096, 50), Duplicates::new(4096, 50));
+        for (b, block) in hashes.chunks(777).enumerate() {
+            batched.push_all(block, |i| b * 777 + i);
+            for (i, &h) in block.iter().enumerate() {
+                single.push(h, b * 777 + i);
+            }
+        }
+        assert!(batched.level > 0, "the table was thinned");
+        let (a, b) = (batched.finish(), single.finish());
+        assert_eq!((a.0, a.1), (b.0, b.1));
+        assert_eq!(format!("{:?}", a.2), format!("{:?}", b.2));
     }
 
     #[test]
