@@ -23,7 +23,7 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-const PAGE: usize = 4096;
+pub const PAGE: usize = 4096;
 
 impl Bytes {
     /// Gives the whole pages of `range` back to the OS (mapped bytes only;
@@ -117,11 +117,16 @@ impl Narrow {
         self.owned.clear();
     }
 
-    /// Appends values (a view held so far is copied first).
-    pub fn extend_from_slice(&mut self, values: &[f32]) {
+    /// Copies a view held into values of its own, to append to them.
+    fn own(&mut self) {
         if let Some(v) = self.view.take() {
             self.owned.extend_from_slice(v.values());
         }
+    }
+
+    /// Appends values (a view held so far is copied first).
+    pub fn extend_from_slice(&mut self, values: &[f32]) {
+        self.own();
         self.owned.extend_from_slice(values);
     }
 
@@ -143,9 +148,7 @@ impl Narrow {
                 });
             }
             _ => {
-                if let Some(v) = self.view.take() {
-                    self.owned.extend_from_slice(v.values());
-                }
+                self.own();
                 let values = raw.chunks_exact(4);
                 self.owned
                     .extend(values.map(|b| f32::from_le_bytes(b.try_into().expect("four bytes"))));

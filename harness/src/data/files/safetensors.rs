@@ -5,7 +5,7 @@
 //! converted a chunk of samples at a time and the mapped pages already
 //! read are given back, so a scan of a file larger than memory stays small.
 
-use super::narrow::Bytes;
+use super::narrow::{Bytes, PAGE};
 use super::{layout, sample_dims, Chunk, Part, SampleReader};
 use crate::data::dataset::SampleShape;
 use crate::error::{Document, Error, Result};
@@ -35,7 +35,7 @@ impl Region {
         let from = self.released.max(self.start);
         if upto > from {
             bytes.release(from..upto);
-            self.released = upto / 4096 * 4096;
+            self.released = upto / PAGE * PAGE;
         }
     }
 }
@@ -215,7 +215,7 @@ impl SampleReader for Reader {
         let rows = self.next..self.next + k;
         let map = &self.map;
         let bytes = self.inputs.range(rows.clone());
-        if self.inputs.dtype == Dtype::F32 && chunk.values.is_empty() {
+        if self.inputs.dtype == Dtype::F32 {
             // Viewed in place: the chunk gives its pages back when dropped.
             chunk.narrow.extend_from_file(map, bytes);
         } else {

@@ -261,7 +261,6 @@ mod tests {
             .collect();
         let dir = std::env::temp_dir().join(format!("nanhunt-scan-narrow-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let raw = |v: &[u8]| v.to_vec();
         let label_bytes: Vec<u8> = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
         let wide: Vec<u8> = values
             .iter()
@@ -269,7 +268,7 @@ mod tests {
             .collect();
         let narrow: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut reports = Vec::new();
-        for (name, dtype, bytes) in [("f32", Dtype::F32, raw(&narrow)), ("f64", Dtype::F64, wide)] {
+        for (name, dtype, bytes) in [("f32", Dtype::F32, narrow), ("f64", Dtype::F64, wide)] {
             let path = dir.join(format!("{name}.safetensors"));
             let tensors = vec![
                 (
@@ -282,8 +281,7 @@ mod tests {
                 ),
             ];
             ::safetensors::serialize_to_file(tensors, None, &path).unwrap();
-            let source: FileSource =
-                serde_json::from_value(serde_json::json!({ "path": path })).unwrap();
+            let source = FileSource::new(&path);
             for threads in [1, 2] {
                 let opts = ScanOptions {
                     classes: Some(4),
