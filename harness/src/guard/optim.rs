@@ -78,6 +78,11 @@ pub trait GuardOptimizer {
     fn prepared_scans(&self) -> Option<&UpdateScans> {
         None
     }
+    /// Whether it updates exactly `vars`, in that order: then its
+    /// per-variable scans line up with the guard's variables.
+    fn updates_exactly(&self, _vars: &[Var]) -> bool {
+        false
+    }
     /// The state a prepared update would leave, as (variable index in the
     /// optimizer's order, kind, tensor): checked with the parameters, as
     /// the runner checks its optimizer's state.
@@ -199,6 +204,15 @@ impl GuardOptimizer for NanhuntOptimizer {
 
     fn prepared_scans(&self) -> Option<&UpdateScans> {
         self.scans.as_ref()
+    }
+
+    fn updates_exactly(&self, vars: &[Var]) -> bool {
+        self.vars.len() == vars.len()
+            && self
+                .vars
+                .iter()
+                .zip(vars)
+                .all(|(a, b)| a.as_tensor().id() == b.as_tensor().id())
     }
 
     fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {

@@ -8,9 +8,10 @@ use super::{Batch, Guard, GuardOptimizer};
 use crate::checks::{self, Updated};
 use crate::error::{Error, Result};
 use crate::finding::{Failure, Grew, Phase};
-use crate::probe::{global_norm, scan_all, TensorStats};
+use crate::probe::{first_non_finite, global_norm, scan_all, TensorScan, TensorStats};
 use candle_core::backprop::GradStore;
-use candle_core::{Result as CandleResult, Tensor};
+use candle_core::{Result as CandleResult, Tensor, Var};
+use std::borrow::Cow;
 
 /// The value a phase handed on, or the step's failure.
 macro_rules! go {
@@ -40,11 +41,14 @@ impl Guard {
         let grads = loss.backward()?;
         let coverage = crate::coverage::of(&self.names, &self.vars, &grads, &[]);
         go!(unless(checks::coverage(coverage)));
+        // Computed, not set (nothing changes before every check passed):
+        // its pass scans the gradients as it reads them.
+        let prepared = opt.prepare(&grads)?;
         go!(self.gradient_phase(step, &grads, (before, &*opt)));
         // The loss trend first: a diverged run takes no update.
         go!(unless(checks::trend(&mut self.tracker, value)));
         self.watch_crossing(step, batch, before, opt)?;
-        go!(self.update_phase(step, &grads, opt, before));
+        go!(self.update_phase(step, (&grads, prepared), opt, before));
         self.keep_jump_batch(batch);
         Ok(Ok(value))
     }
@@ -52,7 +56,9 @@ impl Guard {
     /// The data check on the batch's float tensors.
     fn batch_phase(&self, batch: &Batch) -> Phased<()> {
         for (name, t) in batch.parts() {
-            if !t.dtype().is_float() {
+            // Checked against its own dtype's range, which no finite value
+            // leaves: the bit test decides, the scan only describes.
+            if !t.dtype().is_float() || first_non_finite(&[t])?.is_none() {
                 continue;
             }
             let Some(bad) = checks::batch_values(&scan_all(&[t])?[0], t.dtype()) else {
@@ -106,12 +112,16 @@ impl Guard {
                     .expect("every variable has a gradient")
             })
             .collect();
-        let scans = scan_all(&g)?;
+        // Scanned by the prepared update's pass where it read them all.
+        let scans = match opt_grads(before.1, &self.vars) {
+            Some(seen) => Cow::Borrowed(seen),
+            None => Cow::Owned(scan_all(&g)?),
+        };
         if let Some(i) = checks::first_bad(&scans) {
             let f = checks::gradient_failure(&self.names[i], &scans[i], self.half(), g[i])?;
             return Ok(Err(f));
         }
-        for ((t, scan), name) in g.iter().zip(&scans).zip(&self.names) {
+        for ((t, scan), name) in g.iter().zip(scans.iter()).zip(&self.names) {
             // The warning first: outside half precision there is none, and
             // nothing to format or search for.
             let Some(w) = checks::half_margin(step, name, t.dtype(), scan) else {
@@ -139,11 +149,10 @@ impl Guard {
     fn update_phase<O: GuardOptimizer + ?Sized>(
         &mut self,
         step: usize,
-        grads: &GradStore,
+        (grads, prepared): (&GradStore, Option<Vec<Tensor>>),
         opt: &mut O,
         before: &Before,
     ) -> Phased<()> {
-        let prepared = opt.prepare(grads)?;
         let refs: Vec<&Tensor> = match &prepared {
             Some(new) => new.iter().collect(),
             None => {
@@ -153,8 +162,8 @@ impl Guard {
         };
         // A prepared update's own pass may have scanned what it wrote.
         let scans = match (&prepared, opt.prepared_scans()) {
-            (Some(_), Some(seen)) => seen.params.clone(),
-            _ => scan_all(&refs)?,
+            (Some(_), Some(seen)) => Cow::Borrowed(&seen.params[..]),
+            _ => Cow::Owned(scan_all(&refs)?),
         };
         if let Some(i) = checks::first_bad(&scans) {
             let which = Updated::Param(&self.names[i]);
@@ -208,6 +217,13 @@ impl Guard {
         let i = checks::explosion::fastest_growing(updated, &earlier)?;
         Ok(self.names[i].clone())
     }
+}
+
+/// The gradients' scans of the prepared update's pass, where it read
+/// every one of `vars`, in their order.
+fn opt_grads<'a, O: GuardOptimizer + ?Sized>(opt: &'a O, vars: &[Var]) -> Option<&'a [TensorScan]> {
+    let seen = opt.prepared_scans()?;
+    (seen.grads.len() == vars.len() && opt.updates_exactly(vars)).then_some(&seen.grads[..])
 }
 
 /// A check's failure, if any, as a phase's result.

@@ -10,7 +10,7 @@
 //! chain's (`tests` compares them on pathological values); other devices
 //! and dtypes, strided tensors, and the reference kernels take the chain.
 
-use super::Slot;
+use super::{Scan, Slot};
 use crate::kernels::Real;
 use crate::probe::{all_finite_real, scan_real, TensorScan};
 use crate::spec::OptimizerSpec;
@@ -21,10 +21,20 @@ use std::ops::Range;
 pub(super) struct Fused {
     /// The parameter's new values.
     pub new: Tensor,
-    /// Where asked for: the scan of the new values (the probe's pass over
-    /// them, so its bits) and the first of the state tensors it leaves
-    /// (counted in [`super::STATE_KINDS`] order) that is not finite.
-    pub checked: Option<(TensorScan, Option<usize>)>,
+    /// What the pass saw, where asked for.
+    pub checked: Option<Checked>,
+}
+
+/// What a checked pass saw, each scan the probe's pass over the values
+/// (so its bits), run while they are in cache.
+pub(super) struct Checked {
+    /// The gradient as the pass read it, where asked for.
+    pub grad: Option<TensorScan>,
+    /// The new values.
+    pub param: TensorScan,
+    /// The first of the state tensors it leaves (counted in
+    /// [`super::STATE_KINDS`] order) that is not finite.
+    pub bad_state: Option<usize>,
 }
 
 /// The new parameter values, with `slot` advanced; `None` (nothing changed)
@@ -34,7 +44,7 @@ pub(super) fn update(
     (p, g): (&Tensor, &Tensor),
     slot: &mut Slot,
     (lr, t): (f64, i32),
-    check: bool,
+    check: Scan,
 ) -> Result<Option<Fused>> {
     let states = [&slot.momentum, &slot.m, &slot.v];
     let fits = |x: &Tensor| {
@@ -63,23 +73,27 @@ fn apply<T: Real>(
     spec: &OptimizerSpec,
     (p, g, lr, t): (&Tensor, &Tensor, f64, i32),
     slot: &mut Slot,
-    check: bool,
+    check: Scan,
 ) -> Result<Option<Fused>> {
-    let Some(Next {
-        p: new,
-        momentum,
-        m,
-        v,
-    }) = run::<T>(spec, p, g, slot, lr, t)?
+    let Some((
+        Next {
+            p: new,
+            momentum,
+            m,
+            v,
+        },
+        grad,
+    )) = run::<T>(spec, p, g, slot, (lr, t), check)?
     else {
         return Ok(None);
     };
     let states = [momentum, m, v];
     // Checked while the values are still in cache.
-    let checked = check.then(|| {
+    let checked = (check != Scan::Nothing).then(|| Checked {
+        grad,
+        param: scan_real(&new),
         // Counted among the states it leaves, in `STATE_KINDS` order.
-        let bad = states.iter().flatten().position(|s| !all_finite_real(s));
-        (scan_real(&new), bad)
+        bad_state: states.iter().flatten().position(|s| !all_finite_real(s)),
     });
     let tensor = |values| Tensor::from_vec(values, p.shape(), p.device());
     for (state, values) in [&mut slot.momentum, &mut slot.m, &mut slot.v]
@@ -104,15 +118,16 @@ struct Next<T> {
     v: Option<Vec<T>>,
 }
 
-/// The slices of the inputs (read-locked for the pass) and the rule.
+/// The slices of the inputs (read-locked for the pass) and the rule;
+/// the scan of the gradient it read where `check` asks for it.
 fn run<T: Real>(
     spec: &OptimizerSpec,
     p: &Tensor,
     g: &Tensor,
     slot: &Slot,
-    lr: f64,
-    t: i32,
-) -> Result<Option<Next<T>>> {
+    (lr, t): (f64, i32),
+    check: Scan,
+) -> Result<Option<(Next<T>, Option<TensorScan>)>> {
     let (ps, pr) = locked(p);
     let (gs, gr) = locked(g);
     let [mom, m, v] = [&slot.momentum, &slot.m, &slot.v].map(|s| s.as_ref().map(locked));
@@ -126,7 +141,11 @@ fn run<T: Real>(
         return Ok(None);
     };
     let x = Inputs { p, g, mom, m, v };
-    Ok(rule(spec, &x, lr, t))
+    let Some(next) = rule(spec, &x, lr, t) else {
+        return Ok(None);
+    };
+    let grad = (check == Scan::ReadAndWritten).then(|| scan_real(&g[..p.len()]));
+    Ok(Some((next, grad)))
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range

@@ -125,7 +125,7 @@ impl Optimizer {
 
     /// Applies one update with learning rate `lr` to each (param, grad) pair.
     pub fn step(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<()> {
-        let (new, _) = self.advance(params, grads, lr, false)?;
+        let (new, _) = self.advance(params, grads, lr, Scan::Nothing)?;
         set(params, new)
     }
 
@@ -138,7 +138,7 @@ impl Optimizer {
         grads: &[Tensor],
         lr: f64,
     ) -> Result<Option<UpdateScans>> {
-        let (new, scans) = self.advance(params, grads, lr, true)?;
+        let (new, scans) = self.advance(params, grads, lr, Scan::Written)?;
         set(params, new)?;
         Ok(scans)
     }
@@ -146,7 +146,7 @@ impl Optimizer {
     /// The parameters one update would give, without setting them (the
     /// optimizer's own state does advance): a caller can check them first.
     pub fn update(&mut self, params: &[Var], grads: &[Tensor], lr: f64) -> Result<Vec<Tensor>> {
-        Ok(self.advance(params, grads, lr, false)?.0)
+        Ok(self.advance(params, grads, lr, Scan::Nothing)?.0)
     }
 
     /// [`Optimizer::update`] with what its pass saw, as [`Optimizer::step_checked`].
@@ -156,21 +156,22 @@ impl Optimizer {
         grads: &[Tensor],
         lr: f64,
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
-        self.advance(params, grads, lr, true)
+        self.advance(params, grads, lr, Scan::ReadAndWritten)
     }
 
-    /// One update's new parameters; with `check`, the scans of the fused pass.
+    /// One update's new parameters and what its fused pass scanned.
     fn advance(
         &mut self,
         params: &[Var],
         grads: &[Tensor],
         lr: f64,
-        check: bool,
+        check: Scan,
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.steps += 1;
         let t = self.steps as i32;
         let mut out = Vec::with_capacity(params.len());
-        let mut scans = check.then(|| UpdateScans {
+        let mut scans = (check != Scan::Nothing).then(|| UpdateScans {
+            grads: Vec::with_capacity(params.len()),
             params: Vec::with_capacity(params.len()),
             bad_state: None,
         });
@@ -180,9 +181,11 @@ impl Optimizer {
         for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
             let fused = fused::update(&self.spec, (p.as_tensor(), g), slot, (lr, t), check)?;
             if let Some(fused::Fused { new, checked }) = fused {
-                if let (Some(all), Some((scan, bad))) = (scans.as_mut(), checked) {
-                    all.params.push(scan);
-                    all.bad_state = all.bad_state.or(bad.map(|k| states_before + k));
+                if let (Some(all), Some(seen)) = (scans.as_mut(), checked) {
+                    all.grads.extend(seen.grad);
+                    all.params.push(seen.param);
+                    let bad = seen.bad_state.map(|k| states_before + k);
+                    all.bad_state = all.bad_state.or(bad);
                     states_before += slot.tensors();
                 }
                 out.push(new);
@@ -201,14 +204,29 @@ impl Optimizer {
     }
 }
 
-/// What an update's fused pass saw of the values it wrote: the probe's
-/// scan of each new parameter (the same bits as scanning the tensors) and
-/// the first state tensor that is not finite, by its position in
-/// [`Optimizer::state_tensors`].
+/// What an update's fused pass saw of the values it read and wrote: the
+/// probe's scan of each gradient and of each new parameter (the same bits
+/// as scanning the tensors) and the first state tensor that is not finite,
+/// by its position in [`Optimizer::state_tensors`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct UpdateScans {
+    /// The gradients as the pass read them (a guard checks them from here
+    /// instead of a pass of its own).
+    pub grads: Vec<TensorScan>,
     pub params: Vec<TensorScan>,
     pub bad_state: Option<usize>,
+}
+
+/// What an update's fused pass scans.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    Nothing,
+    /// The new parameters and the state it leaves (the runner's check,
+    /// after its own gradient check).
+    Written,
+    /// Those and the gradients it reads (the guard's, whose gradient
+    /// check then needs no pass of its own).
+    ReadAndWritten,
 }
 
 /// The parameters set to their new values.

@@ -187,19 +187,29 @@ fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
                             .unwrap()
                     })
                     .collect();
-                let got = opt.step_checked(&params, &grads, spec.lr()).unwrap();
+                // The guard's form, the gradients scanned too (the
+                // runner's, `step_checked`, scans what it writes only).
+                let (new, got) = opt.update_checked(&params, &grads, spec.lr()).unwrap();
                 let got = got.expect("every parameter takes the fused pass");
+                for (p, new) in params.iter().zip(&new) {
+                    p.set(new).unwrap();
+                }
                 let refs: Vec<&Tensor> = params.iter().map(|p| p.as_tensor()).collect();
-                let want = crate::probe::scan_all(&refs).unwrap();
-                assert_eq!(got.params.len(), want.len());
-                for (a, b) in got.params.iter().zip(&want) {
-                    assert_eq!(a.sum_sq.to_bits(), b.sum_sq.to_bits(), "{spec:?} {dtype:?}");
-                    assert_eq!(
-                        a.max_abs.to_bits(),
-                        b.max_abs.to_bits(),
-                        "{spec:?} {dtype:?}"
-                    );
-                    assert_eq!((a.nan, a.inf), (b.nan, b.inf), "{spec:?} {dtype:?}");
+                let grad_refs: Vec<&Tensor> = grads.iter().collect();
+                // The gradients (with their NaNs and infinities) as read,
+                // the parameters as written.
+                for (got, of) in [(&got.grads, &grad_refs), (&got.params, &refs)] {
+                    let want = crate::probe::scan_all(of).unwrap();
+                    assert_eq!(got.len(), want.len());
+                    for (a, b) in got.iter().zip(&want) {
+                        assert_eq!(a.sum_sq.to_bits(), b.sum_sq.to_bits(), "{spec:?} {dtype:?}");
+                        assert_eq!(
+                            a.max_abs.to_bits(),
+                            b.max_abs.to_bits(),
+                            "{spec:?} {dtype:?}"
+                        );
+                        assert_eq!((a.nan, a.inf), (b.nan, b.inf), "{spec:?} {dtype:?}");
+                    }
                 }
                 let state: Vec<(usize, &str, &Tensor)> = opt.state_tensors().collect();
                 let tensors: Vec<&Tensor> = state.iter().map(|s| s.2).collect();
