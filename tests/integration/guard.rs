@@ -240,6 +240,75 @@ fn each_planted_fault_stops_at_its_step_with_its_producer() {
 }
 
 #[test]
+fn an_optimizer_over_the_variables_in_another_order_gets_the_same_findings() {
+    // The guard reads the gradients' scans from nanhunt's optimizer only
+    // where it updates the guard's variables in the guard's order; built
+    // by the user over them reversed, it is checked by the guard's own scan.
+    // `jump`: at step 3 the same loss with a gradient 1e4x larger, which
+    // the guard warns about, naming the variable whose gradient led.
+    let run = |reversed: bool, fault: Fault, data_fault: Option<fn(&Batch) -> Batch>, jump| {
+        let varmap = VarMap::new();
+        let model = net(&varmap);
+        let mut guard = Guard::new(&varmap, GuardOptions::default().named("user_net")).unwrap();
+        // The same start in both runs (candle-nn draws its own init).
+        let mut rng = Rng::new(7);
+        for v in guard.vars() {
+            let values: Vec<f32> = (0..v.elem_count())
+                .map(|_| 0.3 * rng.normal() as f32)
+                .collect();
+            v.set(&Tensor::from_vec(values, v.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+        }
+        let mut vars = guard.vars().to_vec();
+        if reversed {
+            vars.reverse();
+        }
+        let mut opt =
+            <nanhunt::guard::NanhuntOptimizer as candle_nn::Optimizer>::new(vars, adam(1e-8))
+                .unwrap();
+        assert_eq!(opt.updates_exactly(guard.vars()), !reversed);
+        let mut last = None;
+        for step in 0..6 {
+            let (mut b, f) = (batch(step), if step == 5 { fault } else { Fault::None });
+            if let (5, Some(d)) = (step, data_fault) {
+                b = d(&b);
+            }
+            let r = guard.step(step, &b, &mut opt, |b| {
+                let loss = model.loss(b, f)?;
+                if !(jump && step == 3) {
+                    return Ok(loss);
+                }
+                (&loss * 1e4)? - (&loss * (1e4 - 1.0))?.detach()
+            });
+            match r {
+                Ok(_) => {}
+                Err(GuardError::Unstable { finding, .. }) => {
+                    last = Some((finding.step, finding.phase, finding.stage, finding.detail));
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let norms: Vec<u64> = guard
+            .history()
+            .grad_norms
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        (last, norms, guard.warnings().to_vec())
+    };
+    for (fault, data, jump) in [
+        (Fault::Backward, None, false),
+        (Fault::None, Some(with_nan as fn(&Batch) -> Batch), false),
+        (Fault::None, None, true),
+    ] {
+        let in_order = run(false, fault, data, jump);
+        assert!(in_order.0.is_some() || !in_order.2.is_empty());
+        assert_eq!(in_order, run(true, fault, data, jump));
+    }
+}
+
+#[test]
 fn a_gradient_that_jumps_by_orders_of_magnitude_is_warned_about() {
     let varmap = VarMap::new();
     let model = net(&varmap);
