@@ -153,8 +153,11 @@ impl Guard {
         opt: &mut O,
         before: &Before,
     ) -> Phased<()> {
+        let exact = opt.updates_exactly(&self.vars);
         let refs: Vec<&Tensor> = match &prepared {
-            Some(new) => new.iter().collect(),
+            Some(new) if exact => new.iter().collect(),
+            // In the guard's order, what the optimizer leaves as it is.
+            Some(new) => in_guard_order(opt, &self.vars, new),
             None => {
                 opt.apply(grads)?;
                 self.vars.iter().map(|v| v.as_tensor()).collect()
@@ -162,7 +165,7 @@ impl Guard {
         };
         // A prepared update's own pass may have scanned what it wrote.
         let scans = match (&prepared, opt.prepared_scans()) {
-            (Some(_), Some(seen)) => Cow::Borrowed(&seen.params[..]),
+            (Some(_), Some(seen)) if exact => Cow::Borrowed(&seen.params[..]),
             _ => Cow::Owned(scan_all(&refs)?),
         };
         if let Some(i) = checks::first_bad(&scans) {
@@ -224,6 +227,24 @@ impl Guard {
 fn opt_grads<'a, O: GuardOptimizer + ?Sized>(opt: &'a O, vars: &[Var]) -> Option<&'a [TensorScan]> {
     let seen = opt.prepared_scans()?;
     (seen.grads.len() == vars.len() && opt.updates_exactly(vars)).then_some(&seen.grads[..])
+}
+
+/// The values an update prepared in the optimizer's order, put in the
+/// guard's; a variable the optimizer does not update keeps its value.
+fn in_guard_order<'a, O: GuardOptimizer + ?Sized>(
+    opt: &O,
+    vars: &'a [Var],
+    new: &'a [Tensor],
+) -> Vec<&'a Tensor> {
+    let order = opt.vars().unwrap_or_default();
+    vars.iter()
+        .map(|v| {
+            let at = order
+                .iter()
+                .position(|o| o.as_tensor().id() == v.as_tensor().id());
+            at.and_then(|i| new.get(i)).unwrap_or(v.as_tensor())
+        })
+        .collect()
 }
 
 /// A check's failure, if any, as a phase's result.
