@@ -5,7 +5,8 @@
 //! Reductions follow PyTorch: `mean` over elements for element-wise losses,
 //! mean over rows for the distribution losses (`batchmean` for KL).
 
-use crate::models::layers::{log_softmax, sigmoid, softmax};
+use crate::kernels;
+use crate::models::layers::{sigmoid, softmax};
 use crate::spec::LossSpec;
 use candle_core::{Result, Tensor, D};
 
@@ -48,10 +49,7 @@ pub fn loss(spec: &LossSpec, logits: &Tensor, targets: &Tensor) -> Result<Tensor
             } else {
                 targets.clone()
             };
-            (t * log_softmax(logits)?)?
-                .sum(D::Minus1)?
-                .neg()?
-                .mean_all()
+            kernels::cross_entropy(logits, &t)
         }
         LossSpec::Custom { ref name, .. } => {
             candle_core::bail!("the custom loss `{name}` is computed by the caller's closure")
@@ -60,10 +58,7 @@ pub fn loss(spec: &LossSpec, logits: &Tensor, targets: &Tensor) -> Result<Tensor
             let logp = (softmax(logits)? + eps)?.log()?;
             selected(targets, &logp)?.sum(D::Minus1)?.neg()?.mean_all()
         }
-        LossSpec::Nll => (targets * log_softmax(logits)?)?
-            .sum(D::Minus1)?
-            .neg()?
-            .mean_all(),
+        LossSpec::Nll => kernels::cross_entropy(logits, targets),
         LossSpec::Mse { root, eps } => {
             let mse = (logits - targets)?.sqr()?.mean_all()?;
             if root {

@@ -138,6 +138,19 @@ pub fn attention_context(p: &Tensor, v: &Tensor, heads: usize) -> Result<Tensor>
         .reshape((b, s, d))
 }
 
+/// log(softmax(x)) via log-sum-exp with the max subtracted: finite for any finite x.
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&lse)
+}
+
+/// Cross-entropy against dense targets: -mean over rows of Σ t·log_softmax(z).
+pub fn cross_entropy(z: &Tensor, t: &Tensor) -> Result<Tensor> {
+    (t * log_softmax(z)?)?.sum(D::Minus1)?.neg()?.mean_all()
+}
+
 /// Softmax over the last dimension with the (detached) row max subtracted.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();

@@ -585,3 +585,147 @@ fn candle_relu_keeps_slope_one_at_zero() {
         [1.0, 0.0, 1.0]
     );
 }
+
+/// The loss and the gradients of `weight · loss` with respect to the logits
+/// and (when `track_targets`) the targets, as the bits of f64 values.
+fn cross_entropy_bits(
+    kernels: Kernels,
+    z: &Tensor,
+    t: &Tensor,
+    weight: f64,
+    track_targets: bool,
+) -> Vec<Vec<u64>> {
+    with_kernels(kernels, || {
+        let z = Var::from_tensor(z).unwrap();
+        let t = if track_targets {
+            Var::from_tensor(t).unwrap().as_tensor().clone()
+        } else {
+            t.clone()
+        };
+        let loss = cross_entropy(z.as_tensor(), &t).unwrap();
+        let grads = (&loss * weight).unwrap().backward().unwrap();
+        let mut out = vec![&loss, grads.get(z.as_tensor()).unwrap()];
+        if track_targets {
+            out.push(grads.get(&t).expect("tracked targets get a gradient"));
+        }
+        out.into_iter()
+            .map(|x| {
+                let v = x.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+                // f32 → f64 is exact, so equal f64 bits are equal f32 bits;
+                // every NaN counts as one value (as the probe reads them).
+                let v = v.to_vec1::<f64>().unwrap();
+                v.iter()
+                    .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                    .collect()
+            })
+            .collect()
+    })
+}
+
+/// Row i of `rows` × `classes` targets: one-hot, smoothed one-hot, a
+/// spread distribution, all zero (a masked row), a negative weight.
+fn targets(rows: usize, classes: usize, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::keyed(seed, "kernels.test.targets", 0);
+    let mut t = vec![0.0; rows * classes];
+    for (i, row) in t.chunks_exact_mut(classes).enumerate() {
+        let hot = rng.below(classes);
+        match i % 5 {
+            0 => row[hot] = 1.0,
+            1 => {
+                row.iter_mut().for_each(|v| *v = 0.1 / classes as f64);
+                row[hot] += 0.9;
+            }
+            2 => {
+                let w: Vec<f64> = (0..classes).map(|_| rng.uniform()).collect();
+                let sum: f64 = w.iter().sum();
+                row.iter_mut().zip(w).for_each(|(v, w)| *v = w / sum);
+            }
+            3 => {}
+            _ => row[hot] = -0.5,
+        }
+    }
+    t
+}
+
+/// The fused cross-entropy gives the reference composition's bits: the
+/// loss, the logits' gradient and the targets', in f32 and f64, over row
+/// widths that exercise candle's vector sums and their tails, scales up
+/// to where exp underflows, special values (NaN first and later in a
+/// row, ±inf, an all -inf row, −0) and upstream gradients of 1, 0.37,
+/// -2.5 and ±1e-300 (zero in f32: signed zeros everywhere). (A weight of
+/// exactly 0 leaves candle's graph without a gradient at all.)
+#[test]
+fn cross_entropy_gives_the_reference_bits() {
+    let inf = f64::INFINITY;
+    for dtype in [DType::F32, DType::F64] {
+        for (rows, classes, scale) in [(40, 64, 1.0), (25, 37, 30.0), (10, 5, 1e4), (8, 1, 1.0)] {
+            let mut z = randn(rows as u64, &[rows * classes], DType::F64)
+                .to_vec1::<f64>()
+                .unwrap();
+            z.iter_mut().for_each(|v| *v *= scale);
+            if classes >= 5 {
+                // specials in rows 3..8 (each row a different kind)
+                let row = |i: usize| i * classes;
+                z[row(3)] = f64::NAN;
+                z[row(4) + 2] = f64::NAN;
+                z[row(5) + 1] = inf;
+                z[row(6) + 3] = -inf;
+                z[row(7)..row(8)].iter_mut().for_each(|v| *v = -inf);
+                z[row(2) + 1] = -0.0;
+            }
+            let shape = (rows, classes);
+            let z = Tensor::from_vec(z, shape, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let t = Tensor::from_vec(targets(rows, classes, 7), shape, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            for weight in [1.0, 0.37, -2.5, 1e-300, -1e-300] {
+                for track in [false, true] {
+                    let fused = cross_entropy_bits(Kernels::Fused, &z, &t, weight, track);
+                    let reference = cross_entropy_bits(Kernels::Reference, &z, &t, weight, track);
+                    for (what, (f, r)) in ["loss", "dz", "dt"]
+                        .iter()
+                        .zip(fused.iter().zip(&reference))
+                    {
+                        let first = f.iter().zip(r).position(|(a, b)| a != b);
+                        assert!(
+                            first.is_none(),
+                            "{dtype:?} {rows}x{classes} scale {scale} weight {weight} track {track}: \
+                             {what} differs first at {first:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_falls_back_to_the_reference_where_it_does_not_apply() {
+    // f16, a rank-3 input and mismatched shapes take the composition.
+    let z = randn(1, &[4, 3], DType::F16);
+    let t = Tensor::from_vec(targets(4, 3, 1), (4, 3), &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    let fused = cross_entropy(&z, &t).unwrap().to_dtype(DType::F32).unwrap();
+    let reference = reference::cross_entropy(&z, &t)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    assert_eq!(
+        fused.to_scalar::<f32>().unwrap().to_bits(),
+        reference.to_scalar::<f32>().unwrap().to_bits()
+    );
+    let z3 = randn(2, &[2, 2, 3], DType::F32);
+    let t3 = Tensor::zeros((2, 2, 3), DType::F32, &Device::Cpu).unwrap();
+    assert!(cross_entropy(&z3, &t3).is_ok());
+    assert!(cross_entropy(
+        &randn(3, &[4, 3], DType::F32),
+        &randn(4, &[4, 2], DType::F32)
+    )
+    .is_err());
+}

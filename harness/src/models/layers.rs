@@ -11,7 +11,7 @@
 use crate::kernels::{self, PoolKind};
 
 use crate::spec::{Activation, InitSpec};
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::weight_init;
@@ -186,12 +186,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
 }
 
 /// log(softmax(x)) via log-sum-exp with the max subtracted: finite for any finite x.
-pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    shifted.broadcast_sub(&lse)
-}
+pub use crate::kernels::reference::log_softmax;
 
 /// 2×2, stride-2 max pooling (odd edges dropped, as PyTorch does).
 pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
