@@ -83,6 +83,18 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             false,
         ),
         (
+            "causal softmax 32x4x32x32",
+            |x| kernels::causal_softmax(&x[0]),
+            vec![vec![32, 4, 32, 32]],
+            false,
+        ),
+        (
+            "cross-entropy 1024x64",
+            |x| kernels::cross_entropy(&x[0], &x[1]),
+            vec![vec![1024, 64], vec![1024, 64]],
+            false,
+        ),
+        (
             "lstm cell 32x64",
             |x| {
                 let act = kernels::lstm_activate(&x[0])?;

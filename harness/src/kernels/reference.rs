@@ -24,9 +24,18 @@ pub fn leaky_relu(x: &Tensor, slope: f64) -> Result<Tensor> {
     x.gt(0.0)?.where_cond(x, &(x * slope)?)
 }
 
-/// x (N, in) · wᵀ + b.
+/// x (..., in) · wᵀ + b, the leading dimensions folded into rows (one
+/// product, whose weight gradient is one product too).
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    x.matmul(&w.t()?)?.broadcast_add(b)
+    let dims = x.dims();
+    if dims.len() == 2 {
+        return x.matmul(&w.t()?)?.broadcast_add(b);
+    }
+    let rows = x.reshape(((), dims[dims.len() - 1]))?;
+    let y = rows.matmul(&w.t()?)?.broadcast_add(b)?;
+    let mut out = dims.to_vec();
+    *out.last_mut().expect("rank >= 1") = w.dim(0)?;
+    y.reshape(out)
 }
 
 /// Same-padded (k/2), stride-1 convolution plus bias.
@@ -156,6 +165,25 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// A (seq, seq) mask of allowed positions (1 where key ≤ query).
+pub fn causal_mask(seq: usize, device: &candle_core::Device) -> Result<Tensor> {
+    let mask: Vec<u8> = (0..seq)
+        .flat_map(|i| (0..seq).map(move |j| u8::from(j <= i)))
+        .collect();
+    Tensor::from_vec(mask, (seq, seq), device)
+}
+
+/// Softmax of attention scores (..., S, S) with the keys after each query
+/// blocked: a causal mask (`where_cond` with -inf), then [`softmax`].
+pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+    let dims = scores.dims();
+    let mask = causal_mask(dims[dims.len() - 1], scores.device())?.broadcast_as(dims)?;
+    let blocked = Tensor::new(f32::NEG_INFINITY, scores.device())?
+        .to_dtype(scores.dtype())?
+        .broadcast_as(dims)?;
+    softmax(&mask.where_cond(scores, &blocked)?)
 }
 
 fn gate(gates: &Tensor, index: usize, h: usize) -> Result<Tensor> {

@@ -14,10 +14,40 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         return reference::rope(x, cos, sin);
     }
     x.contiguous()?
-        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope)
+        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { heads: None })
 }
 
-struct Rope;
+/// x (B, S, heads·hd) with each head's pairs rotated: [`rope`] without a
+/// reshape to (B, S, H, hd) and back (two graph nodes, each a zeroed
+/// gradient buffer and an add in candle's backward pass).
+pub fn rope_heads(x: &Tensor, heads: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, s, d) = x.dims3()?;
+    if !fused_for(x) || cos.dtype() != x.dtype() || sin.dtype() != x.dtype() {
+        let split = x.reshape((b, s, heads, d / heads))?;
+        return reference::rope(&split, cos, sin)?.reshape((b, s, d));
+    }
+    let op = Rope { heads: Some(heads) };
+    x.contiguous()?
+        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, op)
+}
+
+/// The heads of a (B, S, heads·hd) input; `None`: (B, S, H, hd).
+struct Rope {
+    heads: Option<usize>,
+}
+
+impl Rope {
+    /// (S, H, hd) of the input.
+    fn dims(&self, l: &Layout) -> Result<(usize, usize, usize)> {
+        match (self.heads, l.dims()) {
+            (None, &[_, s, h, hd]) => Ok((s, h, hd)),
+            (Some(h), &[_, s, d]) if h > 0 && d % h == 0 => Ok((s, h, d / h)),
+            (heads, dims) => {
+                candle_core::bail!("rope: input {dims:?} does not split into {heads:?} heads")
+            }
+        }
+    }
+}
 
 impl Rope {
     #[inline(always)] // into `wide`'s AVX2 build
@@ -56,7 +86,7 @@ impl CustomOp3 for Rope {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_, s, h, hd) = l1.shape().dims4()?;
+        let (s, h, hd) = self.dims(l1)?;
         if hd % 2 != 0 || l2.shape().elem_count() != s * hd / 2 {
             candle_core::bail!("rope: needs an even head width and (S, hd/2) tables");
         }
@@ -76,9 +106,9 @@ impl CustomOp3 for Rope {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         // The tables are constants: only the input gets a gradient.
-        let dx = grad
-            .contiguous()?
-            .apply_op3_no_bwd(cos, &sin.neg()?, &Rope)?;
+        let dx =
+            grad.contiguous()?
+                .apply_op3_no_bwd(cos, &sin.neg()?, &Rope { heads: self.heads })?;
         Ok((Some(dx), None, None))
     }
 }

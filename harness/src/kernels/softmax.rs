@@ -1,5 +1,6 @@
 //! Softmax over the last dimension (the row maximum subtracted), with the
-//! backward pass `dx = y · (g - Σ g·y)` as one op.
+//! backward pass `dx = y · (g - Σ g·y)` as one op; and the causal softmax
+//! of attention, whose keys after the query are -inf, as one op too.
 
 use super::reference;
 use super::{fused_for, lane_sum, slice, wide, with_real, Real};
@@ -21,25 +22,49 @@ fn last_dim(l: &Layout) -> Result<usize> {
 
 struct Softmax;
 
+#[inline(always)]
+fn softmax_row<T: Real>(row: &[T], out: &mut [T]) {
+    softmax_row_open(row, row.len(), out)
+}
+
+/// The softmax of `row` with its entries from `open` on replaced by -inf
+/// (computed as such, so that every case gives the masked row's bits).
+#[inline(always)]
+fn softmax_row_open<T: Real>(row: &[T], open: usize, out: &mut [T]) {
+    let d = row.len();
+    // NaN-ignoring max (the blocked -inf never raise it); a NaN, ±inf or
+    // all -inf row still ends up NaN through `x - max`, as in the reference.
+    let mut max = T::neg_infinity();
+    for &v in &row[..open] {
+        max = num_traits::Float::max(max, v);
+    }
+    for i in 0..d {
+        let v = if i < open { row[i] } else { T::neg_infinity() };
+        out[i] = (v - max).exp_fast();
+    }
+    let sum = lane_sum(d, |i| out[i]);
+    for v in out.iter_mut() {
+        *v /= sum;
+    }
+}
+
 #[inline(always)] // into `wide`'s AVX2 build
 fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
     let mut y = vec![T::zero(); x.len()];
     for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
-        // NaN-ignoring max; a NaN, ±inf or all -inf row still ends up NaN
-        // through `x - max`, as in the reference.
-        let mut max = T::neg_infinity();
-        for &v in row {
-            max = num_traits::Float::max(max, v);
-        }
-        for i in 0..d {
-            out[i] = (row[i] - max).exp_fast();
-        }
-        let sum = lane_sum(d, |i| out[i]);
-        for v in out.iter_mut() {
-            *v /= sum;
-        }
+        softmax_row(row, out);
     }
     y
+}
+
+/// One row of the softmax's backward pass: y · (g - Σ g·y).
+#[inline(always)]
+fn softmax_grad_row<T: Real>(yr: &[T], gr: &[T], out: &mut [T]) {
+    let d = yr.len();
+    let dot = lane_sum(d, |i| yr[i] * gr[i]);
+    for i in 0..d {
+        out[i] = yr[i] * (gr[i] - dot);
+    }
 }
 
 impl CustomOp1 for Softmax {
@@ -84,13 +109,103 @@ impl CustomOp2 for SoftmaxGrad {
                 let mut dx = vec![T::zero(); y.len()];
                 let rows = y.chunks_exact(d).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d));
                 for ((yr, gr), out) in rows {
-                    let dot = lane_sum(d, |i| yr[i] * gr[i]);
-                    for i in 0..d {
-                        out[i] = yr[i] * (gr[i] - dot);
-                    }
+                    softmax_grad_row(yr, gr, out);
                 }
                 dx
             });
+            Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
+        })
+    }
+}
+
+/// Softmax over the keys of attention scores (..., S, S) where key j is
+/// blocked (-inf) after query i: what the composition of a causal mask
+/// (`where_cond` with -inf) and the softmax computes, with its bits, in
+/// one op. The mask's `where_cond` was a pass forward and, backward, three
+/// zero-filled buffers of the scores' size and four passes over them.
+pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+    let square = scores.rank() >= 2 && {
+        let dims = scores.dims();
+        dims[dims.len() - 1] == dims[dims.len() - 2]
+    };
+    if !fused_for(scores) || !square {
+        return reference::causal_softmax(scores);
+    }
+    scores.contiguous()?.apply_op1(CausalSoftmax)
+}
+
+struct CausalSoftmax;
+
+/// The query index of row `r` of (..., S, S) scores: keys after it are blocked.
+#[inline(always)]
+fn query_of(r: usize, s: usize) -> usize {
+    r % s
+}
+
+#[inline(always)] // into `wide`'s AVX2 build
+fn causal_softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
+    let mut y = vec![T::zero(); x.len()];
+    for (r, (row, out)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
+        softmax_row_open(row, query_of(r, d) + 1, out);
+    }
+    y
+}
+
+#[inline(always)] // into `wide`'s AVX2 build
+fn causal_softmax_grad_rows<T: Real>(y: &[T], g: &[T], d: usize) -> Vec<T> {
+    let mut dx = vec![T::zero(); y.len()];
+    let rows = y
+        .chunks_exact(d)
+        .zip(g.chunks_exact(d))
+        .zip(dx.chunks_exact_mut(d));
+    for (r, ((yr, gr), out)) in rows.enumerate() {
+        softmax_grad_row(yr, gr, out);
+        out[query_of(r, d) + 1..].fill(T::zero());
+    }
+    dx
+}
+
+impl CustomOp1 for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "nanhunt-causal-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l)?;
+        with_real!(s, T => {
+            let x = slice::<T>(s, l)?;
+            let y = wide(#[inline(always)] || causal_softmax_rows::<T>(x, d));
+            Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
+        })
+    }
+
+    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let grad = grad.contiguous()?;
+        Ok(Some(res.apply_op2_no_bwd(&grad, &CausalSoftmaxGrad)?))
+    }
+}
+
+/// (y, grad) → dx: the softmax's gradient at the open keys, and +0 at the
+/// blocked ones (what `where_cond` hands back there, whatever the softmax's
+/// gradient was).
+struct CausalSoftmaxGrad;
+
+impl CustomOp2 for CausalSoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "nanhunt-causal-softmax-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1)?;
+        with_real!(s1, T => {
+            let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
+            let dx = wide(#[inline(always)] || causal_softmax_grad_rows::<T>(y, g, d));
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

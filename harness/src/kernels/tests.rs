@@ -120,7 +120,54 @@ fn gradchecks(what: &str, f: &Op, shapes: &[&[usize]]) {
 fn linear_matches_reference_and_gradchecks() {
     let lin: &Op = &|xs| linear(&xs[0], &xs[1], &xs[2]);
     matches_reference("linear", lin, &[&[7, 5], &[3, 5], &[3]]);
+    matches_reference("linear, rank 4", lin, &[&[2, 3, 4, 5], &[3, 5], &[3]]);
     gradchecks("linear", lin, &[&[4, 3], &[2, 3], &[2]]);
+    gradchecks("linear, rank 3", lin, &[&[2, 2, 3], &[2, 3], &[2]]);
+}
+
+/// The linear map on (B, S, in) gives the bits of the same map over
+/// rows with a reshape on each side (the graph before leading dimensions
+/// were rows inside the op): the output and every gradient, where one
+/// input feeds three maps (attention's q, k and v) whose gradients are
+/// summed into it, and the outputs meet again downstream.
+#[test]
+fn linear_on_leading_dimensions_gives_the_bits_of_reshaped_rows() {
+    for dtype in [DType::F32, DType::F64] {
+        let x = randn(1, &[3, 5, 8], dtype);
+        let ws: Vec<Tensor> = (0..3).map(|i| randn(2 + i, &[6, 8], dtype)).collect();
+        let bs: Vec<Tensor> = (0..3).map(|i| randn(5 + i, &[6], dtype)).collect();
+        let w_out = randn(9, &[3, 5, 6], dtype);
+        let bits = |reshaped: bool| {
+            let vars: Vec<Var> = std::iter::once(&x)
+                .chain(&ws)
+                .chain(&bs)
+                .map(|t| Var::from_tensor(t).unwrap())
+                .collect();
+            let t: Vec<&Tensor> = vars.iter().map(|v| v.as_tensor()).collect();
+            let map = |i: usize| {
+                if reshaped {
+                    let rows = t[0].reshape((15, 8)).unwrap();
+                    linear(&rows, t[1 + i], t[4 + i])
+                        .unwrap()
+                        .reshape((3, 5, 6))
+                        .unwrap()
+                } else {
+                    linear(t[0], t[1 + i], t[4 + i]).unwrap()
+                }
+            };
+            let (q, k, v) = (map(0), map(1), map(2));
+            let y = ((q * &k).unwrap().tanh().unwrap() + (k * v).unwrap()).unwrap();
+            let grads = (y * &w_out).unwrap().sum_all().unwrap().backward().unwrap();
+            t.iter()
+                .map(|v| {
+                    let g = grads.get(v).unwrap().flatten_all().unwrap();
+                    let g = g.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
+                    g.iter().map(|x| x.to_bits()).collect::<Vec<u64>>()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(false), bits(true), "{dtype:?}");
+    }
 }
 
 fn conv(xs: &[Tensor]) -> Result<Tensor> {
@@ -294,6 +341,21 @@ fn rope_gradchecks_and_rotates_each_pair_by_its_angle() {
     };
     matches_reference("rope", f, &[&[2, s, 2, 4]]);
     gradchecks("rope", f, &[&[2, s, 2, 4]]);
+    // On (B, S, heads·hd): the same values and gradients as on (B, S, H, hd).
+    let merged: &Op = &|xs| {
+        let angles: Vec<f64> = (0..S * 2).map(|i| 0.3 * i as f64).collect();
+        let t = Tensor::from_vec(angles, (S, 2), xs[0].device())?.to_dtype(xs[0].dtype())?;
+        rope_heads(&xs[0], 2, &t.cos()?, &t.sin()?)?.reshape((2, S, 2, 4))
+    };
+    let split: &Op = &|xs| f(&[xs[0].reshape((2, S, 2, 4))?]);
+    for dtype in [DType::F32, DType::F64] {
+        let x = randn(3, &[2, s, 8], dtype);
+        let a = value_and_grads(Kernels::Fused, merged, std::slice::from_ref(&x));
+        let b = value_and_grads(Kernels::Fused, split, std::slice::from_ref(&x));
+        assert_eq!(scaled_error(&a.0, &b.0), 0.0);
+        assert_eq!(scaled_error(&a.1[0], &b.1[0]), 0.0);
+    }
+    matches_reference("rope on merged heads", merged, &[&[2, s, 8]]);
     // A rotation keeps each pair's norm.
     let x = randn(1, &[1, s, 1, 4], DType::F64);
     let y = f(std::slice::from_ref(&x)).unwrap();
@@ -344,6 +406,83 @@ fn softmax_matches_reference_gradchecks_and_keeps_masked_rows() {
             f.iter().map(|v| v.is_nan()).collect::<Vec<_>>(),
             r.iter().map(|v| v.is_nan()).collect::<Vec<_>>()
         );
+    }
+}
+
+/// The causal softmax gives the bits of the fused softmax after a causal
+/// `where_cond` (the graph the attention had): values and the scores'
+/// gradient, with NaN, ±inf and a large row among the scores, and an
+/// upstream gradient with inf and NaN at blocked keys (which `where_cond`
+/// drops); under the reference switch it is that composition.
+#[test]
+fn causal_softmax_gives_the_bits_of_mask_then_softmax() {
+    for dtype in [DType::F32, DType::F64] {
+        let mut x = randn(4, &[2, 3, 6, 6], DType::F64).to_vec1_flat();
+        x[7] = f64::NAN;
+        x[40] = f64::INFINITY;
+        x[75] = f64::NEG_INFINITY;
+        x[90..96].iter_mut().for_each(|v| *v *= 1e3);
+        let mut w = randn(5, &[2, 3, 6, 6], DType::F64).to_vec1_flat();
+        w[1] = f64::INFINITY; // row 0, key 1: blocked
+        w[50] = f64::NAN; // row 8 (query 2), key 2: open
+        w[53] = f64::NAN; // row 8, key 5: blocked
+        let shape = (2, 3, 6, 6);
+        let x = Tensor::from_vec(x, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let w = Tensor::from_vec(w, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let bits = |fused: bool| {
+            let v = Var::from_tensor(&x).unwrap();
+            let y = if fused {
+                causal_softmax(v.as_tensor()).unwrap()
+            } else {
+                let mask = reference::causal_mask(6, &Device::Cpu)
+                    .unwrap()
+                    .broadcast_as(shape)
+                    .unwrap();
+                let blocked = Tensor::new(f32::NEG_INFINITY, &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+                    .broadcast_as(shape)
+                    .unwrap();
+                softmax_last_dim(&mask.where_cond(v.as_tensor(), &blocked).unwrap()).unwrap()
+            };
+            let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = g.get(v.as_tensor()).unwrap().clone();
+            [y, g].map(|t| {
+                t.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec1_flat()
+                    .iter()
+                    .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(bits(true), bits(false), "{dtype:?}");
+    }
+    let f: &Op = &|xs| causal_softmax(&xs[0]);
+    matches_reference("causal softmax", f, &[&[2, 2, 5, 5]]);
+    gradchecks("causal softmax", f, &[&[1, 2, 4, 4]]);
+}
+
+/// A tensor's values in order, as f64.
+trait Flat {
+    fn to_vec1_flat(&self) -> Vec<f64>;
+}
+
+impl Flat for Tensor {
+    fn to_vec1_flat(&self) -> Vec<f64> {
+        self.flatten_all()
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
     }
 }
 

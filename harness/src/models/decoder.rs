@@ -4,7 +4,7 @@
 //! position, trained on the next token. Written on nanhunt's kernels:
 //! candle-nn's fused `rms_norm` and `rope` have no backward pass.
 
-use super::layers::{self, Linear, RmsNorm};
+use super::layers::{Linear, RmsNorm};
 use super::{Model, Tracer};
 use crate::finding::OpKind;
 use crate::kernels;
@@ -100,8 +100,7 @@ impl Decoder {
 
     /// (B, S, n·hd) → the same with each head's pairs rotated.
     fn rotate(x: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let (b, s, d) = x.dims3()?;
-        kernels::rope(&x.reshape((b, s, n, d / n))?, cos, sin)?.reshape((b, s, d))
+        kernels::rope_heads(x, n, cos, sin)
     }
 
     fn attention(
@@ -109,7 +108,6 @@ impl Decoder {
         l: &Block,
         x: &Tensor,
         tables: &(Tensor, Tensor),
-        causal: &Causal,
         tr: &mut Tracer,
     ) -> Result<Tensor> {
         let (cos, sin) = tables;
@@ -134,11 +132,11 @@ impl Decoder {
         let scores = kernels::grouped_attention_scores(&q, &k, heads, self.scale)?;
         let scores =
             tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
-        let scores = causal.mask.where_cond(&scores, &causal.blocked)?;
+        // The keys after each query are -inf: a causal mask, then the softmax.
         let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
             OpKind::Softmax,
-            layers::softmax(&scores)?,
+            kernels::causal_softmax(&scores)?,
         )?;
         let ctx = kernels::grouped_attention_context(&probs, &v, heads)?;
         tr.record_with_as(
@@ -160,28 +158,6 @@ impl Decoder {
     }
 }
 
-/// The causal mask of a forward pass, made once for every layer: where
-/// the key comes after the query, the logit is -inf.
-struct Causal {
-    mask: Tensor,
-    blocked: Tensor,
-}
-
-impl Causal {
-    fn new(
-        shape: (usize, usize, usize, usize),
-        dtype: DType,
-        device: &candle_core::Device,
-    ) -> Result<Self> {
-        Ok(Causal {
-            mask: layers::causal_mask(shape.2, device)?.broadcast_as(shape)?,
-            blocked: Tensor::new(f32::NEG_INFINITY, device)?
-                .to_dtype(dtype)?
-                .broadcast_as(shape)?,
-        })
-    }
-}
-
 impl Model for Decoder {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let (b, s) = input.dims2()?;
@@ -190,14 +166,13 @@ impl Model for Decoder {
         let mut x = tr.record_as("embed", OpKind::Embedding, x)?;
         let hd = x.dim(2)? / self.heads;
         let tables = self.rope_tables(s, hd, &x)?;
-        let causal = Causal::new((b, self.heads, s, s), x.dtype(), x.device())?;
         for l in &self.blocks {
             let h = tr.record_with_as(
                 || format!("{}.ln1", l.name),
                 OpKind::Norm,
                 l.ln1.forward(&x)?,
             )?;
-            x = (&x + self.attention(l, &h, &tables, &causal, tr)?)?;
+            x = (&x + self.attention(l, &h, &tables, tr)?)?;
             let h = tr.record_with_as(
                 || format!("{}.ln2", l.name),
                 OpKind::Norm,

@@ -40,20 +40,12 @@ impl Linear {
         &self.b
     }
 
-    /// x: (..., fan_in) → (..., fan_out). Leading dimensions are folded
-    /// into rows so that this is one matrix product whose weight gradient is
-    /// one product too (a broadcast batched product would form one weight
-    /// gradient per batch element and then sum them).
+    /// x: (..., fan_in) → (..., fan_out). Leading dimensions are rows of
+    /// one matrix product whose weight gradient is one product too (a
+    /// broadcast batched product would form one weight gradient per batch
+    /// element and then sum them).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let rows = x.reshape(((), dims[dims.len() - 1]))?;
-        let y = kernels::linear(&rows, &self.w, &self.b)?;
-        if dims.len() == 2 {
-            return Ok(y);
-        }
-        let mut out = dims.to_vec();
-        *out.last_mut().expect("rank >= 1") = self.b.dim(0)?;
-        y.reshape(out)
+        kernels::linear(x, &self.w, &self.b)
     }
 }
 
@@ -203,12 +195,7 @@ pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
 }
 
 /// A (seq, seq) mask of allowed positions (1 where key ≤ query).
-pub fn causal_mask(seq: usize, device: &candle_core::Device) -> Result<Tensor> {
-    let mask: Vec<u8> = (0..seq)
-        .flat_map(|i| (0..seq).map(move |j| u8::from(j <= i)))
-        .collect();
-    Tensor::from_vec(mask, (seq, seq), device)
-}
+pub use crate::kernels::reference::causal_mask;
 
 /// A scalar tensor of `value` in `dtype`, broadcastable against anything.
 pub fn scalar(value: f64, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {

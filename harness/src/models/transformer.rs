@@ -115,7 +115,6 @@ impl Transformer {
     }
 
     fn attention(&self, l: &Layer, x: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let s = x.dim(1)?;
         let q = tr.record_with_as(
             || format!("{}.attn.q", l.name),
             OpKind::Linear,
@@ -132,19 +131,18 @@ impl Transformer {
             l.v.forward(x)?,
         )?;
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
-        let mut scores =
+        let scores =
             tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
-        if self.causal {
-            let mask = layers::causal_mask(s, x.device())?.broadcast_as(scores.shape())?;
-            let blocked = Tensor::new(f32::NEG_INFINITY, x.device())?
-                .to_dtype(scores.dtype())?
-                .broadcast_as(scores.shape())?;
-            scores = mask.where_cond(&scores, &blocked)?;
-        }
+        // Causal: the keys after each query are -inf (a mask, then the softmax).
+        let probs = if self.causal {
+            kernels::causal_softmax(&scores)?
+        } else {
+            layers::softmax(&scores)?
+        };
         let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
             OpKind::Softmax,
-            layers::softmax(&scores)?,
+            probs,
         )?;
         let ctx = kernels::attention_context(&probs, &v, self.heads)?;
         let out = tr.record_with_as(
