@@ -200,6 +200,26 @@ pub(crate) fn lane_sum<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
     (half[0] + half[2]) + (half[1] + half[3])
 }
 
+/// max f(i) for i in 0..n (NaN-ignoring, -inf for n = 0) in eight
+/// interleaved partial maxima: one running maximum waits on each
+/// comparison (a quarter of a softmax's time). The order changes at most
+/// which of +0 and -0 is returned, which `x - max` cannot tell apart.
+#[inline(always)]
+pub(crate) fn lane_max<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
+    let mut acc = [T::neg_infinity(); LANES];
+    let full = n - n % LANES;
+    for base in (0..full).step_by(LANES) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = num_traits::Float::max(*a, f(base + k));
+        }
+    }
+    for (k, i) in (full..n).enumerate() {
+        acc[k] = num_traits::Float::max(acc[k], f(i));
+    }
+    acc.iter()
+        .fold(T::neg_infinity(), |m, &v| num_traits::Float::max(m, v))
+}
+
 /// Runs `f` compiled for AVX2 where the CPU has it, so that its element
 /// loops use 256-bit vectors instead of the x86-64 baseline's 128-bit ones.
 /// The results are the same bits: the same IEEE operations on wider lanes,

@@ -3,7 +3,7 @@
 //! of attention, whose keys after the query are -inf, as one op too.
 
 use super::reference;
-use super::{fused_for, lane_sum, slice, wide, with_real, Real};
+use super::{fused_for, lane_max, lane_sum, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
@@ -34,10 +34,7 @@ fn softmax_row_open<T: Real>(row: &[T], open: usize, out: &mut [T]) {
     let d = row.len();
     // NaN-ignoring max (the blocked -inf never raise it); a NaN, ±inf or
     // all -inf row still ends up NaN through `x - max`, as in the reference.
-    let mut max = T::neg_infinity();
-    for &v in &row[..open] {
-        max = num_traits::Float::max(max, v);
-    }
+    let max = lane_max(open, |i| row[i]);
     for i in 0..d {
         let v = if i < open { row[i] } else { T::neg_infinity() };
         out[i] = (v - max).exp_fast();
