@@ -1,7 +1,7 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm, RMS-norm,
 //! rotary embeddings, SwiGLU,
-//! softmax, cross-entropy, attention's two products, the LSTM/GRU cells and whole LSTM,
+//! softmax, cross-entropy, the mean over positions, attention's two products, the LSTM/GRU cells and whole LSTM,
 //! GRU and tanh RNN layers.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
@@ -27,6 +27,7 @@ mod gemm;
 mod gru;
 mod linear;
 mod lstm;
+mod mean;
 mod norm;
 mod pool;
 mod recurrent;
@@ -47,6 +48,7 @@ pub use cross_entropy::cross_entropy;
 pub use gru::gru_layer;
 pub use linear::linear;
 pub use lstm::lstm_layer;
+pub use mean::mean_positions;
 pub use norm::layer_norm;
 pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
 pub use rms_norm::rms_norm;

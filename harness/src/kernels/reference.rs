@@ -167,6 +167,11 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
+/// The mean over the positions of (B, S, D): (B, D).
+pub fn mean_positions(x: &Tensor) -> Result<Tensor> {
+    x.mean(1)
+}
+
 /// A (seq, seq) mask of allowed positions (1 where key ≤ query).
 pub fn causal_mask(seq: usize, device: &candle_core::Device) -> Result<Tensor> {
     let mask: Vec<u8> = (0..seq)

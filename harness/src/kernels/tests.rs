@@ -470,6 +470,43 @@ fn causal_softmax_gives_the_bits_of_mask_then_softmax() {
     gradchecks("causal softmax", f, &[&[1, 2, 4, 4]]);
 }
 
+/// The mean over positions gives candle's `mean(1)` bits, value and
+/// gradient (a ±1e-300 weight gives signed zeros in f32).
+#[test]
+fn mean_positions_gives_the_bits_of_mean_over_dim_1() {
+    for dtype in [DType::F32, DType::F64] {
+        let mut x = randn(6, &[3, 7, 5], DType::F64).to_vec1_flat();
+        x[4] = f64::NAN;
+        x[12] = f64::INFINITY;
+        x[40] = -0.0;
+        let x = Tensor::from_vec(x, (3, 7, 5), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        for weight in [1.0, -2.5, 1e-300] {
+            let w = (randn(7, &[3, 5], dtype) * weight).unwrap();
+            let bits = |k: Kernels| {
+                with_kernels(k, || {
+                    let v = Var::from_tensor(&x).unwrap();
+                    let y = mean_positions(v.as_tensor()).unwrap();
+                    let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                    [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| {
+                        t.to_vec1_flat()
+                            .iter()
+                            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                            .collect::<Vec<_>>()
+                    })
+                })
+            };
+            assert_eq!(
+                bits(Kernels::Fused),
+                bits(Kernels::Reference),
+                "{dtype:?} {weight}"
+            );
+        }
+    }
+}
+
 /// A tensor's values in order, as f64.
 trait Flat {
     fn to_vec1_flat(&self) -> Vec<f64>;

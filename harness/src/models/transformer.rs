@@ -210,7 +210,8 @@ impl Model for Transformer {
         let x = Self::norm(&self.final_ln, &x, || "final_ln".to_string(), tr)?;
         let out = match self.head_kind {
             HeadKind::Classify => {
-                let pooled = tr.record_as("head.pool", OpKind::Pool, x.mean(1)?)?;
+                let pooled =
+                    tr.record_as("head.pool", OpKind::Pool, kernels::mean_positions(&x)?)?;
                 self.head.forward(&pooled)?
             }
             HeadKind::PerToken => self.head.forward(&x)?,
