@@ -53,7 +53,7 @@ pub use norm::layer_norm;
 pub use pool::{gelu_max_pool2x2, pool2x2, relu_max_pool2x2, PoolKind};
 pub use rms_norm::rms_norm;
 pub use rope::{rope, rope_heads};
-pub use softmax::{causal_softmax, softmax_last_dim};
+pub use softmax::{causal_softmax, key_masked_softmax, softmax_last_dim};
 pub use swiglu::swiglu;
 pub use tanh_rnn::tanh_rnn_layer;
 

@@ -191,6 +191,12 @@ pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
     softmax(&mask.where_cond(scores, &blocked)?)
 }
 
+/// Softmax of attention scores (B, H, Sq, Sk) plus a per-key additive
+/// mask (B, 1, 1, Sk) broadcast over heads and queries.
+pub fn key_masked_softmax(scores: &Tensor, add: &Tensor) -> Result<Tensor> {
+    softmax(&scores.broadcast_add(add)?)
+}
+
 fn gate(gates: &Tensor, index: usize, h: usize) -> Result<Tensor> {
     gates.narrow(1, index * h, h)
 }

@@ -207,3 +207,73 @@ impl CustomOp2 for CausalSoftmaxGrad {
         })
     }
 }
+
+/// Softmax of attention scores (B, H, Sq, Sk) plus a per-key additive mask
+/// `add` (B, 1, 1, Sk), broadcast over heads and queries (BERT's padding
+/// mask): the broadcast add and the softmax in one op, with their bits. The
+/// add's backward was two zeroed buffers of the scores' size and two
+/// passes. When the mask needs a gradient (a traced re-run probes every
+/// record's) the composition runs instead.
+pub fn key_masked_softmax(scores: &Tensor, add: &Tensor) -> Result<Tensor> {
+    let fits = match (scores.dims(), add.dims()) {
+        (&[b, _, _, sk], &[b2, 1, 1, sk2]) => b == b2 && sk == sk2,
+        _ => false,
+    };
+    if !fused_for(scores) || !fits || add.dtype() != scores.dtype() || add.track_op() {
+        return reference::key_masked_softmax(scores, add);
+    }
+    scores
+        .contiguous()?
+        .apply_op2(&add.contiguous()?, KeyMaskedSoftmax)
+}
+
+struct KeyMaskedSoftmax;
+
+#[inline(always)] // into `wide`'s AVX2 build
+fn key_masked_softmax_rows<T: Real>(x: &[T], add: &[T], d: usize) -> Vec<T> {
+    let rows_per_batch = x.len() / add.len();
+    let mut y = vec![T::zero(); x.len()];
+    let mut sum = vec![T::zero(); d];
+    for (r, (row, out)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
+        let a = &add[(r / rows_per_batch) * d..][..d];
+        for ((s, &v), &m) in sum.iter_mut().zip(row).zip(a) {
+            *s = v + m;
+        }
+        softmax_row(&sum, out);
+    }
+    y
+}
+
+impl CustomOp2 for KeyMaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "nanhunt-key-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1)?;
+        with_real!(s1, T => {
+            let (x, add) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
+            let y = wide(#[inline(always)] || key_masked_softmax_rows::<T>(x, add, d));
+            Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
+        })
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _add: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // The broadcast add hands the softmax's gradient on to the scores
+        // as it is; the mask is data here (checked when the op was built).
+        let grad = grad.contiguous()?;
+        Ok((Some(res.apply_op2_no_bwd(&grad, &SoftmaxGrad)?), None))
+    }
+}

@@ -470,6 +470,56 @@ fn causal_softmax_gives_the_bits_of_mask_then_softmax() {
     gradchecks("causal softmax", f, &[&[1, 2, 4, 4]]);
 }
 
+/// The key-masked softmax gives the bits of the broadcast add and the
+/// fused softmax (values and the scores' gradient, with BERT's -1e4 mask,
+/// NaN and ±inf among the scores); against the reference composition and
+/// with a tracked mask (which takes the composition) it passes the
+/// tolerance and the finite-difference check.
+#[test]
+fn key_masked_softmax_gives_the_bits_of_add_then_softmax() {
+    for dtype in [DType::F32, DType::F64] {
+        let mut x = randn(8, &[2, 3, 4, 5], DType::F64).to_vec1_flat();
+        x[3] = f64::NAN;
+        x[30] = f64::INFINITY;
+        x[77] = f64::NEG_INFINITY;
+        let x = Tensor::from_vec(x, (2, 3, 4, 5), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let add = Tensor::new(
+            &[[0.0, 0.0, -1e4, 0.0, -1e4], [0.0, -1e4, -1e4, -1e4, -1e4]],
+            &Device::Cpu,
+        )
+        .unwrap()
+        .reshape((2, 1, 1, 5))
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+        let w = randn(9, &[2, 3, 4, 5], dtype);
+        let bits = |fused: bool| {
+            with_kernels(Kernels::Fused, || {
+                let v = Var::from_tensor(&x).unwrap();
+                let y = if fused {
+                    key_masked_softmax(v.as_tensor(), &add).unwrap()
+                } else {
+                    softmax_last_dim(&v.as_tensor().broadcast_add(&add).unwrap()).unwrap()
+                };
+                let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| {
+                    t.to_vec1_flat()
+                        .iter()
+                        .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+                        .collect::<Vec<_>>()
+                })
+            })
+        };
+        assert_eq!(bits(true), bits(false), "{dtype:?}");
+    }
+    let f: &Op = &|xs| key_masked_softmax(&xs[0], &xs[1]);
+    matches_reference("key-masked softmax", f, &[&[2, 2, 3, 4], &[2, 1, 1, 4]]);
+    gradchecks("key-masked softmax", f, &[&[1, 2, 3, 4], &[1, 1, 1, 4]]);
+}
+
 /// The mean over positions gives candle's `mean(1)` bits, value and
 /// gradient (a ±1e-300 weight gives signed zeros in f32).
 #[test]

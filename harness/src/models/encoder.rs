@@ -76,9 +76,9 @@ impl Encoder {
         })
     }
 
-    /// The attention logits masked at the padded keys; `keep` is (B, S) of
-    /// 1 for tokens and 0 for padding, in the compute dtype.
-    fn masked(
+    /// The softmax of the attention logits masked at the padded keys;
+    /// `keep` is (B, S) of 1 for tokens and 0 for padding, in the compute dtype.
+    fn masked_softmax(
         &self,
         scores: &Tensor,
         keep: &Tensor,
@@ -92,15 +92,17 @@ impl Encoder {
                 // BERT's (1 - keep) · value, in the compute dtype.
                 let add = keys.affine(-1.0, 1.0)?.affine(value, 0.0)?;
                 let add = tr.record_with_as(|| format!("{name}.attn.mask"), OpKind::Mask, add)?;
-                scores.broadcast_add(&add)
+                kernels::key_masked_softmax(scores, &add)
             }
             MaskKind::NegInf => {
                 let blocked = Tensor::new(f32::NEG_INFINITY, scores.device())?
                     .to_dtype(scores.dtype())?
                     .broadcast_as(scores.shape())?;
-                keys.ne(0.0)?
+                let masked = keys
+                    .ne(0.0)?
                     .broadcast_as(scores.shape())?
-                    .where_cond(scores, &blocked)
+                    .where_cond(scores, &blocked)?;
+                layers::softmax(&masked)
             }
         }
     }
@@ -124,11 +126,11 @@ impl Encoder {
         let scores = kernels::attention_scores(&q, &k, self.heads, self.scale)?;
         let scores =
             tr.record_with_as(|| format!("{}.attn.scores", l.name), OpKind::Scores, scores)?;
-        let scores = self.masked(&scores, keep, tr, &l.name)?;
+        let probs = self.masked_softmax(&scores, keep, tr, &l.name)?;
         let probs = tr.record_with_as(
             || format!("{}.attn.softmax", l.name),
             OpKind::Softmax,
-            layers::softmax(&scores)?,
+            probs,
         )?;
         let ctx = kernels::attention_context(&probs, &v, self.heads)?;
         tr.record_with_as(
