@@ -18,6 +18,8 @@ Adam, cross-entropy, at one thread:
                head on the first token
 plus the fuzz workload (fresh 5-step CNN runs) and the cost of
 torch.autograd.detect_anomaly per step. Prints one JSON object per line.
+
+  pytorch_bench.py [STEPS] [FAMILY|fuzz]
 """
 import json
 import statistics
@@ -195,9 +197,14 @@ def compiled_ms(family, x, t, steps):
 
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    # An optional family (or `fuzz`) runs that one alone, so that the
+    # script can pair each model with nanhunt's run of it in time.
+    only = sys.argv[2] if len(sys.argv) > 2 else None
     y = torch.randint(0, CLASSES, (BATCH,))
     next_tokens = torch.randint(0, 64, (BATCH * 32,))
     for family in ["cnn", "transformer", "rnn", "decoder", "encoder"]:
+        if only is not None and family != only:
+            continue
         model, x = make(family, 0)
         t = next_tokens if family == "decoder" else y
         train_steps(model, x, t, 3)  # warm-up
@@ -207,6 +214,8 @@ def main():
         print(json.dumps({"framework": "pytorch", "family": family, "ms_per_step": plain * 1e3,
                           "compiled_ms_per_step": compiled, "compile_error": why,
                           "detect_anomaly_overhead": anomaly / plain - 1.0}), flush=True)
+    if only is not None and only != "fuzz":
+        return
     # Fuzz workload: fresh model, fresh optimizer, 5 steps, repeated.
     t0, runs = time.perf_counter(), 0
     while time.perf_counter() - t0 < 5.0:

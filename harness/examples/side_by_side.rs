@@ -2,7 +2,8 @@
 //! the `--size large` case of each family (f32, batch 32, Adam 1e-3,
 //! cross-entropy): median milliseconds per training step with the probe on
 //! (the real workload: data generation, probe and snapshot included), the
-//! probe's overhead (probe on and off interleaved step by step), and the
+//! probe's overhead (the median ratio of interleaved steps with the probe
+//! on and off), and the
 //! fuzz workload (fresh 5-step CNN runs). One JSON object per line. Run
 //! with RAYON_NUM_THREADS=1 for one compute thread.
 //!
@@ -46,29 +47,38 @@ fn step_time(case: &Case, steps: usize) -> anyhow::Result<f64> {
     Ok(median(times))
 }
 
-/// Median seconds per step with the probe on and off, over `steps` steps
-/// of each after 3 warm-up steps, interleaved so that both see the same
-/// machine state.
-fn step_times(case: &Case, steps: usize) -> anyhow::Result<(f64, f64)> {
+/// The probe's overhead: the median over steps of (step time with the
+/// probe) / (the same step without it), over `steps` steps of each after 3
+/// warm-up steps. The two runs are interleaved step by step, and which
+/// goes first alternates (neither always finds the caches the other left),
+/// so that a pair sees one machine state: a ratio per pair cancels the
+/// drift that medians of the two columns carry over a run.
+fn probe_overhead(case: &Case, steps: usize) -> anyhow::Result<f64> {
     let factory = BuiltinFactory::new(&case.model).expect("built-in");
     let session = |probe| {
         let opts = RunOptions::default().with_probe(probe);
         Session::new(case, &factory, &opts)
     };
     let (mut on, mut off) = (session(true)?, session(false)?);
-    let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+    let mut ratios = Vec::with_capacity(steps);
     for step in 0..steps + 3 {
-        for (s, times) in [(&mut on, &mut t_on), (&mut off, &mut t_off)] {
+        let mut times = [0.0; 2];
+        let mut order = [(&mut on, 0), (&mut off, 1)];
+        if step % 2 == 1 {
+            order.reverse();
+        }
+        for (s, slot) in order {
             let t0 = Instant::now();
             if let Some(f) = s.step(step)? {
                 anyhow::bail!("{} became unstable: {}", case.family(), f.signature);
             }
-            if step >= 3 {
-                times.push(t0.elapsed().as_secs_f64());
-            }
+            times[slot] = t0.elapsed().as_secs_f64();
+        }
+        if step >= 3 {
+            ratios.push(times[0] / times[1]);
         }
     }
-    Ok((median(t_on), median(t_off)))
+    Ok(median(ratios) - 1.0)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,11 +96,11 @@ fn main() -> anyhow::Result<()> {
         }
         let c = case(family, 0);
         let step = step_time(&c, steps)?;
-        let (on, off) = step_times(&c, steps)?;
+        let overhead = probe_overhead(&c, steps)?;
         println!(
             "{{\"framework\": \"nanhunt\", \"family\": \"{family}\", \"ms_per_step\": {}, \"probe_overhead\": {}}}",
             step * 1e3,
-            on / off - 1.0
+            overhead
         );
     }
     if only.as_deref().is_some_and(|f| f != "fuzz") {
