@@ -230,7 +230,7 @@ enum Scan {
 }
 
 /// The parameters set to their new values.
-fn set(params: &[Var], new: Vec<Tensor>) -> Result<()> {
+pub(crate) fn set(params: &[Var], new: Vec<Tensor>) -> Result<()> {
     for (p, new) in params.iter().zip(new) {
         p.set(&new)?;
     }

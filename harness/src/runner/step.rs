@@ -108,10 +108,73 @@ impl Session<'_> {
                 (value, Some(scans))
             }
         };
+        if self.grads_checked_in_update(scale, fine, readback) {
+            go!(self.checked_update_phase(&grads, lr, tracer, &grad_store));
+            return self.watch_phase(loss_value, readback);
+        }
         let norm = go!(self.scan_phase(&forward.loss, &grads, scans, scale, tracer, &grad_store));
         go!(self.clip_phase(&mut grads, norm, scale, fine));
         go!(self.update_phase(&grads, lr, readback));
         self.watch_phase(loss_value, readback)
+    }
+
+    /// Whether the gradient check can ride on the optimizer's pass, which
+    /// reads every gradient anyway: the probe on and read in place, no
+    /// loss scale, no clipping (whose norm comes first), not a traced
+    /// re-run (which checks stage by stage).
+    pub(super) fn grads_checked_in_update(
+        &self,
+        scale: f64,
+        fine: bool,
+        readback: Readback,
+    ) -> bool {
+        self.probe
+            && !fine
+            && readback == Readback::InPlace
+            && scale == 1.0
+            && self.case.precision.loss_scaling().is_none()
+            && matches!(self.case.clip, ClipSpec::None)
+    }
+
+    /// The update with the gradient check inside its fused pass: the
+    /// gradients' scans as the pass read them (a scan of its own where the
+    /// pass did not run), checked before anything is set, as the gradient
+    /// phase checks them; then the update's check as the update phase's.
+    fn checked_update_phase(
+        &mut self,
+        grads: &[Tensor],
+        lr: f64,
+        tracer: &Tracer,
+        grad_store: &GradStore,
+    ) -> Result<Flow<()>> {
+        // On a clone (its tensors are shared, not copied): a gradient that
+        // fails leaves the optimizer's state as the gradient phase did.
+        let mut next = self.optimizer.clone();
+        let (new, seen) = next.update_checked(&self.vars, grads, lr)?;
+        let read = seen.as_ref().filter(|s| s.grads.len() == grads.len());
+        let own;
+        let scans = match read {
+            Some(s) => &s.grads,
+            None => {
+                own = scan_all(&grads.iter().collect::<Vec<_>>())?;
+                &own
+            }
+        };
+        if let Some(i) = checks::first_bad(scans) {
+            let namer = self.namer();
+            return fail(namer.backward_failure(i, &scans[i], &grads[i], tracer, grad_store)?);
+        }
+        self.grad_sq.clear();
+        self.grad_sq.extend(scans.iter().map(|s| s.sum_sq));
+        self.trace
+            .grad_norms
+            .push(optim::global_norm(&self.grad_sq));
+        self.optimizer = next;
+        optim::set(&self.vars, new)?;
+        match self.check_update(seen)? {
+            Some(f) => fail(f),
+            None => Ok(Flow::Go(())),
+        }
     }
 
     /// The batch, checked after the data and every augmentation.

@@ -570,3 +570,73 @@ fn a_divergence_judged_after_its_look_ahead_is_a_finding_at_the_step_that_crosse
         "the state before the crossing is kept"
     );
 }
+
+/// sqrt(relu(h)): a finite loss whose backward pass is infinite where h ≤ 0.
+struct SqrtRelu {
+    fc: candle_nn::Linear,
+    head: candle_nn::Linear,
+}
+
+impl Model for SqrtRelu {
+    fn forward(&self, input: &Tensor, _tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        let h = candle_core::Module::forward(&self.fc, input)?;
+        candle_core::Module::forward(&self.head, &h.relu()?.sqrt()?)
+    }
+}
+
+/// The gradient check that rides on the optimizer's fused pass (f32, the
+/// probe on, no clipping) fails the step at the backward phase, naming
+/// the parameter, before anything is set: the parameters and the
+/// optimizer's state are what they were. (Localization would re-derive
+/// the phase in a traced re-run; this is the untraced step itself.)
+#[test]
+fn a_non_finite_gradient_in_the_update_pass_fails_before_anything_is_set() {
+    let mut c = vector_case("sqrt_relu");
+    c.precision = Precision::F32;
+    c.clip = ClipSpec::None;
+    let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(SqrtRelu {
+            fc: candle_nn::linear(8, 16, vb.pp("fc"))?,
+            head: candle_nn::linear(16, 4, vb.pp("head"))?,
+        }))
+    };
+    let mut session = Session::new(&c, &factory, &RunOptions::default()).unwrap();
+    let lr = c.optimizer.lr();
+    assert!(session.grads_checked_in_update(1.0, false, Readback::InPlace));
+    let before: Vec<Vec<f32>> = session
+        .vars
+        .iter()
+        .map(|v| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect();
+    let failed = session
+        .step_inner(0, lr, &mut Tracer::off(), false)
+        .unwrap()
+        .expect("an infinite slope at 0 fails the step")
+        .into_failure();
+    assert_eq!(failed.phase, Phase::Backward, "{}", failed.detail);
+    assert!(failed.stage.starts_with("grad.fc."), "{}", failed.stage);
+    let after: Vec<Vec<f32>> = session
+        .vars
+        .iter()
+        .map(|v| {
+            v.as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(before, after, "no parameter was set");
+    assert_eq!(
+        session.optimizer.state_tensors().count(),
+        0,
+        "no state advanced"
+    );
+    assert!(session.trace.grad_norms.is_empty());
+}
