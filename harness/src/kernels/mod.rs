@@ -311,10 +311,11 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_375;
     const LN2_LO: f32 = -2.121_944_400_546_905_8e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
-                                     // Below -104 the result is 0 (selected below): e^0 is computed there
-                                     // instead of a subnormal e^-104, whose products take microcode assists
-                                     // (a masked softmax's -inf keys ran at a quarter of the speed). A NaN
-                                     // is selected below too.
+
+    // Below -104 the result is 0 (selected below): e^0 is computed there
+    // instead of a subnormal e^-104, whose products take microcode assists
+    // (a masked softmax's -inf keys ran at a quarter of the speed). A NaN
+    // is selected below too.
     let xc = if x < -104.0 { 0.0 } else { x.min(88.8) };
     let big = xc * std::f32::consts::LOG2_E + ROUND;
     let n = big - ROUND;

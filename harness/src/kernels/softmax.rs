@@ -10,7 +10,23 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
         return reference::softmax(x);
     }
-    x.contiguous()?.apply_op1(Softmax)
+    x.contiguous()?.apply_op1(Softmax { causal: false })
+}
+
+/// Softmax over the keys of attention scores (..., S, S) where key j is
+/// blocked (-inf) after query i: what the composition of a causal mask
+/// (`where_cond` with -inf) and the softmax computes, with its bits, in
+/// one op. The mask's `where_cond` was a pass forward and, backward, three
+/// zero-filled buffers of the scores' size and four passes over them.
+pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+    let square = scores.rank() >= 2 && {
+        let dims = scores.dims();
+        dims[dims.len() - 1] == dims[dims.len() - 2]
+    };
+    if !fused_for(scores) || !square {
+        return reference::causal_softmax(scores);
+    }
+    scores.contiguous()?.apply_op1(Softmax { causal: true })
 }
 
 fn last_dim(l: &Layout) -> Result<usize> {
@@ -20,11 +36,21 @@ fn last_dim(l: &Layout) -> Result<usize> {
     }
 }
 
-struct Softmax;
+/// The softmax over the last dimension; `causal`: of (..., S, S) scores
+/// with the keys after each query blocked.
+struct Softmax {
+    causal: bool,
+}
 
+/// The keys of row `r` of (..., S, S) scores that stay open: the query's
+/// own and those before it when causal, all `d` otherwise.
 #[inline(always)]
-fn softmax_row<T: Real>(row: &[T], out: &mut [T]) {
-    softmax_row_open(row, row.len(), out)
+fn open_keys(causal: bool, r: usize, d: usize) -> usize {
+    if causal {
+        r % d + 1
+    } else {
+        d
+    }
 }
 
 /// The softmax of `row` with its entries from `open` on replaced by -inf
@@ -45,47 +71,70 @@ fn softmax_row_open<T: Real>(row: &[T], open: usize, out: &mut [T]) {
     }
 }
 
+#[inline(always)]
+fn softmax_row<T: Real>(row: &[T], out: &mut [T]) {
+    softmax_row_open(row, row.len(), out)
+}
+
 #[inline(always)] // into `wide`'s AVX2 build
-fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
+fn softmax_rows<T: Real>(x: &[T], d: usize, causal: bool) -> Vec<T> {
     let mut y = vec![T::zero(); x.len()];
-    for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
-        softmax_row(row, out);
+    for (r, (row, out)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
+        softmax_row_open(row, open_keys(causal, r, d), out);
     }
     y
 }
 
-/// One row of the softmax's backward pass: y · (g - Σ g·y).
-#[inline(always)]
-fn softmax_grad_row<T: Real>(yr: &[T], gr: &[T], out: &mut [T]) {
-    let d = yr.len();
-    let dot = lane_sum(d, |i| yr[i] * gr[i]);
-    for i in 0..d {
-        out[i] = yr[i] * (gr[i] - dot);
-    }
-}
-
 impl CustomOp1 for Softmax {
     fn name(&self) -> &'static str {
-        "nanhunt-softmax"
+        if self.causal {
+            "nanhunt-causal-softmax"
+        } else {
+            "nanhunt-softmax"
+        }
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let d = last_dim(l)?;
+        let causal = self.causal;
         with_real!(s, T => {
             let x = slice(s, l)?;
-            let y = wide(#[inline(always)] || softmax_rows::<T>(x, d));
+            let y = wide(#[inline(always)] || softmax_rows::<T>(x, d, causal));
             Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
         })
     }
 
     fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let grad = grad.contiguous()?;
-        Ok(Some(res.apply_op2_no_bwd(&grad, &SoftmaxGrad)?))
+        let op = SoftmaxGrad {
+            causal: self.causal,
+        };
+        Ok(Some(res.apply_op2_no_bwd(&grad, &op)?))
     }
 }
 
-/// (y, grad) → dx.
-struct SoftmaxGrad;
+/// (y, grad) → dx = y · (g - Σ g·y); causal: +0 at the blocked keys (what
+/// `where_cond` hands back there, whatever the softmax's gradient was).
+struct SoftmaxGrad {
+    causal: bool,
+}
+
+#[inline(always)] // into `wide`'s AVX2 build
+fn softmax_grad_rows<T: Real>(y: &[T], g: &[T], d: usize, causal: bool) -> Vec<T> {
+    let mut dx = vec![T::zero(); y.len()];
+    let rows = y
+        .chunks_exact(d)
+        .zip(g.chunks_exact(d))
+        .zip(dx.chunks_exact_mut(d));
+    for (r, ((yr, gr), out)) in rows.enumerate() {
+        let dot = lane_sum(d, |i| yr[i] * gr[i]);
+        for i in 0..d {
+            out[i] = yr[i] * (gr[i] - dot);
+        }
+        out[open_keys(causal, r, d)..].fill(T::zero());
+    }
+    dx
+}
 
 impl CustomOp2 for SoftmaxGrad {
     fn name(&self) -> &'static str {
@@ -100,109 +149,10 @@ impl CustomOp2 for SoftmaxGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let d = last_dim(l1)?;
+        let causal = self.causal;
         with_real!(s1, T => {
             let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let dx = wide(#[inline(always)] || {
-                let mut dx = vec![T::zero(); y.len()];
-                let rows = y.chunks_exact(d).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d));
-                for ((yr, gr), out) in rows {
-                    softmax_grad_row(yr, gr, out);
-                }
-                dx
-            });
-            Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
-        })
-    }
-}
-
-/// Softmax over the keys of attention scores (..., S, S) where key j is
-/// blocked (-inf) after query i: what the composition of a causal mask
-/// (`where_cond` with -inf) and the softmax computes, with its bits, in
-/// one op. The mask's `where_cond` was a pass forward and, backward, three
-/// zero-filled buffers of the scores' size and four passes over them.
-pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
-    let square = scores.rank() >= 2 && {
-        let dims = scores.dims();
-        dims[dims.len() - 1] == dims[dims.len() - 2]
-    };
-    if !fused_for(scores) || !square {
-        return reference::causal_softmax(scores);
-    }
-    scores.contiguous()?.apply_op1(CausalSoftmax)
-}
-
-struct CausalSoftmax;
-
-/// The query index of row `r` of (..., S, S) scores: keys after it are blocked.
-#[inline(always)]
-fn query_of(r: usize, s: usize) -> usize {
-    r % s
-}
-
-#[inline(always)] // into `wide`'s AVX2 build
-fn causal_softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
-    let mut y = vec![T::zero(); x.len()];
-    for (r, (row, out)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
-        softmax_row_open(row, query_of(r, d) + 1, out);
-    }
-    y
-}
-
-#[inline(always)] // into `wide`'s AVX2 build
-fn causal_softmax_grad_rows<T: Real>(y: &[T], g: &[T], d: usize) -> Vec<T> {
-    let mut dx = vec![T::zero(); y.len()];
-    let rows = y
-        .chunks_exact(d)
-        .zip(g.chunks_exact(d))
-        .zip(dx.chunks_exact_mut(d));
-    for (r, ((yr, gr), out)) in rows.enumerate() {
-        softmax_grad_row(yr, gr, out);
-        out[query_of(r, d) + 1..].fill(T::zero());
-    }
-    dx
-}
-
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "nanhunt-causal-softmax"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l)?;
-        with_real!(s, T => {
-            let x = slice::<T>(s, l)?;
-            let y = wide(#[inline(always)] || causal_softmax_rows::<T>(x, d));
-            Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
-        })
-    }
-
-    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let grad = grad.contiguous()?;
-        Ok(Some(res.apply_op2_no_bwd(&grad, &CausalSoftmaxGrad)?))
-    }
-}
-
-/// (y, grad) → dx: the softmax's gradient at the open keys, and +0 at the
-/// blocked ones (what `where_cond` hands back there, whatever the softmax's
-/// gradient was).
-struct CausalSoftmaxGrad;
-
-impl CustomOp2 for CausalSoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "nanhunt-causal-softmax-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = last_dim(l1)?;
-        with_real!(s1, T => {
-            let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let dx = wide(#[inline(always)] || causal_softmax_grad_rows::<T>(y, g, d));
+            let dx = wide(#[inline(always)] || softmax_grad_rows::<T>(y, g, d, causal));
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }
@@ -274,6 +224,7 @@ impl CustomOp2 for KeyMaskedSoftmax {
         // The broadcast add hands the softmax's gradient on to the scores
         // as it is; the mask is data here (checked when the op was built).
         let grad = grad.contiguous()?;
-        Ok((Some(res.apply_op2_no_bwd(&grad, &SoftmaxGrad)?), None))
+        let op = SoftmaxGrad { causal: false };
+        Ok((Some(res.apply_op2_no_bwd(&grad, &op)?), None))
     }
 }

@@ -454,14 +454,7 @@ fn causal_softmax_gives_the_bits_of_mask_then_softmax() {
             };
             let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
             let g = g.get(v.as_tensor()).unwrap().clone();
-            [y, g].map(|t| {
-                t.to_dtype(DType::F64)
-                    .unwrap()
-                    .to_vec1_flat()
-                    .iter()
-                    .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
-                    .collect::<Vec<_>>()
-            })
+            [y, g].map(|t| t.value_bits())
         };
         assert_eq!(bits(true), bits(false), "{dtype:?}");
     }
@@ -505,12 +498,7 @@ fn key_masked_softmax_gives_the_bits_of_add_then_softmax() {
                     softmax_last_dim(&v.as_tensor().broadcast_add(&add).unwrap()).unwrap()
                 };
                 let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-                [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| {
-                    t.to_vec1_flat()
-                        .iter()
-                        .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
-                        .collect::<Vec<_>>()
-                })
+                [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| t.value_bits())
             })
         };
         assert_eq!(bits(true), bits(false), "{dtype:?}");
@@ -540,12 +528,7 @@ fn mean_positions_gives_the_bits_of_mean_over_dim_1() {
                     let v = Var::from_tensor(&x).unwrap();
                     let y = mean_positions(v.as_tensor()).unwrap();
                     let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-                    [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| {
-                        t.to_vec1_flat()
-                            .iter()
-                            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
-                            .collect::<Vec<_>>()
-                    })
+                    [y, g.get(v.as_tensor()).unwrap().clone()].map(|t| t.value_bits())
                 })
             };
             assert_eq!(
@@ -560,6 +543,14 @@ fn mean_positions_gives_the_bits_of_mean_over_dim_1() {
 /// A tensor's values in order, as f64.
 trait Flat {
     fn to_vec1_flat(&self) -> Vec<f64>;
+    /// The values' f64 bits, every NaN as one value (as the probe reads
+    /// them); f32 → f64 is exact, so equal bits are equal f32 bits.
+    fn value_bits(&self) -> Vec<u64> {
+        self.to_vec1_flat()
+            .iter()
+            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+            .collect()
+    }
 }
 
 impl Flat for Tensor {
@@ -834,17 +825,7 @@ fn cross_entropy_bits(
         if track_targets {
             out.push(grads.get(&t).expect("tracked targets get a gradient"));
         }
-        out.into_iter()
-            .map(|x| {
-                let v = x.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
-                // f32 → f64 is exact, so equal f64 bits are equal f32 bits;
-                // every NaN counts as one value (as the probe reads them).
-                let v = v.to_vec1::<f64>().unwrap();
-                v.iter()
-                    .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
-                    .collect()
-            })
-            .collect()
+        out.into_iter().map(Flat::value_bits).collect()
     })
 }
 

@@ -98,11 +98,6 @@ impl Decoder {
         ))
     }
 
-    /// (B, S, n·hd) → the same with each head's pairs rotated.
-    fn rotate(x: &Tensor, n: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        kernels::rope_heads(x, n, cos, sin)
-    }
-
     fn attention(
         &self,
         l: &Block,
@@ -126,8 +121,8 @@ impl Decoder {
             OpKind::Linear,
             l.v.forward(x)?,
         )?;
-        let q = Self::rotate(&q, self.heads, cos, sin)?;
-        let k = Self::rotate(&k, self.kv_heads, cos, sin)?;
+        let q = kernels::rope_heads(&q, self.heads, cos, sin)?;
+        let k = kernels::rope_heads(&k, self.kv_heads, cos, sin)?;
         let heads = (self.heads, self.kv_heads);
         let scores = kernels::grouped_attention_scores(&q, &k, heads, self.scale)?;
         let scores =

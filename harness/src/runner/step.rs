@@ -164,11 +164,8 @@ impl Session<'_> {
             let namer = self.namer();
             return fail(namer.backward_failure(i, &scans[i], &grads[i], tracer, grad_store)?);
         }
-        self.grad_sq.clear();
-        self.grad_sq.extend(scans.iter().map(|s| s.sum_sq));
-        self.trace
-            .grad_norms
-            .push(optim::global_norm(&self.grad_sq));
+        let norm = self.grad_norm(scans);
+        self.trace.grad_norms.push(norm);
         self.optimizer = next;
         optim::set(&self.vars, new)?;
         match self.check_update(seen)? {
@@ -414,9 +411,14 @@ impl Session<'_> {
             }
             _ => {}
         }
+        Ok(Flow::Go(Some(self.grad_norm(&scans) / scale)))
+    }
+
+    /// The global norm of the gradients these scans describe.
+    fn grad_norm(&mut self, scans: &[TensorScan]) -> f64 {
         self.grad_sq.clear();
         self.grad_sq.extend(scans.iter().map(|s| s.sum_sq));
-        Ok(Flow::Go(Some(optim::global_norm(&self.grad_sq) / scale)))
+        optim::global_norm(&self.grad_sq)
     }
 
     /// The backward pass again at the smallest scale (the floor, or 1 if
