@@ -72,7 +72,10 @@ pub(crate) fn all_finite_real<T: crate::kernels::Real>(values: &[T]) -> bool {
 /// sum sends the slice through the slow, counting path.
 #[inline]
 fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> TensorScan {
-    crate::kernels::wide(|| scan_lanes(values, to_f64))
+    crate::kernels::wide(
+        #[inline(always)]
+        || scan_lanes(values, to_f64),
+    )
 }
 
 #[inline(always)]
@@ -115,20 +118,26 @@ fn scan_lanes<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
 /// float compare, so the loop vectorizes fully (the probe's update check
 /// reads every parameter and optimizer-state value each step).
 fn all_finite_f32(values: &[f32]) -> bool {
-    let acc = crate::kernels::wide(|| {
-        values.iter().fold(0u32, |acc, v| {
-            acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
-        })
-    });
+    let acc = crate::kernels::wide(
+        #[inline(always)]
+        || {
+            values.iter().fold(0u32, |acc, v| {
+                acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
+            })
+        },
+    );
     acc & 0x8000_0000 == 0
 }
 
 fn all_finite_f64(values: &[f64]) -> bool {
-    let acc = crate::kernels::wide(|| {
-        values.iter().fold(0u64, |acc, v| {
-            acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
-        })
-    });
+    let acc = crate::kernels::wide(
+        #[inline(always)]
+        || {
+            values.iter().fold(0u64, |acc, v| {
+                acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
+            })
+        },
+    );
     acc & 0x8000_0000_0000_0000 == 0
 }
 

@@ -83,6 +83,12 @@ pub trait GuardOptimizer {
     fn updates_exactly(&self, _vars: &[Var]) -> bool {
         false
     }
+    /// Whether the last [`GuardOptimizer::prepare`] found a gradient for
+    /// every variable it updates (read in its own pass over the gradients:
+    /// the guard's coverage check then needs no lookups of its own).
+    fn prepared_every_gradient(&self) -> bool {
+        false
+    }
     /// The state a prepared update would leave, as (variable index in the
     /// optimizer's order, kind, tensor): checked with the parameters, as
     /// the runner checks its optimizer's state.
@@ -106,10 +112,15 @@ pub struct NanhuntOptimizer {
     inner: Optimizer,
     spec: OptimizerSpec,
     lr: f64,
-    /// The state after a prepared update, until it is committed.
-    prepared: Option<Optimizer>,
+    /// The state after a prepared update, until it is committed
+    /// (`staged`); then the state before the last commit, whose tensors
+    /// the next prepared update replaces one by one.
+    next: Optimizer,
+    staged: bool,
     /// What the prepared update's pass saw, until it is committed.
     scans: Option<UpdateScans>,
+    /// Whether every variable had a gradient in the last prepared update.
+    every_gradient: bool,
     /// The variables' indices as names (`0`, `1`, …), built once: the
     /// state is saved by them before every step.
     index_names: Vec<String>,
@@ -121,14 +132,27 @@ impl NanhuntOptimizer {
         &self.vars
     }
 
-    fn grads_of(&self, grads: &GradStore) -> Result<Vec<Tensor>> {
-        self.vars
+    /// The state a prepared update would leave, until it is committed.
+    fn staged(&self) -> Option<&Optimizer> {
+        self.staged.then_some(&self.next)
+    }
+
+    /// Each variable's gradient, zeros where it has none; and whether
+    /// every one had one.
+    fn grads_of(&self, grads: &GradStore) -> Result<(Vec<Tensor>, bool)> {
+        let mut every = true;
+        let list = self
+            .vars
             .iter()
             .map(|v| match grads.get(v.as_tensor()) {
                 Some(g) => Ok(g.clone()),
-                None => v.as_tensor().zeros_like(),
+                None => {
+                    every = false;
+                    v.as_tensor().zeros_like()
+                }
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok((list, every))
     }
 }
 
@@ -138,19 +162,21 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
     fn new(vars: Vec<Var>, spec: OptimizerSpec) -> Result<Self> {
         Ok(NanhuntOptimizer {
             inner: Optimizer::new(&spec, vars.len()),
+            next: Optimizer::new(&spec, vars.len()),
             lr: spec.lr(),
             spec,
             index_names: (0..vars.len()).map(|i| i.to_string()).collect(),
+            staged: false,
             vars,
-            prepared: None,
             scans: None,
+            every_gradient: false,
         })
     }
 
     /// A variable without a gradient gets a zero one (candle-nn skips it;
     /// a guard reports it before the step).
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        let grads = self.grads_of(grads)?;
+        let (grads, _) = self.grads_of(grads)?;
         self.inner.step(&self.vars, &grads, self.lr)
     }
 
@@ -181,12 +207,13 @@ impl GuardOptimizer for NanhuntOptimizer {
     }
 
     fn prepare(&mut self, grads: &GradStore) -> Result<Option<Vec<Tensor>>> {
-        let grads = self.grads_of(grads)?;
-        // On a clone (its tensors are shared, not copied): the state only
-        // advances at commit.
-        let mut next = self.inner.clone();
-        let (new, scans) = next.update_checked(&self.vars, &grads, self.lr)?;
-        self.prepared = Some(next);
+        let (grads, every) = self.grads_of(grads)?;
+        self.every_gradient = every;
+        // Into the staging optimizer: the state only advances at commit.
+        let (new, scans) =
+            self.next
+                .update_checked_from(&self.inner, &self.vars, &grads, self.lr)?;
+        self.staged = true;
         self.scans = scans;
         Ok(Some(new))
     }
@@ -195,8 +222,8 @@ impl GuardOptimizer for NanhuntOptimizer {
         for (v, t) in self.vars.iter().zip(&new) {
             v.set(t)?;
         }
-        if let Some(next) = self.prepared.take() {
-            self.inner = next;
+        if std::mem::take(&mut self.staged) {
+            std::mem::swap(&mut self.inner, &mut self.next);
         }
         self.scans = None;
         Ok(())
@@ -204,6 +231,10 @@ impl GuardOptimizer for NanhuntOptimizer {
 
     fn prepared_scans(&self) -> Option<&UpdateScans> {
         self.scans.as_ref()
+    }
+
+    fn prepared_every_gradient(&self) -> bool {
+        self.staged && self.every_gradient
     }
 
     fn updates_exactly(&self, vars: &[Var]) -> bool {
@@ -216,7 +247,7 @@ impl GuardOptimizer for NanhuntOptimizer {
     }
 
     fn prepared_state(&self) -> Vec<(usize, &'static str, Tensor)> {
-        self.prepared
+        self.staged()
             .iter()
             .flat_map(|o| o.state_tensors().map(|(i, k, t)| (i, k, t.clone())))
             .collect()
@@ -229,12 +260,12 @@ impl GuardOptimizer for NanhuntOptimizer {
         if let Some(scans) = &self.scans {
             // The pass checked it: the tensor only for the failure.
             let bad = scans.bad_state.and_then(|at| {
-                let (i, kind, t) = self.prepared.as_ref()?.state_tensors().nth(at)?;
+                let (i, kind, t) = self.staged()?.state_tensors().nth(at)?;
                 Some((i, kind, t.clone()))
             });
             return Ok(bad);
         }
-        for (i, kind, t) in self.prepared.iter().flat_map(|o| o.state_tensors()) {
+        for (i, kind, t) in self.staged().iter().flat_map(|o| o.state_tensors()) {
             if crate::probe::first_non_finite(&[t])?.is_some() {
                 return Ok(Some((i, kind, t.clone())));
             }
@@ -262,6 +293,7 @@ impl GuardOptimizer for NanhuntOptimizer {
                 .map(|(_, t)| t.clone())
         });
         self.inner = inner;
+        self.staged = false;
         self.lr = saved.spec.lr();
         Ok(())
     }

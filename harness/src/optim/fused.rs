@@ -37,16 +37,18 @@ pub(super) struct Checked {
     pub bad_state: Option<usize>,
 }
 
-/// The new parameter values, with `slot` advanced; `None` (nothing changed)
-/// where the fused pass does not apply.
+/// The new parameter values, with `slot` advanced from the state in
+/// `from` (where given, else its own); `None` (nothing changed) where the
+/// fused pass does not apply.
 pub(super) fn update(
     spec: &OptimizerSpec,
     (p, g): (&Tensor, &Tensor),
-    slot: &mut Slot,
+    (from, slot): (Option<&Slot>, &mut Slot),
     (lr, t): (f64, i32),
     check: Scan,
 ) -> Result<Option<Fused>> {
-    let states = [&slot.momentum, &slot.m, &slot.v];
+    let source = from.unwrap_or(slot);
+    let states = [&source.momentum, &source.m, &source.v];
     let fits = |x: &Tensor| {
         x.device().is_cpu()
             && x.dtype() == p.dtype()
@@ -62,8 +64,8 @@ pub(super) fn update(
     }
     let at = (p, g, lr, t);
     match p.dtype() {
-        candle_core::DType::F32 => apply::<f32>(spec, at, slot, check),
-        candle_core::DType::F64 => apply::<f64>(spec, at, slot, check),
+        candle_core::DType::F32 => apply::<f32>(spec, at, (from, slot), check),
+        candle_core::DType::F64 => apply::<f64>(spec, at, (from, slot), check),
         _ => Ok(None),
     }
 }
@@ -72,7 +74,7 @@ pub(super) fn update(
 fn apply<T: Real>(
     spec: &OptimizerSpec,
     (p, g, lr, t): (&Tensor, &Tensor, f64, i32),
-    slot: &mut Slot,
+    (from, slot): (Option<&Slot>, &mut Slot),
     check: Scan,
 ) -> Result<Option<Fused>> {
     let Some((
@@ -82,26 +84,24 @@ fn apply<T: Real>(
             m,
             v,
         },
-        grad,
-    )) = run::<T>(spec, p, g, slot, (lr, t), check)?
+        checked,
+    )) = run::<T>(spec, p, g, from.unwrap_or(slot), (lr, t), check)?
     else {
         return Ok(None);
     };
     let states = [momentum, m, v];
-    // Checked while the values are still in cache.
-    let checked = (check != Scan::Nothing).then(|| Checked {
-        grad,
-        param: scan_real(&new),
-        // Counted among the states it leaves, in `STATE_KINDS` order.
-        bad_state: states.iter().flatten().position(|s| !all_finite_real(s)),
-    });
     let tensor = |values| Tensor::from_vec(values, p.shape(), p.device());
-    for (state, values) in [&mut slot.momentum, &mut slot.m, &mut slot.v]
+    let kept = from.map(|f| [&f.momentum, &f.m, &f.v]);
+    for (k, (state, values)) in [&mut slot.momentum, &mut slot.m, &mut slot.v]
         .into_iter()
         .zip(states)
+        .enumerate()
     {
-        if let Some(values) = values {
-            *state = Some(tensor(values)?);
+        match (values, kept) {
+            (Some(values), _) => *state = Some(tensor(values)?),
+            // A state the rule does not write is the source's as it was.
+            (None, Some(kept)) => state.clone_from(kept[k]),
+            (None, None) => {}
         }
     }
     Ok(Some(Fused {
@@ -119,7 +119,7 @@ struct Next<T> {
 }
 
 /// The slices of the inputs (read-locked for the pass) and the rule;
-/// the scan of the gradient it read where `check` asks for it.
+/// what `check` asks to be seen of what it read and wrote.
 fn run<T: Real>(
     spec: &OptimizerSpec,
     p: &Tensor,
@@ -127,7 +127,7 @@ fn run<T: Real>(
     slot: &Slot,
     (lr, t): (f64, i32),
     check: Scan,
-) -> Result<Option<(Next<T>, Option<TensorScan>)>> {
+) -> Result<Option<(Next<T>, Option<Checked>)>> {
     let (ps, pr) = locked(p);
     let (gs, gr) = locked(g);
     let [mom, m, v] = [&slot.momentum, &slot.m, &slot.v].map(|s| s.as_ref().map(locked));
@@ -144,8 +144,23 @@ fn run<T: Real>(
     let Some(next) = rule(spec, &x, lr, t) else {
         return Ok(None);
     };
-    let grad = (check == Scan::ReadAndWritten).then(|| scan_real(&g[..p.len()]));
-    Ok(Some((next, grad)))
+    // While the values are still in cache, in one wide region: on a
+    // small model these checks are a few dozen values each.
+    let checked = (check != Scan::Nothing).then(|| {
+        crate::kernels::wide(
+            #[inline(always)]
+            || Checked {
+                grad: (check == Scan::ReadAndWritten).then(|| scan_real(&g[..p.len()])),
+                param: scan_real(&next.p),
+                // Counted among the states it leaves, in `STATE_KINDS` order.
+                bad_state: [&next.momentum, &next.m, &next.v]
+                    .into_iter()
+                    .flatten()
+                    .position(|s| !all_finite_real(s)),
+            },
+        )
+    });
+    Ok(Some((next, checked)))
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range

@@ -159,9 +159,42 @@ impl Optimizer {
         self.advance(params, grads, lr, Scan::ReadAndWritten)
     }
 
+    /// [`Optimizer::update_checked`] from `from`'s state, which is left as
+    /// it was: this optimizer takes the state after the update. A staged
+    /// update (checked before it is accepted) reuses its previous staging
+    /// optimizer here, whose old state is then dropped slot by slot as
+    /// each new slot is made, as an update in place drops it (dropped all
+    /// at once, dozens of frees of one size overflow the allocator's
+    /// per-size caches and cost more in every allocation after them).
+    pub fn update_checked_from(
+        &mut self,
+        from: &Optimizer,
+        params: &[Var],
+        grads: &[Tensor],
+        lr: f64,
+    ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
+        self.spec.clone_from(&from.spec);
+        self.steps = from.steps;
+        self.slots.resize_with(from.slots.len(), Slot::default);
+        self.advance_from(Some(from), params, grads, lr, Scan::ReadAndWritten)
+    }
+
     /// One update's new parameters and what its fused pass scanned.
     fn advance(
         &mut self,
+        params: &[Var],
+        grads: &[Tensor],
+        lr: f64,
+        check: Scan,
+    ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
+        self.advance_from(None, params, grads, lr, check)
+    }
+
+    /// [`Optimizer::advance`] reading the state of `from` where given
+    /// (same length as this one's), else this optimizer's own.
+    fn advance_from(
+        &mut self,
+        from: Option<&Optimizer>,
         params: &[Var],
         grads: &[Tensor],
         lr: f64,
@@ -178,27 +211,45 @@ impl Optimizer {
         // State tensors of the parameters before this one: where a bad
         // state tensor stands in `state_tensors`.
         let mut states_before = 0;
-        for ((p, g), slot) in params.iter().zip(grads).zip(&mut self.slots) {
-            let fused = fused::update(&self.spec, (p.as_tensor(), g), slot, (lr, t), check)?;
-            if let Some(fused::Fused { new, checked }) = fused {
-                if let (Some(all), Some(seen)) = (scans.as_mut(), checked) {
-                    all.grads.extend(seen.grad);
-                    all.params.push(seen.param);
-                    let bad = seen.bad_state.map(|k| states_before + k);
-                    all.bad_state = all.bad_state.or(bad);
-                    states_before += slot.tensors();
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let Some(slot) = self.slots.get_mut(i) else {
+                break;
+            };
+            // Read from `from`'s slot, written over this one's.
+            let source = from.map(|f| &f.slots[i]);
+            let new = match fused::update(
+                &self.spec,
+                (p.as_tensor(), g),
+                (source, slot),
+                (lr, t),
+                check,
+            )? {
+                Some(fused::Fused { new, checked }) => {
+                    if let (Some(all), Some(seen)) = (scans.as_mut(), checked) {
+                        all.grads.extend(seen.grad);
+                        all.params.push(seen.param);
+                        let bad = seen.bad_state.map(|k| states_before + k);
+                        all.bad_state = all.bad_state.or(bad);
+                        states_before += slot.tensors();
+                    }
+                    new
                 }
-                out.push(new);
-                continue;
-            }
-            // The op chain: what it wrote is scanned by the caller.
-            scans = None;
-            let new = chain(&self.spec, p, g, slot, lr, t)?;
-            // Off the graph: with weight decay the ops run on the tracked
-            // parameter, and a state that kept its graph would hold every
-            // earlier step's tensors (and overflow the stack when dropped).
-            slot.detach();
-            out.push(new.detach());
+                None => {
+                    // The op chain: what it wrote is scanned by the caller.
+                    scans = None;
+                    if let Some(source) = source {
+                        slot.clone_from(source);
+                    }
+                    let new = chain(&self.spec, p, g, slot, lr, t)?;
+                    // Off the graph: with weight decay the ops run on the
+                    // tracked parameter, and a state that kept its graph
+                    // would hold every earlier step's tensors (and overflow
+                    // the stack when dropped).
+                    slot.detach();
+                    new.detach()
+                }
+            };
+            out.push(new);
         }
         Ok((out, scans))
     }

@@ -46,6 +46,10 @@ pub struct Session<'a> {
     vars: Vec<Var>,
     names: Vec<String>,
     optimizer: Optimizer,
+    /// Where an update checked before it is accepted is computed: after
+    /// it is accepted, the state before it (see
+    /// [`Optimizer::update_checked_from`]).
+    staging: Optimizer,
     scaler: LossScaler,
     source: Box<dyn DataSource>,
     tracker: DivergenceTracker,
@@ -157,6 +161,7 @@ impl<'a> Session<'a> {
             crossing: None,
             intervention: opts.intervention.clone(),
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
+            staging: Optimizer::new(&case.optimizer, vars.len()),
             scaler: LossScaler::new(precision.loss_scaling()),
             source,
             tracker: DivergenceTracker::new(case.divergence_factor),

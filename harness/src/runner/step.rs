@@ -147,10 +147,11 @@ impl Session<'_> {
         tracer: &Tracer,
         grad_store: &GradStore,
     ) -> Result<Flow<()>> {
-        // On a clone (its tensors are shared, not copied): a gradient that
-        // fails leaves the optimizer's state as the gradient phase did.
-        let mut next = self.optimizer.clone();
-        let (new, seen) = next.update_checked(&self.vars, grads, lr)?;
+        // Staged: a gradient that fails leaves the optimizer's state as
+        // the gradient phase did.
+        let (new, seen) =
+            self.staging
+                .update_checked_from(&self.optimizer, &self.vars, grads, lr)?;
         let read = seen.as_ref().filter(|s| s.grads.len() == grads.len());
         let own;
         let scans = match read {
@@ -166,7 +167,7 @@ impl Session<'_> {
         }
         let norm = self.grad_norm(scans);
         self.trace.grad_norms.push(norm);
-        self.optimizer = next;
+        std::mem::swap(&mut self.optimizer, &mut self.staging);
         optim::set(&self.vars, new)?;
         match self.check_update(seen)? {
             Some(f) => fail(f),

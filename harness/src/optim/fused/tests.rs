@@ -249,3 +249,85 @@ fn the_op_chains_state_keeps_no_graph() {
         }
     }
 }
+
+/// Every value of a list of tensors as bits (NaNs compared by bits too).
+fn bits_of<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Vec<Vec<u64>> {
+    tensors
+        .into_iter()
+        .map(|t| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_staged_update_gives_the_bits_of_one_in_place_and_leaves_its_source_as_it_was() {
+    let dev = Device::Cpu;
+    // A staging optimizer that last held another rule's state (momentum):
+    // what the new rule does not write must not survive into its state.
+    let other = OptimizerSpec::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    for kernels in [Kernels::Fused, Kernels::Reference] {
+        for spec in specs() {
+            let var = |seed| {
+                Var::from_tensor(&Tensor::from_vec(values(seed, 24), (3, 8), &dev).unwrap())
+                    .unwrap()
+            };
+            let (a, b) = (vec![var(1), var(2)], vec![var(1), var(2)]);
+            let mut in_place = Optimizer::new(&spec, 2);
+            let mut current = Optimizer::new(&spec, 2);
+            let mut staging = Optimizer::new(&other, 2);
+            let grads: Vec<Tensor> = (0..2)
+                .map(|i| Tensor::from_vec(values(7 + i, 24), (3, 8), &dev).unwrap())
+                .collect();
+            let scratch = vec![var(3), var(4)];
+            with_kernels(kernels, || staging.step(&scratch, &grads, 0.1)).unwrap();
+            for step in 0..3u64 {
+                let grads: Vec<Tensor> = (0..2)
+                    .map(|i| Tensor::from_vec(values(20 + 3 * step + i, 24), (3, 8), &dev).unwrap())
+                    .collect();
+                let source = bits_of(current.state_tensors().map(|s| s.2));
+                let (want, _) =
+                    with_kernels(kernels, || in_place.update_checked(&a, &grads, spec.lr()))
+                        .unwrap();
+                let (got, _) = with_kernels(kernels, || {
+                    staging.update_checked_from(&current, &b, &grads, spec.lr())
+                })
+                .unwrap();
+                let what = format!("{spec:?} {kernels:?} step {step}");
+                assert_eq!(bits_of(&got), bits_of(&want), "{what}");
+                assert_eq!(
+                    source,
+                    bits_of(current.state_tensors().map(|s| s.2)),
+                    "{what}"
+                );
+                let kinds = |o: &Optimizer| -> Vec<(usize, &str)> {
+                    o.state_tensors().map(|(i, k, _)| (i, k)).collect()
+                };
+                assert_eq!(kinds(&staging), kinds(&in_place), "{what}");
+                assert_eq!(
+                    bits_of(staging.state_tensors().map(|s| s.2)),
+                    bits_of(in_place.state_tensors().map(|s| s.2)),
+                    "{what}"
+                );
+                assert_eq!(staging.steps(), in_place.steps(), "{what}");
+                std::mem::swap(&mut current, &mut staging);
+                for (p, new) in a.iter().zip(&want).chain(b.iter().zip(&got)) {
+                    p.set(new).unwrap();
+                }
+            }
+        }
+    }
+}
