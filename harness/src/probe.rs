@@ -85,17 +85,20 @@ fn scan_lanes<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
     let mut max = [0f64; LANES];
     let chunks = values.chunks_exact(LANES);
     let tail = chunks.remainder();
+    // `a > m` picks as `f64::max` does for every input (a NaN never wins,
+    // and `m` is never NaN), in one vector max, with no NaN blend.
+    let larger = |m: f64, a: f64| if a > m { a } else { m };
     for chunk in chunks {
         for k in 0..LANES {
             let x = to_f64(chunk[k]);
             sum[k] += x * x;
-            max[k] = max[k].max(x.abs());
+            max[k] = larger(max[k], x.abs());
         }
     }
     for (k, &v) in tail.iter().enumerate() {
         let x = to_f64(v);
         sum[k] += x * x;
-        max[k] = max[k].max(x.abs());
+        max[k] = larger(max[k], x.abs());
     }
     let sum_sq: f64 = sum.iter().sum();
     if sum_sq.is_finite() {

@@ -133,10 +133,10 @@ impl Guard {
                 self.warnings.push(w);
             }
         }
-        let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
-        let norm = crate::optim::global_norm(&sum_sq);
+        let norm = global_norm(&scans);
         self.trace.grad_norms.push(norm);
         if let Some(was) = self.watch.gradient(norm) {
+            let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
             let leader = self.names[checks::explosion::largest(&sum_sq)].clone();
             self.saw_jump(step, Grew::GradientNorm, (was, norm), leader, before)?;
         }
