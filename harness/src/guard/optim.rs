@@ -119,6 +119,8 @@ pub struct NanhuntOptimizer {
     staged: bool,
     /// What the prepared update's pass saw, until it is committed.
     scans: Option<UpdateScans>,
+    /// The committed update's scans, whose lists the next one reuses.
+    spent_scans: Option<UpdateScans>,
     /// Whether every variable had a gradient in the last prepared update.
     every_gradient: bool,
     /// The variables' indices as names (`0`, `1`, …), built once: the
@@ -169,6 +171,7 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
             staged: false,
             vars,
             scans: None,
+            spent_scans: None,
             every_gradient: false,
         })
     }
@@ -210,9 +213,10 @@ impl GuardOptimizer for NanhuntOptimizer {
         let (grads, every) = self.grads_of(grads)?;
         self.every_gradient = every;
         // Into the staging optimizer: the state only advances at commit.
+        let reuse = self.scans.take().or_else(|| self.spent_scans.take());
         let (new, scans) =
             self.next
-                .update_checked_from(&self.inner, &self.vars, &grads, self.lr)?;
+                .update_checked_from(&self.inner, (&self.vars, &grads), self.lr, reuse)?;
         self.staged = true;
         self.scans = scans;
         Ok(Some(new))
@@ -225,7 +229,7 @@ impl GuardOptimizer for NanhuntOptimizer {
         if std::mem::take(&mut self.staged) {
             std::mem::swap(&mut self.inner, &mut self.next);
         }
-        self.scans = None;
+        self.spent_scans = self.scans.take();
         Ok(())
     }
 

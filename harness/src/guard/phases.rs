@@ -155,19 +155,23 @@ impl Guard {
         before: &Before,
     ) -> Phased<()> {
         let exact = opt.updates_exactly(&self.vars);
-        let refs: Vec<&Tensor> = match &prepared {
-            Some(new) if exact => new.iter().collect(),
-            // In the guard's order, what the optimizer leaves as it is.
-            Some(new) => in_guard_order(opt, &self.vars, new),
-            None => {
-                opt.apply(grads)?;
-                self.vars.iter().map(|v| v.as_tensor()).collect()
+        if prepared.is_none() {
+            opt.apply(grads)?;
+        }
+        // The updated values in the guard's order, listed only where a
+        // scan of its own, a failure or a jump needs them.
+        let updated = || -> Vec<&Tensor> {
+            match &prepared {
+                Some(new) if exact => new.iter().collect(),
+                // What the optimizer leaves as it is keeps its value.
+                Some(new) => in_guard_order(&*opt, &self.vars, new),
+                None => self.vars.iter().map(|v| v.as_tensor()).collect(),
             }
         };
         // A prepared update's own pass may have scanned what it wrote.
         let scans = match (&prepared, opt.prepared_scans()) {
             (Some(_), Some(seen)) if exact => Cow::Borrowed(&seen.params[..]),
-            _ => Cow::Owned(scan_all(&refs)?),
+            _ => Cow::Owned(scan_all(&updated())?),
         };
         if let Some(i) = checks::first_bad(&scans) {
             let which = Updated::Param(&self.names[i]);
@@ -175,7 +179,7 @@ impl Guard {
                 which,
                 &scans[i],
                 self.half(),
-                refs[i],
+                updated()[i],
             )?));
         }
         if let Some(f) = self.state_failure(opt)? {
@@ -184,7 +188,7 @@ impl Guard {
         let norm = global_norm(&scans);
         self.trace.param_norms.push(norm);
         if let Some(was) = self.watch.parameters(norm) {
-            let leader = self.fastest_growing(&refs, before)?;
+            let leader = self.fastest_growing(&updated(), before)?;
             self.saw_jump(
                 step,
                 Grew::ParameterNorm,

@@ -166,17 +166,20 @@ impl Optimizer {
     /// each new slot is made, as an update in place drops it (dropped all
     /// at once, dozens of frees of one size overflow the allocator's
     /// per-size caches and cost more in every allocation after them).
+    /// `reuse`, an earlier update's scans, lends its lists (a step then
+    /// allocates none for them).
     pub fn update_checked_from(
         &mut self,
         from: &Optimizer,
-        params: &[Var],
-        grads: &[Tensor],
+        (params, grads): (&[Var], &[Tensor]),
         lr: f64,
+        reuse: Option<UpdateScans>,
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.spec.clone_from(&from.spec);
         self.steps = from.steps;
         self.slots.resize_with(from.slots.len(), Slot::default);
-        self.advance_from(Some(from), params, grads, lr, Scan::ReadAndWritten)
+        let scans = UpdateScans::reusing(reuse, params.len());
+        self.advance_from(Some(from), params, grads, lr, (Scan::ReadAndWritten, scans))
     }
 
     /// One update's new parameters and what its fused pass scanned.
@@ -187,7 +190,8 @@ impl Optimizer {
         lr: f64,
         check: Scan,
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
-        self.advance_from(None, params, grads, lr, check)
+        let scans = UpdateScans::reusing(None, params.len());
+        self.advance_from(None, params, grads, lr, (check, scans))
     }
 
     /// [`Optimizer::advance`] reading the state of `from` where given
@@ -198,16 +202,12 @@ impl Optimizer {
         params: &[Var],
         grads: &[Tensor],
         lr: f64,
-        check: Scan,
+        (check, scans): (Scan, UpdateScans),
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.steps += 1;
         let t = self.steps as i32;
         let mut out = Vec::with_capacity(params.len());
-        let mut scans = (check != Scan::Nothing).then(|| UpdateScans {
-            grads: Vec::with_capacity(params.len()),
-            params: Vec::with_capacity(params.len()),
-            bad_state: None,
-        });
+        let mut scans = (check != Scan::Nothing).then_some(scans);
         // State tensors of the parameters before this one: where a bad
         // state tensor stands in `state_tensors`.
         let mut states_before = 0;
@@ -266,6 +266,21 @@ pub struct UpdateScans {
     pub grads: Vec<TensorScan>,
     pub params: Vec<TensorScan>,
     pub bad_state: Option<usize>,
+}
+
+impl UpdateScans {
+    /// Empty lists for `n` parameters, `reuse`'s where given.
+    fn reusing(reuse: Option<UpdateScans>, n: usize) -> UpdateScans {
+        let mut s = reuse.unwrap_or_else(|| UpdateScans {
+            grads: Vec::with_capacity(n),
+            params: Vec::with_capacity(n),
+            bad_state: None,
+        });
+        s.grads.clear();
+        s.params.clear();
+        s.bad_state = None;
+        s
+    }
 }
 
 /// What an update's fused pass scans.

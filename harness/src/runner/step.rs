@@ -151,7 +151,7 @@ impl Session<'_> {
         // the gradient phase did.
         let (new, seen) =
             self.staging
-                .update_checked_from(&self.optimizer, &self.vars, grads, lr)?;
+                .update_checked_from(&self.optimizer, (&self.vars, grads), lr, None)?;
         let read = seen.as_ref().filter(|s| s.grads.len() == grads.len());
         let own;
         let scans = match read {

@@ -303,7 +303,7 @@ fn a_staged_update_gives_the_bits_of_one_in_place_and_leaves_its_source_as_it_wa
                     with_kernels(kernels, || in_place.update_checked(&a, &grads, spec.lr()))
                         .unwrap();
                 let (got, _) = with_kernels(kernels, || {
-                    staging.update_checked_from(&current, &b, &grads, spec.lr())
+                    staging.update_checked_from(&current, (&b, &grads), spec.lr(), None)
                 })
                 .unwrap();
                 let what = format!("{spec:?} {kernels:?} step {step}");
