@@ -178,8 +178,7 @@ impl Optimizer {
         self.spec.clone_from(&from.spec);
         self.steps = from.steps;
         self.slots.resize_with(from.slots.len(), Slot::default);
-        let scans = UpdateScans::reusing(reuse, params.len());
-        self.advance_from(Some(from), params, grads, lr, (Scan::ReadAndWritten, scans))
+        self.advance_from(Some(from), params, grads, lr, (Scan::ReadAndWritten, reuse))
     }
 
     /// One update's new parameters and what its fused pass scanned.
@@ -190,24 +189,24 @@ impl Optimizer {
         lr: f64,
         check: Scan,
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
-        let scans = UpdateScans::reusing(None, params.len());
-        self.advance_from(None, params, grads, lr, (check, scans))
+        self.advance_from(None, params, grads, lr, (check, None))
     }
 
     /// [`Optimizer::advance`] reading the state of `from` where given
-    /// (same length as this one's), else this optimizer's own.
+    /// (same length as this one's), else this optimizer's own; its scans
+    /// in `reuse`'s lists where given.
     fn advance_from(
         &mut self,
         from: Option<&Optimizer>,
         params: &[Var],
         grads: &[Tensor],
         lr: f64,
-        (check, scans): (Scan, UpdateScans),
+        (check, reuse): (Scan, Option<UpdateScans>),
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.steps += 1;
         let t = self.steps as i32;
         let mut out = Vec::with_capacity(params.len());
-        let mut scans = (check != Scan::Nothing).then_some(scans);
+        let mut scans = (check != Scan::Nothing).then(|| UpdateScans::reusing(reuse, params.len()));
         // State tensors of the parameters before this one: where a bad
         // state tensor stands in `state_tensors`.
         let mut states_before = 0;
