@@ -106,7 +106,7 @@ fn scan_lanes<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
             sum_sq,
             nan: 0,
             inf: 0,
-            max_abs: max.iter().copied().fold(0.0, f64::max),
+            max_abs: max.iter().copied().fold(0.0, larger),
         };
     }
     let mut s = TensorScan::default();
