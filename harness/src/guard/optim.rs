@@ -117,10 +117,9 @@ pub struct NanhuntOptimizer {
     /// the next prepared update replaces one by one.
     next: Optimizer,
     staged: bool,
-    /// What the prepared update's pass saw, until it is committed.
+    /// What the last prepared update's pass saw: read while it is
+    /// staged, and its lists reused by the next one.
     scans: Option<UpdateScans>,
-    /// The committed update's scans, whose lists the next one reuses.
-    spent_scans: Option<UpdateScans>,
     /// Whether every variable had a gradient in the last prepared update.
     every_gradient: bool,
     /// The variables' indices as names (`0`, `1`, …), built once: the
@@ -171,7 +170,6 @@ impl candle_nn::Optimizer for NanhuntOptimizer {
             staged: false,
             vars,
             scans: None,
-            spent_scans: None,
             every_gradient: false,
         })
     }
@@ -213,7 +211,7 @@ impl GuardOptimizer for NanhuntOptimizer {
         let (grads, every) = self.grads_of(grads)?;
         self.every_gradient = every;
         // Into the staging optimizer: the state only advances at commit.
-        let reuse = self.scans.take().or_else(|| self.spent_scans.take());
+        let reuse = self.scans.take();
         let (new, scans) =
             self.next
                 .update_checked_from(&self.inner, (&self.vars, &grads), self.lr, reuse)?;
@@ -229,12 +227,11 @@ impl GuardOptimizer for NanhuntOptimizer {
         if std::mem::take(&mut self.staged) {
             std::mem::swap(&mut self.inner, &mut self.next);
         }
-        self.spent_scans = self.scans.take();
         Ok(())
     }
 
     fn prepared_scans(&self) -> Option<&UpdateScans> {
-        self.scans.as_ref()
+        self.scans.as_ref().filter(|_| self.staged)
     }
 
     fn prepared_every_gradient(&self) -> bool {
@@ -261,7 +258,7 @@ impl GuardOptimizer for NanhuntOptimizer {
     fn non_finite_prepared_state(
         &self,
     ) -> crate::error::Result<Option<(usize, &'static str, Tensor)>> {
-        if let Some(scans) = &self.scans {
+        if let Some(scans) = self.prepared_scans() {
             // The pass checked it: the tensor only for the failure.
             let bad = scans.bad_state.and_then(|at| {
                 let (i, kind, t) = self.staged()?.state_tensors().nth(at)?;

@@ -210,10 +210,8 @@ impl Optimizer {
         // State tensors of the parameters before this one: where a bad
         // state tensor stands in `state_tensors`.
         let mut states_before = 0;
-        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let Some(slot) = self.slots.get_mut(i) else {
-                break;
-            };
+        let at = params.iter().zip(grads).zip(&mut self.slots).enumerate();
+        for (i, ((p, g), slot)) in at {
             // Read from `from`'s slot, written over this one's.
             let source = from.map(|f| &f.slots[i]);
             let new = match fused::update(

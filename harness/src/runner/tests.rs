@@ -603,17 +603,19 @@ fn a_non_finite_gradient_in_the_update_pass_fails_before_anything_is_set() {
     let mut session = Session::new(&c, &factory, &RunOptions::default()).unwrap();
     let lr = c.optimizer.lr();
     assert!(session.grads_checked_in_update(1.0, false, Readback::InPlace));
-    let before: Vec<Vec<f32>> = session
-        .vars
-        .iter()
-        .map(|v| {
-            v.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        })
-        .collect();
+    let values = |s: &Session| -> Vec<Vec<f32>> {
+        s.vars
+            .iter()
+            .map(|v| {
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let before = values(&session);
     let failed = session
         .step_inner(0, lr, &mut Tracer::off(), false)
         .unwrap()
@@ -621,17 +623,7 @@ fn a_non_finite_gradient_in_the_update_pass_fails_before_anything_is_set() {
         .into_failure();
     assert_eq!(failed.phase, Phase::Backward, "{}", failed.detail);
     assert!(failed.stage.starts_with("grad.fc."), "{}", failed.stage);
-    let after: Vec<Vec<f32>> = session
-        .vars
-        .iter()
-        .map(|v| {
-            v.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        })
-        .collect();
+    let after = values(&session);
     assert_eq!(before, after, "no parameter was set");
     assert_eq!(
         session.optimizer.state_tensors().count(),
