@@ -11,11 +11,13 @@
 # It prints the device (the article's step 5), runs every family forward and
 # backward on CUDA in f32, bf16 and f16, the CPU↔CUDA differential on each
 # family, a short campaign on CUDA and on CPU (runs per second of both), and
-# one LR table on CUDA. Well under 10 minutes on an H200. Exit status: the
-# number of failed checks.
+# one LR table on CUDA. SMOKE_BUDGET (default 60s) is each campaign's
+# budget. Well under 10 minutes on an H200. Exit status: the number of
+# failed checks.
 set -uo pipefail
 BIN="${1:-target-cuda/release/nanhunt}"
 DEV="${NANHUNT_DEVICE:-cuda:0}"
+BUDGET="${SMOKE_BUDGET:-60s}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 failed=0
@@ -70,13 +72,23 @@ check "minimize transformer f16" "$BIN" minimize "$WORK/transformer-f16.json" --
 check "run --dump" "$BIN" run "$WORK/transformer-f16.json" --dump "$WORK/dump"
 [ -d "$WORK/dump" ] && check "replay dump" "$BIN" replay "$WORK/dump"
 
-echo "== campaign runs per second (clean data, 60 s each)"
-check "fuzz $DEV jobs 4" "$BIN" fuzz --device "$DEV" --clean-data --budget 60s --jobs 4 --seed 3 \
+echo "== campaign runs per second (clean data, $BUDGET each)"
+check "fuzz $DEV jobs 4" "$BIN" fuzz --device "$DEV" --clean-data --budget "$BUDGET" --jobs 4 --seed 3 \
     --minimize-runs 1 --quiet --out "$WORK/gpu-campaign"
-check "fuzz cpu jobs 2" "$BIN" fuzz --clean-data --budget 60s --jobs 2 --seed 3 \
+check "fuzz cpu jobs 2" "$BIN" fuzz --clean-data --budget "$BUDGET" --jobs 2 --seed 3 \
     --minimize-runs 1 --quiet --out "$WORK/cpu-campaign"
 for d in gpu-campaign cpu-campaign; do
-    python3 -c "import json; s=json.load(open('$WORK/$d/summary.json')); print('  $d:', s['runs_this_session'], 'runs,', round(s['runs_per_s'],1), 'runs/s')" 2>/dev/null || true
+    python3 -c "
+import collections, json
+s = json.load(open('$WORK/$d/summary.json'))
+print('  $d:', s['runs_this_session'], 'runs,', round(s['runs_per_s'], 1), 'runs/s')
+errors = collections.Counter()
+for line in open('$WORK/$d/journal.jsonl'):
+    r = json.loads(line)
+    if r.get('verdict') in ('error', 'panic', 'crash'):
+        errors[(r['family'], r['precision'], ((r.get('message') or '').splitlines() or [''])[0][:160])] += 1
+for (family, precision, message), n in errors.most_common(10):
+    print(f'    {n} x error ({family} {precision}): {message}')" 2>/dev/null || true
 done
 
 echo "== lr-table on $DEV"

@@ -29,6 +29,13 @@ pub fn leaky_relu(x: &Tensor, slope: f64) -> Result<Tensor> {
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
     if dims.len() == 2 {
+        // candle's CUDA product takes row-major or transposed operands
+        // only, not a column slice (an RNN's time step of its input); the
+        // CPU's takes any strides, so its bits are left as they were.
+        let x = match x.device().is_cpu() || x.is_contiguous() {
+            true => x.clone(),
+            false => x.contiguous()?,
+        };
         return x.matmul(&w.t()?)?.broadcast_add(b);
     }
     let rows = x.reshape(((), dims[dims.len() - 1]))?;
