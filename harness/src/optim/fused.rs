@@ -12,7 +12,7 @@
 
 use super::{Scan, Slot};
 use crate::kernels::Real;
-use crate::probe::{all_finite_real, scan_real, TensorScan};
+use crate::probe::{all_finite_real, norm_scan_real, TensorScan};
 use crate::spec::OptimizerSpec;
 use candle_core::{Result, Storage, StorageRef, Tensor};
 use std::ops::Range;
@@ -26,7 +26,8 @@ pub(super) struct Fused {
 }
 
 /// What a checked pass saw, each scan the probe's pass over the values
-/// (so its bits), run while they are in cache.
+/// (so its bits; `max_abs` measured only where a value is not finite), run
+/// while they are in cache.
 pub(super) struct Checked {
     /// The gradient as the pass read it, where asked for.
     pub grad: Option<TensorScan>,
@@ -150,8 +151,8 @@ fn run<T: Real>(
         crate::kernels::wide(
             #[inline(always)]
             || Checked {
-                grad: (check == Scan::ReadAndWritten).then(|| scan_real(&g[..p.len()])),
-                param: scan_real(&next.p),
+                grad: (check == Scan::ReadAndWritten).then(|| norm_scan_real(&g[..p.len()])),
+                param: norm_scan_real(&next.p),
                 // Counted among the states it leaves, in `STATE_KINDS` order.
                 bad_state: [&next.momentum, &next.m, &next.v]
                     .into_iter()

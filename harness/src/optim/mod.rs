@@ -254,8 +254,11 @@ impl Optimizer {
 
 /// What an update's fused pass saw of the values it read and wrote: the
 /// probe's scan of each gradient and of each new parameter (the same bits
-/// as scanning the tensors) and the first state tensor that is not finite,
-/// by its position in [`Optimizer::state_tensors`].
+/// as scanning the tensors, except that a tensor whose values are all
+/// finite has `max_abs` NaN, not measured: no check reads it outside half
+/// precision, which the fused pass does not take) and the first state
+/// tensor that is not finite, by its position in
+/// [`Optimizer::state_tensors`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct UpdateScans {
     /// The gradients as the pass read them (a guard checks them from here

@@ -203,11 +203,15 @@ fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
                     assert_eq!(got.len(), want.len());
                     for (a, b) in got.iter().zip(&want) {
                         assert_eq!(a.sum_sq.to_bits(), b.sum_sq.to_bits(), "{spec:?} {dtype:?}");
-                        assert_eq!(
-                            a.max_abs.to_bits(),
-                            b.max_abs.to_bits(),
-                            "{spec:?} {dtype:?}"
-                        );
+                        // Measured only where a value is not finite.
+                        match b.is_finite() {
+                            true => assert!(a.max_abs.is_nan(), "{spec:?} {dtype:?}"),
+                            false => assert_eq!(
+                                a.max_abs.to_bits(),
+                                b.max_abs.to_bits(),
+                                "{spec:?} {dtype:?}"
+                            ),
+                        }
                         assert_eq!((a.nan, a.inf), (b.nan, b.inf), "{spec:?} {dtype:?}");
                     }
                 }
