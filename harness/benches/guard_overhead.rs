@@ -91,9 +91,11 @@ fn main() {
         let (mut on, mut off) = (make(true), make(false));
         let loss = case.loss.clone();
         let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
-        // Small loops take more steps: their medians move with the noise.
+        // Small loops take more steps: a per-step difference of a
+        // microsecond needs thousands of pairs for its median to hold
+        // still in this machine's noise (a second or two a loop).
         let steps = if size == Size::Small {
-            3 * STEPS
+            15 * STEPS
         } else {
             STEPS
         };
