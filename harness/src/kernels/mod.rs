@@ -193,6 +193,33 @@ pub(crate) fn lane_sum<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
     for (k, i) in (full..n).enumerate() {
         acc[k] += f(i);
     }
+    fold_lanes(acc)
+}
+
+/// Two sums, each in `lane_sum`'s order (its own lanes, so its bits), in
+/// one pass over what they read.
+#[inline(always)]
+pub(crate) fn lane_sum2<T: Real>(n: usize, f: impl Fn(usize) -> (T, T)) -> (T, T) {
+    let (mut a, mut b) = ([T::zero(); LANES], [T::zero(); LANES]);
+    let full = n - n % LANES;
+    for base in (0..full).step_by(LANES) {
+        for k in 0..LANES {
+            let (x, y) = f(base + k);
+            a[k] += x;
+            b[k] += y;
+        }
+    }
+    for (k, i) in (full..n).enumerate() {
+        let (x, y) = f(i);
+        a[k] += x;
+        b[k] += y;
+    }
+    (fold_lanes(a), fold_lanes(b))
+}
+
+/// The partial sums of the lanes added in a fixed tree.
+#[inline(always)]
+fn fold_lanes<T: Real>(acc: [T; LANES]) -> T {
     let half = [
         acc[0] + acc[4],
         acc[1] + acc[5],

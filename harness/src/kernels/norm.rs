@@ -2,7 +2,9 @@
 //! bias, forward and backward each one pass over the rows.
 
 use super::reference;
-use super::{flat, fused_for, lane_sum, last_dim, real, slice, unpack, wide, with_real, Real};
+use super::{
+    flat, fused_for, lane_sum, lane_sum2, last_dim, real, slice, unpack, wide, with_real, Real,
+};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
@@ -96,16 +98,18 @@ impl LayerNormGrad {
             // With x̂ = (x - mean)·rstd and ĝ = g·w:
             // dx = rstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ·x̂)).
             let (row, grow, w) = (&row[..d], &grow[..d], &w[..d]);
-            let sum_g = lane_sum(d, |i| grow[i] * w[i]);
-            let sum_gx = lane_sum(d, |i| grow[i] * w[i] * ((row[i] - mean) * rstd));
+            let (dw, db, dxrow) = (&mut dw[..d], &mut db[..d], &mut dxrow[..d]);
+            // Both sums in one pass and every output in a second (each
+            // value's operations as before, so its bits).
+            let (sum_g, sum_gx) = lane_sum2(d, |i| {
+                let gw = grow[i] * w[i];
+                (gw, gw * ((row[i] - mean) * rstd))
+            });
+            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
             for i in 0..d {
                 let xhat = (row[i] - mean) * rstd;
                 dw[i] += grow[i] * xhat;
                 db[i] += grow[i];
-            }
-            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
-            for i in 0..d {
-                let xhat = (row[i] - mean) * rstd;
                 dxrow[i] = rstd * (grow[i] * w[i] - mean_g - xhat * mean_gx);
             }
         }
@@ -132,5 +136,53 @@ impl CustomOp3 for LayerNormGrad {
             let (x, w, g) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
             flat(wide(#[inline(always)] || self.compute::<T>(x, w, g, d)))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The backward as it was computed before its passes were merged: a
+    /// pass per sum, one for the weight's and bias's gradients, one for
+    /// the input's.
+    fn pass_per_quantity(x: &[f32], w: &[f32], g: &[f32], d: usize, eps: f64) -> Vec<f32> {
+        let n = d as f32;
+        let mut out = vec![0f32; x.len() + 2 * d];
+        let (dx, dwb) = out.split_at_mut(x.len());
+        let (dw, db) = dwb.split_at_mut(d);
+        for ((row, grow), dxrow) in x.chunks(d).zip(g.chunks(d)).zip(dx.chunks_mut(d)) {
+            let (mean, rstd) = moments(row, eps);
+            let sum_g = lane_sum(d, |i| grow[i] * w[i]);
+            let sum_gx = lane_sum(d, |i| grow[i] * w[i] * ((row[i] - mean) * rstd));
+            for i in 0..d {
+                let xhat = (row[i] - mean) * rstd;
+                dw[i] += grow[i] * xhat;
+                db[i] += grow[i];
+            }
+            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+            for i in 0..d {
+                let xhat = (row[i] - mean) * rstd;
+                dxrow[i] = rstd * (grow[i] * w[i] - mean_g - xhat * mean_gx);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_merged_backward_passes_keep_every_bit() {
+        let mut rng = crate::rng::Rng::new(7);
+        for d in [1, 13, 64] {
+            let mut values = |len: usize, scale: f64| -> Vec<f32> {
+                (0..len)
+                    .map(|_| (rng.uniform_in(-1.0, 1.0) * scale) as f32)
+                    .collect()
+            };
+            let (x, w, g) = (values(5 * d, 30.0), values(d, 2.0), values(5 * d, 1e-3));
+            let merged = LayerNormGrad { eps: 1e-5 }.compute(&x, &w, &g, d);
+            let before = pass_per_quantity(&x, &w, &g, d, 1e-5);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&merged), bits(&before), "d = {d}");
+        }
     }
 }
