@@ -3,7 +3,8 @@
 //!
 //! On CPU a scan reads the storage slice directly (one pass, no allocation).
 //! On other devices all tensors of a step are reduced on the device into one
-//! small (n × 4) tensor, copied back with a single synchronization.
+//! small table, copied back with a single synchronization (a second one
+//! only for the counts of a tensor that is not finite).
 
 use crate::error::Result;
 use candle_core::{CpuStorage, DType, Storage, Tensor};
