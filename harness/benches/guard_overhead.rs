@@ -1,18 +1,21 @@
 //! The guard's overhead as a ratio measured in one run: a plain candle loop
 //! (forward, loss, `backward`, the optimizer's step) against the same loop
 //! through `Guard::step`, steps interleaved so that machine noise hits both
-//! alike, the overhead the median of the per-step ratios. Each built-in family at its side-by-side
-//! (`--size large`) size, its model built on a candle `VarMap` as a user's
+//! alike, the overhead the median of the per-step ratios. Each built-in
+//! family at its side-by-side (`--size large`) size, its model built on a candle `VarMap` as a user's
 //! would be, and one third-party model: candle-transformers' EfficientNet-B0
 //! (differentiable throughout in candle 0.11.1) on 32×32 images.
 //! Run: `cargo bench -p nanhunt --bench guard_overhead [FAMILY ...] [small|large]`
 //! (RAYON_NUM_THREADS=1 for the single-thread figure).
 
+#[path = "shared/guard_loop.rs"]
+mod guard_loop;
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
-use nanhunt::data::{Generator, HostBatch, HostInput};
-use nanhunt::guard::{Batch, Guard, GuardOptimizer, GuardOptions, NanhuntOptimizer};
-use nanhunt::models::{BuiltinFactory, Model, ModelFactory, Tracer};
+use nanhunt::data::Generator;
+use nanhunt::guard::{Batch, Guard, GuardOptions, NanhuntOptimizer};
+use nanhunt::models::{BuiltinFactory, Model, ModelFactory};
 use nanhunt::spec::{Size, FAMILIES};
 use nanhunt::Case;
 use std::time::Instant;
@@ -23,17 +26,6 @@ const WARMUP: usize = 20;
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn to_batch(b: &HostBatch) -> Batch {
-    let dev = Device::Cpu;
-    let input = match &b.input {
-        HostInput::Real { values, dims } => Tensor::from_slice(values, dims.as_slice(), &dev),
-        HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &dev),
-    }
-    .unwrap();
-    let targets = Tensor::from_slice(&b.targets, (b.rows(), b.classes), &dev).unwrap();
-    Batch::new([("x", input), ("t", targets)])
 }
 
 /// Builds the family's model on a VarMap's variables (as a user's loop does).
@@ -69,7 +61,7 @@ fn main() {
         let case = Case::example_sized(family, size).unwrap();
         let generator = Generator::new(&case);
         let batches: Vec<Batch> = (0..8)
-            .map(|s| to_batch(&generator.batch(s, case.batch_size)))
+            .map(|s| guard_loop::to_batch(&generator.batch(s, case.batch_size)))
             .collect();
         let make = |guarded: bool| {
             let varmap = VarMap::new();
@@ -109,28 +101,12 @@ fn main() {
             for (l, times) in pair {
                 let start = Instant::now();
                 let model = (l.model_of)(&l.varmap);
-                let loss_of = |b: &Batch| -> candle_core::Result<Tensor> {
-                    let out = model.forward(b.get("x")?, &mut Tracer::off())?;
-                    let logits = match out.rank() {
-                        3 => out.flatten(0, 1)?,
-                        _ => out,
-                    };
-                    nanhunt::losses::loss(&loss, &logits, b.get("t")?)
-                };
+                let loss_of = |b: &Batch| guard_loop::loss_of(&*model, &loss, b);
                 match &mut l.guard {
                     Some(g) => {
                         g.step(step, b, &mut l.opt, loss_of).expect("stays stable");
                     }
-                    None => {
-                        let value = loss_of(b).unwrap();
-                        // What a plain loop reads back: the loss, for its log.
-                        let _ = value
-                            .to_dtype(DType::F64)
-                            .unwrap()
-                            .to_scalar::<f64>()
-                            .unwrap();
-                        l.opt.apply(&value.backward().unwrap()).unwrap();
-                    }
+                    None => guard_loop::plain_step(&mut l.opt, loss_of(b).unwrap()),
                 }
                 if step >= WARMUP {
                     times.push(start.elapsed().as_secs_f64() * 1e3);
@@ -220,12 +196,7 @@ fn efficientnet() {
             } else {
                 let logits = m_off.forward(batch.get("x").unwrap()).unwrap();
                 let loss = nanhunt::losses::loss(&spec, &logits, batch.get("t").unwrap()).unwrap();
-                let _ = loss
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap();
-                opt_off.apply(&loss.backward().unwrap()).unwrap();
+                guard_loop::plain_step(&mut opt_off, loss);
             }
             if step >= WARMUP {
                 let ms = start.elapsed().as_secs_f64() * 1e3;

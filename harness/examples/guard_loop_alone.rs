@@ -7,11 +7,14 @@
 //! RAYON_NUM_THREADS=1 valgrind --tool=callgrind target/release/examples/guard_loop_alone rnn off 2000
 //! ```
 //! Arguments: FAMILY (default rnn), on|off (default on), STEPS (default 20000).
-use candle_core::{DType, Device, Tensor};
+#[path = "../benches/shared/guard_loop.rs"]
+mod guard_loop;
+
+use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
-use nanhunt::data::{Generator, HostInput};
+use nanhunt::data::Generator;
 use nanhunt::guard::{Batch, Guard, GuardOptions};
-use nanhunt::models::{BuiltinFactory, ModelFactory, Tracer};
+use nanhunt::models::{BuiltinFactory, ModelFactory};
 use nanhunt::spec::Size;
 use nanhunt::Case;
 use std::time::Instant;
@@ -26,18 +29,7 @@ fn main() {
     let generator = Generator::new(&case);
     let dev = Device::Cpu;
     let batches: Vec<Batch> = (0..8)
-        .map(|s| {
-            let b = generator.batch(s, case.batch_size);
-            let input = match &b.input {
-                HostInput::Real { values, dims } => {
-                    Tensor::from_slice(values, dims.as_slice(), &dev)
-                }
-                HostInput::Tokens { ids, dims } => Tensor::from_slice(ids, dims.as_slice(), &dev),
-            }
-            .unwrap();
-            let targets = Tensor::from_slice(&b.targets, (b.rows(), b.classes), &dev).unwrap();
-            Batch::new([("x", input), ("t", targets)])
-        })
+        .map(|s| guard_loop::to_batch(&generator.batch(s, case.batch_size)))
         .collect();
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
@@ -53,25 +45,11 @@ fn main() {
     let start = Instant::now();
     for step in 0..steps {
         let b = &batches[step % 8];
-        let loss_of = |b: &Batch| -> candle_core::Result<Tensor> {
-            let out = model.forward(b.get("x")?, &mut Tracer::off())?;
-            let logits = match out.rank() {
-                3 => out.flatten(0, 1)?,
-                _ => out,
-            };
-            nanhunt::losses::loss(&loss, &logits, b.get("t")?)
-        };
+        let loss_of = |b: &Batch| guard_loop::loss_of(&*model, &loss, b);
         if guarded {
             guard.step(step, b, &mut opt, loss_of).unwrap();
         } else {
-            use nanhunt::guard::GuardOptimizer;
-            let value = loss_of(b).unwrap();
-            let _ = value
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            opt.apply(&value.backward().unwrap()).unwrap();
+            guard_loop::plain_step(&mut opt, loss_of(b).unwrap());
         }
     }
     let us = start.elapsed().as_secs_f64() * 1e6 / steps as f64;
