@@ -1,7 +1,7 @@
 //! Fused CPU kernels for the ops where candle's own CPU backward is slow:
 //! the linear map, convolution, ReLU, GELU, 2×2 pooling, layer-norm, RMS-norm,
 //! rotary embeddings, SwiGLU,
-//! softmax, cross-entropy, the mean over positions, attention's two products, the LSTM/GRU cells and whole LSTM,
+//! softmax, cross-entropy, token embeddings and learned positions, the mean over positions, attention's two products, the LSTM/GRU cells and whole LSTM,
 //! GRU and tanh RNN layers.
 //!
 //! Each kernel is a candle custom op whose backward is another fused op, so
@@ -23,6 +23,7 @@ mod attention;
 mod cell;
 mod conv;
 mod cross_entropy;
+mod embed;
 mod gemm;
 mod gru;
 mod linear;
@@ -45,6 +46,7 @@ pub use attention::{
 pub use cell::{gru_h, gru_n, lstm_activate, lstm_c, lstm_h};
 pub use conv::conv2d;
 pub use cross_entropy::cross_entropy;
+pub use embed::{add_positions, embedding};
 pub use gru::gru_layer;
 pub use linear::linear;
 pub use lstm::lstm_layer;

@@ -179,6 +179,19 @@ pub fn mean_positions(x: &Tensor) -> Result<Tensor> {
     x.mean(1)
 }
 
+/// The rows of `table` (V, D) at `ids` (any shape) → (ids..., D): an
+/// index select over the flattened ids and a reshape.
+pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let mut dims = ids.dims().to_vec();
+    dims.push(table.dim(D::Minus1)?);
+    table.embedding(&ids.flatten_all()?)?.reshape(dims)
+}
+
+/// x (B, S, D) + pos (S, D), broadcast over the batch.
+pub fn add_positions(x: &Tensor, pos: &Tensor) -> Result<Tensor> {
+    x.broadcast_add(pos)
+}
+
 /// A (seq, seq) mask of allowed positions (1 where key ≤ query).
 pub fn causal_mask(seq: usize, device: &candle_core::Device) -> Result<Tensor> {
     let mask: Vec<u8> = (0..seq)

@@ -936,3 +936,67 @@ fn cross_entropy_falls_back_to_the_reference_where_it_does_not_apply() {
     )
     .is_err());
 }
+
+/// The embedding (repeated ids, so rows' gradients add up) and the added
+/// positions give the bits of candle's index select, reshape and
+/// broadcast add: the output and the table's and the positions' gradients,
+/// with NaN, inf and -0 among the values.
+#[test]
+fn embedding_and_positions_give_the_bits_of_the_composition() {
+    // Three in the batch and an id four times: order shows in a sum of three.
+    let ids = vec![3u32, 0, 3, 1, 1, 3, 2, 0, 4, 3, 0, 2];
+    let ids = Tensor::from_vec(ids, (3, 4), &Device::Cpu).unwrap();
+    for dtype in [DType::F32, DType::F64] {
+        let mut table = randn(11, &[5, 6], DType::F64).to_vec1_flat();
+        table[7] = f64::NAN;
+        table[20] = -0.0;
+        table[25] = f64::INFINITY;
+        let table = Tensor::from_vec(table, (5, 6), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let pos = randn(12, &[4, 6], dtype);
+        for weight in [1.0, -2.5, 1e-300] {
+            let w = (randn(13, &[3, 4, 6], dtype) * weight).unwrap();
+            let bits = |k: Kernels| {
+                with_kernels(k, || {
+                    let (t, p) = (
+                        Var::from_tensor(&table).unwrap(),
+                        Var::from_tensor(&pos).unwrap(),
+                    );
+                    let e = embedding(t.as_tensor(), &ids).unwrap();
+                    let y = add_positions(&e, p.as_tensor()).unwrap();
+                    let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
+                    let grad = |v: &Var| g.get(v.as_tensor()).unwrap().value_bits();
+                    (e.value_bits(), y.value_bits(), grad(&t), grad(&p))
+                })
+            };
+            assert_eq!(
+                bits(Kernels::Fused),
+                bits(Kernels::Reference),
+                "{dtype:?} {weight}"
+            );
+        }
+    }
+}
+
+#[test]
+fn embedding_and_positions_match_reference_and_gradcheck() {
+    let f: &Op = &|xs| add_positions(&xs[0], &xs[1]);
+    matches_reference("add_positions", f, &[&[3, 4, 5], &[4, 5]]);
+    gradchecks("add_positions", f, &[&[2, 3, 2], &[3, 2]]);
+    let ids = Tensor::from_vec(vec![2u32, 0, 2, 1], (2, 2), &Device::Cpu).unwrap();
+    let f: &Op = &move |xs| embedding(&xs[0], &ids);
+    matches_reference("embedding", f, &[&[3, 4]]);
+    gradchecks("embedding", f, &[&[3, 2]]);
+}
+
+/// An id past the table is an error that names it, not a panic.
+#[test]
+fn an_embedding_id_out_of_range_is_an_error() {
+    let table = randn(14, &[3, 2], DType::F32);
+    let ids = Tensor::from_vec(vec![0u32, 3], 2, &Device::Cpu).unwrap();
+    let err = embedding(&table, &ids).unwrap_err().to_string();
+    assert!(err.contains("id 3 at position 1"), "{err}");
+    assert!(with_kernels(Kernels::Reference, || embedding(&table, &ids)).is_err());
+}

@@ -155,9 +155,8 @@ impl Decoder {
 
 impl Model for Decoder {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let (b, s) = input.dims2()?;
-        let ids = input.to_dtype(DType::U32)?.flatten_all()?;
-        let x = self.embed.embedding(&ids)?.reshape((b, s, ()))?;
+        let (_, s) = input.dims2()?;
+        let x = kernels::embedding(&self.embed, &input.to_dtype(DType::U32)?)?;
         let mut x = tr.record_as("embed", OpKind::Embedding, x)?;
         let hd = x.dim(2)? / self.heads;
         let tables = self.rope_tables(s, hd, &x)?;

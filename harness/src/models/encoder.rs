@@ -143,13 +143,9 @@ impl Encoder {
 
 impl Model for Encoder {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
-        let (b, s) = input.dims2()?;
+        input.dims2()?; // (B, S) ids, or a shape error here
         let ids = input.to_dtype(DType::U32)?;
-        let x = self
-            .embed
-            .embedding(&ids.flatten_all()?)?
-            .reshape((b, s, ()))?
-            .broadcast_add(&self.pos)?;
+        let x = kernels::add_positions(&kernels::embedding(&self.embed, &ids)?, &self.pos)?;
         let mut x = tr.record_as("embed", OpKind::Norm, self.embed_ln.forward(&x)?)?;
         let keep = ids.ne(0u32)?.to_dtype(x.dtype())?;
         for l in &self.blocks {

@@ -183,14 +183,11 @@ impl Transformer {
 impl Model for Transformer {
     fn forward(&self, input: &Tensor, tr: &mut Tracer) -> Result<Tensor> {
         let x = match &self.embed {
-            Embed::Tokens(table) => {
-                let (b, s) = input.dims2()?;
-                let ids = input.to_dtype(DType::U32)?.flatten_all()?;
-                table.embedding(&ids)?.reshape((b, s, ()))?
-            }
+            Embed::Tokens(table) => kernels::embedding(table, &input.to_dtype(DType::U32)?)?,
             Embed::Continuous(lin) => lin.forward(input)?,
         };
-        let mut x = tr.record_as("embed", OpKind::Embedding, x.broadcast_add(&self.pos)?)?;
+        let x = kernels::add_positions(&x, &self.pos)?;
+        let mut x = tr.record_as("embed", OpKind::Embedding, x)?;
         for l in &self.layers {
             x = match self.norm {
                 NormPlacement::Pre => {
