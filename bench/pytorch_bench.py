@@ -19,7 +19,13 @@ Adam, cross-entropy, at one thread:
 plus the fuzz workload (fresh 5-step CNN runs) and the cost of
 torch.autograd.detect_anomaly per step. Prints one JSON object per line.
 
-  pytorch_bench.py [STEPS] [FAMILY|fuzz]
+  pytorch_bench.py [STEPS] [FAMILY|fuzz] [nocompile]
+  pytorch_bench.py serve FAMILY eager|compiled
+
+The serve form keeps one model (compiled or not) and times steps on
+request, for bench/paired.py: each line read is a step count, each line
+written the seconds of those steps ({"times": [...]}), after
+{"ready": true} (or {"error": ...} where torch.compile cannot compile).
 """
 import json
 import statistics
@@ -195,11 +201,44 @@ def compiled_ms(family, x, t, steps):
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
+def serve(family, mode):
+    model, x = make(family, 0)
+    t = torch.randint(0, 64, (BATCH * 32,)) if family == "decoder" else torch.randint(0, CLASSES, (BATCH,))
+    if mode == "compiled":
+        try:
+            model = torch.compile(model)
+            train_steps(model, x, t, 3)  # compiles, then warms up
+        except Exception as e:  # no C++ compiler, an op inductor cannot lower, ...
+            print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}), flush=True)
+            return
+    else:
+        train_steps(model, x, t, 3)
+    print(json.dumps({"ready": True}), flush=True)
+    # One optimizer for the whole session, as nanhunt's serve keeps one.
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    for line in sys.stdin:
+        times = []
+        for _ in range(int(line)):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), t)
+            loss.backward()
+            opt.step()
+            loss.item()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"times": times}), flush=True)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        return serve(sys.argv[2], sys.argv[3])
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     # An optional family (or `fuzz`) runs that one alone, so that the
     # script can pair each model with nanhunt's run of it in time.
     only = sys.argv[2] if len(sys.argv) > 2 else None
+    # `nocompile`: side_by_side.sh times the compiled model in paired.py.
+    compile_too = not (len(sys.argv) > 3 and sys.argv[3] == "nocompile")
     y = torch.randint(0, CLASSES, (BATCH,))
     next_tokens = torch.randint(0, 64, (BATCH * 32,))
     for family in ["cnn", "transformer", "rnn", "decoder", "encoder"]:
@@ -210,7 +249,7 @@ def main():
         train_steps(model, x, t, 3)  # warm-up
         plain = statistics.median(train_steps(model, x, t, steps))
         anomaly = statistics.median(train_steps(model, x, t, steps, anomaly=True))
-        compiled, why = compiled_ms(family, x, t, steps)
+        compiled, why = compiled_ms(family, x, t, steps) if compile_too else (None, "not timed here")
         print(json.dumps({"framework": "pytorch", "family": family, "ms_per_step": plain * 1e3,
                           "compiled_ms_per_step": compiled, "compile_error": why,
                           "detect_anomaly_overhead": anomaly / plain - 1.0}), flush=True)

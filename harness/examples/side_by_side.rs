@@ -8,6 +8,11 @@
 //! with RAYON_NUM_THREADS=1 for one compute thread.
 //!
 //! `cargo run --release -p nanhunt --example side_by_side -- [STEPS] [FAMILY|fuzz]`
+//!
+//! `side_by_side serve FAMILY` keeps one session (probe on) and times steps
+//! on request, for `bench/paired.py`, which alternates it with PyTorch in
+//! short chunks: each line read is a step count, each line written the
+//! seconds of those steps (`{"times": [...]}`), after a `{"ready": true}`.
 
 use nanhunt::lrtable::optimizer_named;
 use nanhunt::models::BuiltinFactory;
@@ -81,8 +86,46 @@ fn probe_overhead(case: &Case, steps: usize) -> anyhow::Result<f64> {
     Ok(median(ratios) - 1.0)
 }
 
+/// The serve mode: warm-up steps, then `N` read → N steps timed.
+fn serve(family: &str) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let c = case(family, 0);
+    let factory = BuiltinFactory::new(&c.model).expect("built-in");
+    let mut session = Session::new(&c, &factory, &RunOptions::default())?;
+    let mut step = 0;
+    let mut run = |n: usize| -> anyhow::Result<Vec<f64>> {
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            if let Some(f) = session.step(step)? {
+                anyhow::bail!("{family} became unstable: {}", f.signature);
+            }
+            times.push(t0.elapsed().as_secs_f64());
+            step += 1;
+        }
+        Ok(times)
+    };
+    run(3)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{{\"ready\": true}}")?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let n: usize = line?.trim().parse()?;
+        let times = run(n)?.iter().map(f64::to_string).collect::<Vec<_>>();
+        writeln!(out, "{{\"times\": [{}]}}", times.join(", "))?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     nanhunt::device::retain_freed_memory(); // as the nanhunt binary does
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        let family = std::env::args()
+            .nth(2)
+            .unwrap_or_else(|| "transformer".into());
+        return serve(&family);
+    }
     let steps: usize = std::env::args()
         .nth(1)
         .map(|s| s.parse())
