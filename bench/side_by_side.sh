@@ -10,7 +10,7 @@
 # a ratio of median step times, and the table shows the median over all
 # chunks of all rounds, with the middle half of those ratios beside it. A
 # slow spell of a shared machine then falls on the three alike: timed one
-# after the other, seconds apart, the same binary's step moved by 40%.
+# after the other, seconds apart, the same binary's step moved by a third.
 #
 # Overheads: nanhunt's probe (interleaved step by step with the probe off,
 # in one process) and PyTorch's detect_anomaly, over STEPS steps a round.
