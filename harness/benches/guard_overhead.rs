@@ -6,7 +6,9 @@
 //! would be, and one third-party model: candle-transformers' EfficientNet-B0
 //! (differentiable throughout in candle 0.11.1) on 32×32 images.
 //! Run: `cargo bench -p nanhunt --bench guard_overhead [FAMILY ...] [small|large]`
-//! (RAYON_NUM_THREADS=1 for the single-thread figure).
+//! (RAYON_NUM_THREADS=1 for the single-thread figure). With `same-plain` or
+//! `same-guarded` both loops are the same kind: the bench's own bias, which
+//! should read about 0%.
 
 #[path = "shared/guard_loop.rs"]
 mod guard_loop;
@@ -39,9 +41,23 @@ struct Loop {
 }
 
 fn main() {
-    let filter: Vec<String> = std::env::args()
+    let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
+        .collect();
+    // Which kind each loop is: (the "guarded" column's, the "plain" one's).
+    let kinds = match args
+        .iter()
+        .find(|a| a.starts_with("same-"))
+        .map(String::as_str)
+    {
+        Some("same-plain") => (false, false),
+        Some("same-guarded") => (true, true),
+        _ => (true, false),
+    };
+    let filter: Vec<String> = args
+        .into_iter()
+        .filter(|a| !a.starts_with("same-"))
         .collect();
     nanhunt::device::retain_freed_memory();
     println!(
@@ -80,7 +96,7 @@ fn main() {
                 guard: guarded.then_some(guard),
             }
         };
-        let (mut on, mut off) = (make(true), make(false));
+        let (mut on, mut off) = (make(kinds.0), make(kinds.1));
         let loss = case.loss.clone();
         let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
         // Small loops take more steps: a per-step difference of a
