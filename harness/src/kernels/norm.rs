@@ -6,18 +6,29 @@ use super::{
     flat, fused_for, lane_sum, lane_sum2, last_dim, real, slice, unpack, wide, with_real, Real,
 };
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
+use std::any::Any;
+use std::sync::OnceLock;
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
     if !fused_for(x) {
         return reference::layer_norm(x, w, b, eps);
     }
+    let op = LayerNorm {
+        eps,
+        moments: OnceLock::new(),
+    };
     x.contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, LayerNorm { eps })
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, op)
 }
 
+/// The op keeps each row's (mean, rstd) from its forward pass for its
+/// backward, which recomputed them (two of its four passes over a row).
+/// candle keeps the op in the graph node, so they live as long as it.
 struct LayerNorm {
     eps: f64,
+    /// A `Vec<(T, T)>`, one pair per row, in the input's float type.
+    moments: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 /// A row's mean and 1/sqrt(var + eps).
@@ -47,17 +58,21 @@ impl CustomOp3 for LayerNorm {
         let d = last_dim(l1, "layer_norm")?;
         with_real!(s1, T => {
             let (x, w, b) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let y = wide(#[inline(always)] || {
+            let (y, kept) = wide(#[inline(always)] || {
                 let mut y = vec![T::zero(); x.len()];
+                let mut kept = Vec::with_capacity(x.len() / d);
                 let (w, b) = (&w[..d], &b[..d]);
                 for (row, out) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
                     let (mean, rstd) = moments(row, self.eps);
+                    kept.push((mean, rstd));
                     for i in 0..d {
                         out[i] = (row[i] - mean) * rstd * w[i] + b[i];
                     }
                 }
-                y
+                (y, kept)
             });
+            // A second forward of the same op (none in candle) keeps the first's.
+            let _ = self.moments.set(Box::new(kept));
             Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
         })
     }
@@ -71,30 +86,47 @@ impl CustomOp3 for LayerNorm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let packed = x.apply_op3_no_bwd(w, &grad, &LayerNormGrad { eps: self.eps })?;
+        let op = LayerNormGrad {
+            eps: self.eps,
+            moments: self.moments.get().map(|m| &**m),
+        };
+        let packed = x.apply_op3_no_bwd(w, &grad, &op)?;
         let [dx, dw, db] = unpack(&packed, [x.shape(), w.shape(), b.shape()])?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }
 
 /// (x, w, grad) → [dx | dw | db], packed flat.
-struct LayerNormGrad {
+struct LayerNormGrad<'a> {
     eps: f64,
+    /// The forward's (mean, rstd) per row, where it kept them.
+    moments: Option<&'a (dyn Any + Send + Sync)>,
 }
 
-impl LayerNormGrad {
+impl LayerNormGrad<'_> {
+    /// The forward's row moments, if they are of this type and count.
+    fn kept<T: Real>(&self, rows: usize) -> Option<&[(T, T)]> {
+        let kept = self.moments?.downcast_ref::<Vec<(T, T)>>()?;
+        (kept.len() == rows).then_some(&kept[..])
+    }
+
     #[inline(always)] // into `wide`'s AVX2 build
     fn compute<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
         let n: T = real(d as f64);
+        let kept = self.kept::<T>(x.len() / d);
         let mut out = vec![T::zero(); x.len() + 2 * d];
         let (dx, dwb) = out.split_at_mut(x.len());
         let (dw, db) = dwb.split_at_mut(d);
-        for ((row, grow), dxrow) in x
+        for (r, ((row, grow), dxrow)) in x
             .chunks_exact(d)
             .zip(g.chunks_exact(d))
             .zip(dx.chunks_exact_mut(d))
+            .enumerate()
         {
-            let (mean, rstd) = moments(row, self.eps);
+            let (mean, rstd) = match kept {
+                Some(kept) => kept[r],
+                None => moments(row, self.eps),
+            };
             // With x̂ = (x - mean)·rstd and ĝ = g·w:
             // dx = rstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ·x̂)).
             let (row, grow, w) = (&row[..d], &grow[..d], &w[..d]);
@@ -117,7 +149,7 @@ impl LayerNormGrad {
     }
 }
 
-impl CustomOp3 for LayerNormGrad {
+impl CustomOp3 for LayerNormGrad<'_> {
     fn name(&self) -> &'static str {
         "nanhunt-layer-norm-grad"
     }
@@ -179,10 +211,15 @@ mod tests {
                     .collect()
             };
             let (x, w, g) = (values(5 * d, 30.0), values(d, 2.0), values(5 * d, 1e-3));
-            let merged = LayerNormGrad { eps: 1e-5 }.compute(&x, &w, &g, d);
             let before = pass_per_quantity(&x, &w, &g, d, 1e-5);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&merged), bits(&before), "d = {d}");
+            // Recomputing the rows' moments, and reading the forward's.
+            let kept: Vec<(f32, f32)> = x.chunks(d).map(|row| moments(row, 1e-5)).collect();
+            for moments in [None, Some(&kept as &(dyn Any + Send + Sync))] {
+                let op = LayerNormGrad { eps: 1e-5, moments };
+                let merged = op.compute(&x, &w, &g, d);
+                assert_eq!(bits(&merged), bits(&before), "d = {d}");
+            }
         }
     }
 }
