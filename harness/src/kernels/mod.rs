@@ -26,6 +26,7 @@ mod cross_entropy;
 mod embed;
 mod gemm;
 mod gru;
+mod kept;
 mod linear;
 mod lstm;
 mod mean;

@@ -1,13 +1,12 @@
 //! Layer normalization over the last dimension with its affine weight and
 //! bias, forward and backward each one pass over the rows.
 
+use super::kept::KeptRows;
 use super::reference;
 use super::{
     flat, fused_for, lane_sum, lane_sum2, last_dim, real, slice, unpack, wide, with_real, Real,
 };
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
-use std::any::Any;
-use std::sync::OnceLock;
 
 /// `(x - mean) / sqrt(var + eps) · w + b` over the last dimension.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
@@ -16,19 +15,17 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     }
     let op = LayerNorm {
         eps,
-        moments: OnceLock::new(),
+        moments: KeptRows::default(),
     };
     x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, op)
 }
 
-/// The op keeps each row's (mean, rstd) from its forward pass for its
-/// backward, which recomputed them (two of its four passes over a row).
-/// candle keeps the op in the graph node, so they live as long as it.
 struct LayerNorm {
     eps: f64,
-    /// A `Vec<(T, T)>`, one pair per row, in the input's float type.
-    moments: OnceLock<Box<dyn Any + Send + Sync>>,
+    /// Each row's (mean, rstd), for the backward, which recomputed them
+    /// (two of its four passes over a row).
+    moments: KeptRows,
 }
 
 /// A row's mean and 1/sqrt(var + eps).
@@ -71,8 +68,7 @@ impl CustomOp3 for LayerNorm {
                 }
                 (y, kept)
             });
-            // A second forward of the same op (none in candle) keeps the first's.
-            let _ = self.moments.set(Box::new(kept));
+            self.moments.keep(kept);
             Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
         })
     }
@@ -88,7 +84,7 @@ impl CustomOp3 for LayerNorm {
         let grad = grad.contiguous()?;
         let op = LayerNormGrad {
             eps: self.eps,
-            moments: self.moments.get().map(|m| &**m),
+            moments: Some(&self.moments),
         };
         let packed = x.apply_op3_no_bwd(w, &grad, &op)?;
         let [dx, dw, db] = unpack(&packed, [x.shape(), w.shape(), b.shape()])?;
@@ -100,20 +96,14 @@ impl CustomOp3 for LayerNorm {
 struct LayerNormGrad<'a> {
     eps: f64,
     /// The forward's (mean, rstd) per row, where it kept them.
-    moments: Option<&'a (dyn Any + Send + Sync)>,
+    moments: Option<&'a KeptRows>,
 }
 
 impl LayerNormGrad<'_> {
-    /// The forward's row moments, if they are of this type and count.
-    fn kept<T: Real>(&self, rows: usize) -> Option<&[(T, T)]> {
-        let kept = self.moments?.downcast_ref::<Vec<(T, T)>>()?;
-        (kept.len() == rows).then_some(&kept[..])
-    }
-
     #[inline(always)] // into `wide`'s AVX2 build
     fn compute<T: Real>(&self, x: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
         let n: T = real(d as f64);
-        let kept = self.kept::<T>(x.len() / d);
+        let kept = self.moments.and_then(|m| m.get::<(T, T)>(x.len() / d));
         let mut out = vec![T::zero(); x.len() + 2 * d];
         let (dx, dwb) = out.split_at_mut(x.len());
         let (dw, db) = dwb.split_at_mut(d);
@@ -205,17 +195,13 @@ mod tests {
     fn the_merged_backward_passes_keep_every_bit() {
         let mut rng = crate::rng::Rng::new(7);
         for d in [1, 13, 64] {
-            let mut values = |len: usize, scale: f64| -> Vec<f32> {
-                (0..len)
-                    .map(|_| (rng.uniform_in(-1.0, 1.0) * scale) as f32)
-                    .collect()
-            };
-            let (x, w, g) = (values(5 * d, 30.0), values(d, 2.0), values(5 * d, 1e-3));
+            let (x, w, g) = super::super::kept::norm_case(&mut rng, d);
             let before = pass_per_quantity(&x, &w, &g, d, 1e-5);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             // Recomputing the rows' moments, and reading the forward's.
-            let kept: Vec<(f32, f32)> = x.chunks(d).map(|row| moments(row, 1e-5)).collect();
-            for moments in [None, Some(&kept as &(dyn Any + Send + Sync))] {
+            let kept = KeptRows::default();
+            kept.keep::<(f32, f32)>(x.chunks(d).map(|row| moments(row, 1e-5)).collect());
+            for moments in [None, Some(&kept)] {
                 let op = LayerNormGrad { eps: 1e-5, moments };
                 let merged = op.compute(&x, &w, &g, d);
                 assert_eq!(bits(&merged), bits(&before), "d = {d}");
