@@ -173,8 +173,9 @@ def make(family, seed):
     return Rnn(), torch.randn(BATCH, 32, 16)
 
 
-def train_steps(model, x, y, steps, anomaly=False):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def train_steps(model, x, y, steps, anomaly=False, opt=None):
+    """Seconds of each of `steps` training steps; a fresh Adam unless `opt`."""
+    opt = opt or torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     times = []
     for _ in range(steps):
@@ -198,7 +199,12 @@ def compiled_ms(family, x, t, steps):
         train_steps(compiled, x, t, 3)  # compiles, then warms up
         return statistics.median(train_steps(compiled, x, t, steps)) * 1e3, None
     except Exception as e:  # no C++ compiler, an op inductor cannot lower, ...
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return None, compile_error(e)
+
+
+def compile_error(e):
+    """Why torch.compile failed, in one line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
 def serve(family, mode):
@@ -209,25 +215,15 @@ def serve(family, mode):
             model = torch.compile(model)
             train_steps(model, x, t, 3)  # compiles, then warms up
         except Exception as e:  # no C++ compiler, an op inductor cannot lower, ...
-            print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}), flush=True)
+            print(json.dumps({"error": compile_error(e)}), flush=True)
             return
     else:
         train_steps(model, x, t, 3)
     print(json.dumps({"ready": True}), flush=True)
     # One optimizer for the whole session, as nanhunt's serve keeps one.
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
     for line in sys.stdin:
-        times = []
-        for _ in range(int(line)):
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), t)
-            loss.backward()
-            opt.step()
-            loss.item()
-            times.append(time.perf_counter() - t0)
-        print(json.dumps({"times": times}), flush=True)
+        print(json.dumps({"times": train_steps(model, x, t, int(line), opt=opt)}), flush=True)
 
 
 def main():

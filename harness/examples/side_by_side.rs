@@ -35,21 +35,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The seconds of each of `session`'s steps in `steps`; an error where
+/// one became unstable.
+fn timed_steps(
+    session: &mut Session,
+    family: &str,
+    steps: std::ops::Range<usize>,
+) -> anyhow::Result<Vec<f64>> {
+    steps
+        .map(|step| {
+            let t0 = Instant::now();
+            if let Some(f) = session.step(step)? {
+                anyhow::bail!("{family} became unstable: {}", f.signature);
+            }
+            Ok(t0.elapsed().as_secs_f64())
+        })
+        .collect()
+}
+
 /// Median seconds per step of one session with the probe on (the workload).
 fn step_time(case: &Case, steps: usize) -> anyhow::Result<f64> {
     let factory = BuiltinFactory::new(&case.model).expect("built-in");
     let mut session = Session::new(case, &factory, &RunOptions::default())?;
-    let mut times = Vec::with_capacity(steps);
-    for step in 0..steps + 3 {
-        let t0 = Instant::now();
-        if let Some(f) = session.step(step)? {
-            anyhow::bail!("{} became unstable: {}", case.family(), f.signature);
-        }
-        if step >= 3 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    Ok(median(times))
+    let mut times = timed_steps(&mut session, case.family(), 0..steps + 3)?;
+    Ok(median(times.split_off(3)))
 }
 
 /// The probe's overhead: the median over steps of (step time with the
@@ -92,18 +101,10 @@ fn serve(family: &str) -> anyhow::Result<()> {
     let c = case(family, 0);
     let factory = BuiltinFactory::new(&c.model).expect("built-in");
     let mut session = Session::new(&c, &factory, &RunOptions::default())?;
-    let mut step = 0;
-    let mut run = |n: usize| -> anyhow::Result<Vec<f64>> {
-        let mut times = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t0 = Instant::now();
-            if let Some(f) = session.step(step)? {
-                anyhow::bail!("{family} became unstable: {}", f.signature);
-            }
-            times.push(t0.elapsed().as_secs_f64());
-            step += 1;
-        }
-        Ok(times)
+    let mut next = 0;
+    let mut run = |n: usize| {
+        next += n;
+        timed_steps(&mut session, family, next - n..next)
     };
     run(3)?;
     let mut out = std::io::stdout().lock();
