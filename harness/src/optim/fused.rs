@@ -38,6 +38,29 @@ pub(super) struct Checked {
     pub bad_state: Option<usize>,
 }
 
+/// Adam's two betas and their bias corrections `1 − βᵗ` at step `t`,
+/// computed once a step for every parameter (two `powi` a parameter were
+/// a tenth of a small model's update); the other rules read none of it.
+#[derive(Clone, Copy)]
+pub(super) struct BiasCorrections {
+    betas: [f64; 2],
+    of: [f64; 2],
+}
+
+impl BiasCorrections {
+    pub(super) fn at(spec: &OptimizerSpec, t: i32) -> Self {
+        let betas = match *spec {
+            OptimizerSpec::Adam { beta1, beta2, .. }
+            | OptimizerSpec::Adamw { beta1, beta2, .. } => [beta1, beta2],
+            _ => [0.0; 2],
+        };
+        BiasCorrections {
+            betas,
+            of: betas.map(|beta| 1.0 - beta.powi(t)),
+        }
+    }
+}
+
 /// The new parameter values, with `slot` advanced from the state in
 /// `from` (where given, else its own); `None` (nothing changed) where the
 /// fused pass does not apply.
@@ -45,7 +68,7 @@ pub(super) fn update(
     spec: &OptimizerSpec,
     (p, g): (&Tensor, &Tensor),
     (from, slot): (Option<&Slot>, &mut Slot),
-    (lr, t): (f64, i32),
+    (lr, bias): (f64, BiasCorrections),
     check: Scan,
 ) -> Result<Option<Fused>> {
     let source = from.unwrap_or(slot);
@@ -63,7 +86,7 @@ pub(super) fn update(
     {
         return Ok(None);
     }
-    let at = (p, g, lr, t);
+    let at = (p, g, lr, bias);
     match p.dtype() {
         candle_core::DType::F32 => apply::<f32>(spec, at, (from, slot), check),
         candle_core::DType::F64 => apply::<f64>(spec, at, (from, slot), check),
@@ -74,7 +97,7 @@ pub(super) fn update(
 /// The pass in `T`, its outputs made tensors and the state kept.
 fn apply<T: Real>(
     spec: &OptimizerSpec,
-    (p, g, lr, t): (&Tensor, &Tensor, f64, i32),
+    (p, g, lr, bias): (&Tensor, &Tensor, f64, BiasCorrections),
     (from, slot): (Option<&Slot>, &mut Slot),
     check: Scan,
 ) -> Result<Option<Fused>> {
@@ -86,7 +109,7 @@ fn apply<T: Real>(
             v,
         },
         checked,
-    )) = run::<T>(spec, p, g, from.unwrap_or(slot), (lr, t), check)?
+    )) = run::<T>(spec, p, g, from.unwrap_or(slot), (lr, bias), check)?
     else {
         return Ok(None);
     };
@@ -126,7 +149,7 @@ fn run<T: Real>(
     p: &Tensor,
     g: &Tensor,
     slot: &Slot,
-    (lr, t): (f64, i32),
+    (lr, bias): (f64, BiasCorrections),
     check: Scan,
 ) -> Result<Option<(Next<T>, Option<Checked>)>> {
     let (ps, pr) = locked(p);
@@ -142,7 +165,7 @@ fn run<T: Real>(
         return Ok(None);
     };
     let x = Inputs { p, g, mom, m, v };
-    let Some(next) = rule(spec, &x, lr, t) else {
+    let Some(next) = rule(spec, &x, lr, bias) else {
         return Ok(None);
     };
     // While the values are still in cache, in one wide region: on a
@@ -215,7 +238,12 @@ fn first_step(states: &[Option<&[impl Sized]>]) -> Option<bool> {
 
 /// The rule on 256-bit vectors where the CPU has AVX2 (the same IEEE
 /// operations, the same bits); `None` where its state is a mix.
-fn rule<T: Real>(spec: &OptimizerSpec, x: &Inputs<T>, lr: f64, t: i32) -> Option<Next<T>> {
+fn rule<T: Real>(
+    spec: &OptimizerSpec,
+    x: &Inputs<T>,
+    lr: f64,
+    bias: BiasCorrections,
+) -> Option<Next<T>> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         #[target_feature(enable = "avx2")]
@@ -223,20 +251,25 @@ fn rule<T: Real>(spec: &OptimizerSpec, x: &Inputs<T>, lr: f64, t: i32) -> Option
             spec: &OptimizerSpec,
             x: &Inputs<T>,
             lr: f64,
-            t: i32,
+            bias: BiasCorrections,
         ) -> Option<Next<T>> {
-            rule_of(spec, x, lr, t)
+            rule_of(spec, x, lr, bias)
         }
         // SAFETY: the CPU has the feature `avx2` is compiled for.
-        return unsafe { avx2(spec, x, lr, t) };
+        return unsafe { avx2(spec, x, lr, bias) };
     }
-    rule_of(spec, x, lr, t)
+    rule_of(spec, x, lr, bias)
 }
 
 /// Each rule's loop, inlined (so compiled for the caller's vectors) and
 /// monomorphized for the first step or a later one (no branch per value).
 #[inline(always)]
-fn rule_of<T: Real>(spec: &OptimizerSpec, x: &Inputs<T>, lr: f64, t: i32) -> Option<Next<T>> {
+fn rule_of<T: Real>(
+    spec: &OptimizerSpec,
+    x: &Inputs<T>,
+    lr: f64,
+    bias: BiasCorrections,
+) -> Option<Next<T>> {
     Some(match *spec {
         OptimizerSpec::Sgd {
             momentum,
@@ -262,23 +295,15 @@ fn rule_of<T: Real>(spec: &OptimizerSpec, x: &Inputs<T>, lr: f64, t: i32) -> Opt
             }
         }
         OptimizerSpec::Adam {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            ..
+            eps, weight_decay, ..
         } => {
-            let adam = Adam::new([beta1, beta2, eps], lr, t, Decay::L2(weight_decay));
+            let adam = Adam::new(eps, lr, bias, Decay::L2(weight_decay));
             adam.run(x, first_step(&[x.m, x.v])?)
         }
         OptimizerSpec::Adamw {
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            ..
+            eps, weight_decay, ..
         } => {
-            let adam = Adam::new([beta1, beta2, eps], lr, t, Decay::Decoupled(weight_decay));
+            let adam = Adam::new(eps, lr, bias, Decay::Decoupled(weight_decay));
             adam.run(x, first_step(&[x.m, x.v])?)
         }
         OptimizerSpec::Rmsprop {
@@ -454,9 +479,11 @@ struct Adam<T> {
 }
 
 impl<T: Real> Adam<T> {
-    fn new([beta1, beta2, eps]: [f64; 3], lr: f64, t: i32, decay: Decay) -> Self {
-        let bc1 = 1.0 - beta1.powi(t);
-        let bc2 = 1.0 - beta2.powi(t);
+    fn new(eps: f64, lr: f64, bias: BiasCorrections, decay: Decay) -> Self {
+        let BiasCorrections {
+            betas: [beta1, beta2],
+            of: [bc1, bc2],
+        } = bias;
         let (l2, shrink) = match decay {
             Decay::L2(wd) => (L2::new(wd), None),
             Decay::Decoupled(wd) => (L2::new(0.0), Some(Affine::scale(1.0 - lr * wd))),

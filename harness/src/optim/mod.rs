@@ -205,6 +205,7 @@ impl Optimizer {
     ) -> Result<(Vec<Tensor>, Option<UpdateScans>)> {
         self.steps += 1;
         let t = self.steps as i32;
+        let bias = fused::BiasCorrections::at(&self.spec, t);
         let mut out = Vec::with_capacity(params.len());
         let mut scans = (check != Scan::Nothing).then(|| UpdateScans::reusing(reuse, params.len()));
         // State tensors of the parameters before this one: where a bad
@@ -218,7 +219,7 @@ impl Optimizer {
                 &self.spec,
                 (p.as_tensor(), g),
                 (source, slot),
-                (lr, t),
+                (lr, bias),
                 check,
             )? {
                 Some(fused::Fused { new, checked }) => {
