@@ -42,15 +42,18 @@ impl Guard {
         // Computed, not set (nothing changes before every check passed):
         // its pass reads every gradient, and scans them as it reads them.
         let prepared = opt.prepare(&grads)?;
-        if !(opt.prepared_every_gradient() && opt.updates_exactly(&self.vars)) {
+        // Asked once a step: the phases below line up its scans with the
+        // guard's variables where it updates exactly them.
+        let exact = opt.updates_exactly(&self.vars);
+        if !(opt.prepared_every_gradient() && exact) {
             let coverage = crate::coverage::of(&self.names, &self.vars, &grads, &[]);
             go!(unless(checks::coverage(coverage)));
         }
-        go!(self.gradient_phase(step, &grads, (before, &*opt)));
+        go!(self.gradient_phase(step, &grads, (before, &*opt, exact)));
         // The loss trend first: a diverged run takes no update.
         go!(unless(checks::trend(&mut self.tracker, value)));
         self.watch_crossing(step, batch, before, opt)?;
-        go!(self.update_phase(step, (&grads, prepared), opt, before));
+        go!(self.update_phase(step, (&grads, prepared, exact), opt, before));
         self.keep_jump_batch(batch);
         Ok(Ok(value))
     }
@@ -103,7 +106,7 @@ impl Guard {
         &mut self,
         step: usize,
         grads: &GradStore,
-        before: (&Before, &O),
+        (before, opt, exact): (&Before, &O, bool),
     ) -> Phased<()> {
         let grad = |v: &Var| {
             grads
@@ -112,7 +115,7 @@ impl Guard {
         };
         // Scanned by the prepared update's pass where it read them all
         // (then the gradients are looked up only for a failure).
-        let scans = match opt_grads(before.1, &self.vars) {
+        let scans = match opt_grads(opt, &self.vars, exact) {
             Some(seen) => Cow::Borrowed(seen),
             None => Cow::Owned(scan_all(&self.vars.iter().map(grad).collect::<Vec<_>>())?),
         };
@@ -121,10 +124,12 @@ impl Guard {
             let f = checks::gradient_failure(&self.names[i], &scans[i], self.half(), g)?;
             return Ok(Err(f));
         }
-        for ((v, scan), name) in self.vars.iter().zip(scans.iter()).zip(&self.names) {
-            // The warning first: outside half precision there is none, and
-            // nothing to format or search for. (A gradient has its
-            // variable's dtype: candle accumulates it in zeros like it.)
+        // Outside half precision there is no margin to warn of.
+        let vars: &[Var] = if self.half() { &self.vars } else { &[] };
+        for ((v, scan), name) in vars.iter().zip(scans.iter()).zip(&self.names) {
+            // The warning first: nothing to format or search for without
+            // one. (A gradient has its variable's dtype: candle
+            // accumulates it in zeros like it.)
             let Some(w) = checks::half_margin(step, name, v.dtype(), scan) else {
                 continue;
             };
@@ -138,7 +143,7 @@ impl Guard {
         if let Some(was) = self.watch.gradient(norm) {
             let sum_sq: Vec<f64> = scans.iter().map(|s| s.sum_sq).collect();
             let leader = self.names[checks::explosion::largest(&sum_sq)].clone();
-            self.saw_jump(step, Grew::GradientNorm, (was, norm), leader, before)?;
+            self.saw_jump(step, Grew::GradientNorm, (was, norm), leader, (before, opt))?;
         }
         Ok(Ok(()))
     }
@@ -150,11 +155,10 @@ impl Guard {
     fn update_phase<O: GuardOptimizer + ?Sized>(
         &mut self,
         step: usize,
-        (grads, prepared): (&GradStore, Option<Vec<Tensor>>),
+        (grads, prepared, exact): (&GradStore, Option<Vec<Tensor>>, bool),
         opt: &mut O,
         before: &Before,
     ) -> Phased<()> {
-        let exact = opt.updates_exactly(&self.vars);
         if prepared.is_none() {
             opt.apply(grads)?;
         }
@@ -228,10 +232,14 @@ impl Guard {
 }
 
 /// The gradients' scans of the prepared update's pass, where it read
-/// every one of `vars`, in their order.
-fn opt_grads<'a, O: GuardOptimizer + ?Sized>(opt: &'a O, vars: &[Var]) -> Option<&'a [TensorScan]> {
+/// every one of `vars`, in their order (`exact`: it updates exactly them).
+fn opt_grads<'a, O: GuardOptimizer + ?Sized>(
+    opt: &'a O,
+    vars: &[Var],
+    exact: bool,
+) -> Option<&'a [TensorScan]> {
     let seen = opt.prepared_scans()?;
-    (seen.grads.len() == vars.len() && opt.updates_exactly(vars)).then_some(&seen.grads[..])
+    (exact && seen.grads.len() == vars.len()).then_some(&seen.grads[..])
 }
 
 /// The values an update prepared in the optimizer's order, put in the
