@@ -146,11 +146,7 @@ fn scan_lanes<T: Copy, const MAX: bool>(
 fn all_finite_f32(values: &[f32]) -> bool {
     let acc = crate::kernels::wide(
         #[inline(always)]
-        || {
-            values.iter().fold(0u32, |acc, v| {
-                acc | (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
-            })
-        },
+        || values.iter().fold(0u32, |acc, &v| acc | carry_f32(v)),
     );
     acc & 0x8000_0000 == 0
 }
@@ -158,13 +154,45 @@ fn all_finite_f32(values: &[f32]) -> bool {
 fn all_finite_f64(values: &[f64]) -> bool {
     let acc = crate::kernels::wide(
         #[inline(always)]
-        || {
-            values.iter().fold(0u64, |acc, v| {
-                acc | (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
-            })
-        },
+        || values.iter().fold(0u64, |acc, &v| acc | carry_f64(v)),
     );
     acc & 0x8000_0000_0000_0000 == 0
+}
+
+/// The exponent plus one step: the sign bit is set iff `v` is not finite.
+#[inline(always)]
+fn carry_f32(v: f32) -> u32 {
+    (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
+}
+
+#[inline(always)]
+fn carry_f64(v: f64) -> u64 {
+    (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
+}
+
+/// Whether every value of two slices of one length is finite, in one
+/// loop (Adam's two states: one loop's setup, tail and call instead of
+/// two, which on a small model cost more than the values in them).
+pub(crate) fn all_finite_pair_real<T: crate::kernels::Real>(a: &[T], b: &[T]) -> bool {
+    use candle_core::CpuStorageRef::{F32, F64};
+    let b = &b[..a.len()];
+    match (T::cpu_storage_ref(a), T::cpu_storage_ref(b)) {
+        (F32(a), F32(b)) => crate::kernels::wide(
+            #[inline(always)]
+            || {
+                let bits = |acc, (&x, &y)| acc | carry_f32(x) | carry_f32(y);
+                a.iter().zip(b).fold(0u32, bits) & 0x8000_0000 == 0
+            },
+        ),
+        (F64(a), F64(b)) => crate::kernels::wide(
+            #[inline(always)]
+            || {
+                let bits = |acc, (&x, &y)| acc | carry_f64(x) | carry_f64(y);
+                a.iter().zip(b).fold(0u64, bits) & 0x8000_0000_0000_0000 == 0
+            },
+        ),
+        _ => all_finite_real(a) && all_finite_real(b),
+    }
 }
 
 /// Calls `f` with a contiguous CPU tensor's storage and element range;

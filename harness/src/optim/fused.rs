@@ -12,7 +12,7 @@
 
 use super::{Scan, Slot};
 use crate::kernels::Real;
-use crate::probe::{all_finite_real, norm_scan_real, TensorScan};
+use crate::probe::{all_finite_pair_real, all_finite_real, norm_scan_real, TensorScan};
 use crate::spec::OptimizerSpec;
 use candle_core::{Result, Storage, StorageRef, Tensor};
 use std::ops::Range;
@@ -176,15 +176,27 @@ fn run<T: Real>(
             || Checked {
                 grad: (check == Scan::ReadAndWritten).then(|| norm_scan_real(&g[..p.len()])),
                 param: norm_scan_real(&next.p),
-                // Counted among the states it leaves, in `STATE_KINDS` order.
-                bad_state: [&next.momentum, &next.m, &next.v]
-                    .into_iter()
-                    .flatten()
-                    .position(|s| !all_finite_real(s)),
+                bad_state: first_bad_state(&next),
             },
         )
     });
     Ok(Some((next, checked)))
+}
+
+/// The first of the state tensors an update leaves (counted in
+/// [`super::STATE_KINDS`] order) that is not finite; Adam's two in one
+/// loop.
+#[inline(always)]
+fn first_bad_state<T: Real>(next: &Next<T>) -> Option<usize> {
+    if let (None, Some(m), Some(v)) = (&next.momentum, &next.m, &next.v) {
+        if all_finite_pair_real(m, v) {
+            return None;
+        }
+    }
+    [&next.momentum, &next.m, &next.v]
+        .into_iter()
+        .flatten()
+        .position(|s| !all_finite_real(s))
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range
