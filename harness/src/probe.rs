@@ -171,8 +171,8 @@ fn carry_f64(v: f64) -> u64 {
 }
 
 /// Whether every value of two slices of one length is finite, in one
-/// loop (Adam's two states: one loop's setup, tail and call instead of
-/// two, which on a small model cost more than the values in them).
+/// loop (an update's two states: one loop's setup, tail and call instead
+/// of two, which on a small model cost more than the values in them).
 pub(crate) fn all_finite_pair_real<T: crate::kernels::Real>(a: &[T], b: &[T]) -> bool {
     use candle_core::CpuStorageRef::{F32, F64};
     let b = &b[..a.len()];

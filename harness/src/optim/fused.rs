@@ -184,19 +184,18 @@ fn run<T: Real>(
 }
 
 /// The first of the state tensors an update leaves (counted in
-/// [`super::STATE_KINDS`] order) that is not finite; Adam's two in one
-/// loop.
+/// [`super::STATE_KINDS`] order) that is not finite; where it leaves two
+/// (Adam's m and v, RMSprop's v and momentum), both in one loop first.
 #[inline(always)]
 fn first_bad_state<T: Real>(next: &Next<T>) -> Option<usize> {
-    if let (None, Some(m), Some(v)) = (&next.momentum, &next.m, &next.v) {
-        if all_finite_pair_real(m, v) {
+    let states = || [&next.momentum, &next.m, &next.v].into_iter().flatten();
+    let mut left = states();
+    if let (Some(a), Some(b), None) = (left.next(), left.next(), left.next()) {
+        if all_finite_pair_real(a, b) {
             return None;
         }
     }
-    [&next.momentum, &next.m, &next.v]
-        .into_iter()
-        .flatten()
-        .position(|s| !all_finite_real(s))
+    states().position(|s| !all_finite_real(s))
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range
