@@ -17,15 +17,33 @@ state=$(cd "$state" && pwd)
 conf="$state/slurm.conf"
 
 down() {
+    # The pids first: a daemon removes its pid file as it exits.
+    local pids=() pidfile pid
+    for pidfile in "$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid"; do
+        if [ -f "$pidfile" ]; then
+            pids+=("$(cat "$pidfile")")
+        fi
+    done
     if [ -f "$conf" ]; then
         SLURM_CONF="$conf" scontrol shutdown >/dev/null 2>&1 || true
     fi
-    for pidfile in "$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid"; do
-        if [ -f "$pidfile" ]; then
-            kill "$(cat "$pidfile")" 2>/dev/null || true
-            rm -f "$pidfile"
-        fi
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
     done
+    # Back only when they are gone: slurmctld writes its state files as it
+    # shuts down, and a caller that removes the state directory at once
+    # would find them written again after it.
+    for _ in $(seq 100); do
+        local alive=0
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then
+                alive=1
+            fi
+        done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
+    rm -f "$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid"
 }
 
 if [ "$action" = down ]; then
