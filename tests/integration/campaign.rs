@@ -329,8 +329,7 @@ fn without_mutation_merged_shards_equal_the_campaign_in_one_process() {
         "mutating shards ran the one process's cases"
     );
     // A resumed campaign keeps its rate; a bad rate names the option.
-    let dir = scratch("mutation-rate-resume");
-    let _ = campaign("mutation-rate-resume", "2", &["--mutation-rate", "0"]);
+    let dir = campaign("mutation-rate-resume", "2", &["--mutation-rate", "0"]);
     let out = nanhunt(&[
         "fuzz",
         "--runs",

@@ -68,7 +68,7 @@ fn no_temp_files(dir: &Path) {
 }
 
 /// The reference campaign: uninterrupted, one job, so deterministic.
-fn reference(name: &str) -> (std::path::PathBuf, Vec<Entry>) {
+fn reference(name: &str) -> (crate::support::Scratch, Vec<Entry>) {
     let dir = scratch(name);
     let out = fuzz_with(&dir, &[], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

@@ -698,7 +698,8 @@ fn a_campaign_over_a_dataset_fuzzes_the_knobs_and_keeps_the_data() {
         assert_eq!(replay.status.code(), Some(0), "{name}: {}", stderr(&replay));
     }
     // Resuming with another dataset is refused.
-    let other = scratch("fuzz-data-other").join("d.safetensors");
+    let other_root = scratch("fuzz-data-other");
+    let other = other_root.join("d.safetensors");
     let (mut x, y) = read_digits();
     x[0] = 1.0;
     write_digits(&other, &x, &y, Dtype::I64);
@@ -770,7 +771,8 @@ fn a_file_swapped_while_it_loads_is_refused_or_read_as_the_file_it_hashed() {
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let swaps = std::sync::Arc::new(AtomicU64::new(0));
     let swapper = {
-        let (stop, swaps, dir, data) = (stop.clone(), swaps.clone(), dir.clone(), data.clone());
+        let (stop, swaps, dir, data) =
+            (stop.clone(), swaps.clone(), dir.to_path_buf(), data.clone());
         let (good, bad) = (good.clone(), bad.clone());
         std::thread::spawn(move || {
             let tmp = dir.join("next.csv");

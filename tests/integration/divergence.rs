@@ -84,7 +84,8 @@ fn a_healthy_spike_that_trains_on_is_no_finding() {
 fn a_crossing_never_recovered_is_a_divergence_at_the_step_that_crossed() {
     let script = plateau(6.0, 200);
     let crossed = crossing_step(&script);
-    let dir = scratch("divergence-lookahead").join("scene");
+    let dir_root = scratch("divergence-lookahead");
+    let dir = dir_root.join("scene");
     let f = finding(guarded(&script, Some(dir.clone())));
     assert_eq!((f.kind, f.step), (FindingKind::Divergence, crossed));
     assert!(

@@ -27,7 +27,7 @@ fn write_case(dir: &std::path::Path, name: &str, case: &Case) -> std::path::Path
 }
 
 /// Runs the diverging case with `--dump DIR/scene`; returns (DIR, the dump).
-fn dump_diverging(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+fn dump_diverging(name: &str) -> (crate::support::Scratch, std::path::PathBuf) {
     let dir = scratch(name);
     let case = write_case(&dir, "case.json", &diverging_case());
     let dump = dir.join("scene");
@@ -197,18 +197,19 @@ fn reproducers_replay_and_say_when_fixed_or_different() {
     );
 }
 
-/// A dump of the diverging case, and its tensors.
+/// A dump of the diverging case (in the scratch directory that holds
+/// it), and its tensors.
 fn dump_of_diverging_case(
     name: &str,
 ) -> (
-    std::path::PathBuf,
+    (crate::support::Scratch, std::path::PathBuf),
     std::collections::HashMap<String, candle_core::Tensor>,
 ) {
-    let (_, dump) = dump_diverging(name);
+    let (dir, dump) = dump_diverging(name);
     let tensors =
         candle_core::safetensors::load(dump.join("scene.safetensors"), &candle_core::Device::Cpu)
             .unwrap();
-    (dump, tensors)
+    ((dir, dump), tensors)
 }
 
 fn replay_fails_with(dump: &std::path::Path, fragments: &[&str]) {
@@ -223,7 +224,7 @@ fn replay_fails_with(dump: &std::path::Path, fragments: &[&str]) {
 
 #[test]
 fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_named() {
-    let (dump, tensors) = dump_of_diverging_case("dump-incomplete");
+    let ((_dir, dump), tensors) = dump_of_diverging_case("dump-incomplete");
     let state = dump.join("scene.safetensors");
     // Adam's second moment of one parameter is gone.
     let mut fewer = tensors.clone();
@@ -295,7 +296,7 @@ fn a_dump_missing_a_tensor_or_holding_a_wrong_one_is_refused_with_the_tensor_nam
 
 #[test]
 fn a_dump_whose_step_lies_outside_its_case_is_refused() {
-    let (dump, _) = dump_of_diverging_case("dump-step");
+    let ((_dir, dump), _) = dump_of_diverging_case("dump-step");
     let stats_path = dump.join("scene.json");
     let mut stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats_path).unwrap()).unwrap();
@@ -411,7 +412,7 @@ fn dump_at_writes_a_healthy_steps_scene_with_mixups_lambda() {
 /// `state.safetensors`, the op a plain name) still loads and replays.
 #[test]
 fn a_dump_of_the_earlier_layout_still_replays() {
-    let (_, dump) = dump_diverging("dump-legacy");
+    let (_dir, dump) = dump_diverging("dump-legacy");
     let scene: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dump.join("scene.json")).unwrap()).unwrap();
     let optimizer_steps = scene["optimizer"]["steps"].clone();

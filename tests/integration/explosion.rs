@@ -102,7 +102,8 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
     }
 
     // Its dump replays: the jump comes back at step 0.
-    let dir = crate::support::scratch("explosion-dump").join("dump");
+    let dir_root = crate::support::scratch("explosion-dump");
+    let dir = dir_root.join("dump");
     let dumped = RunOptions::default().dump_to(&dir);
     run_model(&case, &rnn_factory, &dumped).unwrap();
     let replayed = nanhunt::replay::replay_dump(&dir, Some(&rnn_factory)).unwrap();

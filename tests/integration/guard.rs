@@ -388,7 +388,8 @@ fn a_healthy_loop_is_untouched_by_its_guard() {
 
 #[test]
 fn the_scene_is_written_restored_and_replays_bit_for_bit() {
-    let dir = scratch("guard-scene").join("scene");
+    let dir_root = scratch("guard-scene");
+    let dir = dir_root.join("scene");
     let err = guarded(99, Fault::None, None, adam(0.0), Some(dir.clone())).unwrap_err();
     assert!(err.to_string().contains("scene in"), "{err}");
     let scene: serde_json::Value =
@@ -511,7 +512,7 @@ fn misuse_gets_a_clear_error() {
     let taken = scratch("guard-taken");
     let varmap = VarMap::new();
     let model = net(&varmap);
-    let e = Guard::new(&varmap, GuardOptions::default().dump_to(&taken))
+    let e = Guard::new(&varmap, GuardOptions::default().dump_to(&*taken))
         .err()
         .unwrap()
         .to_string();
@@ -534,7 +535,8 @@ fn misuse_gets_a_clear_error() {
     assert!(matches!(e, GuardError::Invalid(_)), "{e}");
     assert!(e.to_string().contains("`x` F32 (N, [9])"), "{e}");
     // candle-nn's own optimizer steps, but the scene says its state is private.
-    let dir = scratch("guard-candle-opt").join("scene");
+    let dir_root = scratch("guard-candle-opt");
+    let dir = dir_root.join("scene");
     let varmap = VarMap::new();
     let model = net(&varmap);
     let mut guard = Guard::new(&varmap, GuardOptions::default().dump_to(&dir)).unwrap();

@@ -269,7 +269,7 @@ fn assert_hunted(
     );
     assert_stable(&case, buggy, &run_buggy);
     let out = scratch(&format!("hunt-{name}"));
-    let mut opts = HuntOptions::default().out_to(&out);
+    let mut opts = HuntOptions::default().out_to(&*out);
     opts.run = run_buggy.clone();
     let report = hunt(&case, buggy, &opts).unwrap();
     let RiskStatus::Triggered(t) = status(&report, stage) else {
@@ -423,7 +423,7 @@ fn the_hunt_pads_a_row_to_fire_a_softmax_over_a_fully_masked_row() {
             "additive"
         };
         let out = scratch(&format!("hunt-encoder-{label}"));
-        let opts = HuntOptions::default().without_drift().out_to(&out);
+        let opts = HuntOptions::default().without_drift().out_to(&*out);
         let report = hunt(&case, &factory, &opts).unwrap();
         if let RiskStatus::Triggered(t) = &report
             .stages

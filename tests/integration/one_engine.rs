@@ -280,7 +280,8 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
         .into_iter()
         .find(|p| p.case.family() == "rownorm")
         .unwrap();
-    let dir = crate::support::scratch("scene-diagnose").join("scene");
+    let dir_root = crate::support::scratch("scene-diagnose");
+    let dir = dir_root.join("scene");
     let found = guarded_scene(&p.case, &*p.factory, &dir);
     // A fresh model of the same shape replays the scene, fix by fix.
     let varmap = candle_nn::VarMap::new();
@@ -315,7 +316,8 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
         let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
         Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
     };
-    let dir = crate::support::scratch("scene-diagnose-eps").join("scene");
+    let dir_root = crate::support::scratch("scene-diagnose-eps");
+    let dir = dir_root.join("scene");
     let found = guarded_scene(&case, &gated, &dir);
     assert_eq!(
         (found.phase, found.stage.as_str()),

@@ -98,7 +98,8 @@ fn candle_dropout_is_recorded_and_replay_says_the_model_draws_random_numbers() {
     let varmap = VarMap::new();
     let vb = seeded::var_builder(&varmap, 1, DType::F32, &Device::Cpu);
     let net = Net::new(vb, Drop::Candle(candle_nn::Dropout::new(0.5)));
-    let dir = scratch("random-candle").join("scene");
+    let dir_root = scratch("random-candle");
+    let dir = dir_root.join("scene");
     let f = guarded(&net, &varmap, &dir);
     assert_eq!(
         (f.kind, f.phase),
@@ -126,7 +127,8 @@ fn seeded_dropout_and_seeded_variables_replay_bit_for_bit() {
         (varmap, net)
     };
     let (varmap, net) = build();
-    let dir = scratch("random-seeded").join("scene");
+    let dir_root = scratch("random-seeded");
+    let dir = dir_root.join("scene");
     let f = guarded(&net, &varmap, &dir);
     assert_eq!(
         (f.kind, f.phase),
@@ -136,7 +138,8 @@ fn seeded_dropout_and_seeded_variables_replay_bit_for_bit() {
     assert_eq!(scene_deterministic(&dir), serde_json::json!(true));
     // A second loop over a fresh build finds the same, bit for bit.
     let (varmap2, net2) = build();
-    let again = guarded(&net2, &varmap2, &scratch("random-seeded-2").join("scene"));
+    let again_root = scratch("random-seeded-2");
+    let again = guarded(&net2, &varmap2, &again_root.join("scene"));
     assert_eq!((again.step, &again.signature), (f.step, &f.signature));
     let bits = |f: &nanhunt::Finding| {
         f.trace

@@ -82,11 +82,11 @@ fn every_readme_command_runs_as_written() {
                     name
                 };
                 let line = format!("'{}' {args}", example_binary(name).display());
-                (line, &user_crate)
+                (line, user_crate.as_path())
             }
             None => (
                 command.replacen("nanhunt", &format!("'{}'", bin.display()), 1),
-                &dir,
+                &*dir,
             ),
         };
         let out = Command::new("sh")

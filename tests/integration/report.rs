@@ -30,7 +30,7 @@ fn campaign(name: &str) -> StabilityReport {
     opts.jobs = 1;
     opts.seed = 11;
     opts.minimize_runs = 30;
-    opts.out = out.clone();
+    opts.out = out.to_path_buf();
     run_campaign(&opts).unwrap();
     StabilityReport::from_dir(&out).unwrap()
 }

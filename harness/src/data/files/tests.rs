@@ -17,6 +17,7 @@ fn labels() -> Vec<i64> {
     (0..6).map(|s| s % 3).collect()
 }
 
+/// A fresh directory for one test, which removes it when it passes.
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("nanhunt-files-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -141,6 +142,7 @@ fn every_format_loads_the_same_samples() {
     // The npy source hashes both files.
     let both = sha256(&[d.join("x.npy"), d.join("y.npy")]).unwrap();
     assert_eq!(loaded(&sources[1]).unwrap().sha256.as_deref(), Some(&*both));
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 fn error_of(source: &FileSource) -> String {
@@ -249,6 +251,7 @@ fn broken_files_name_the_file_and_the_part() {
     let mut csv = FileSource::new(d.join("m.csv"));
     csv.labels = Some("label".into());
     assert!(loaded(&csv).unwrap().values[0].is_nan());
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -258,4 +261,5 @@ fn a_load_larger_than_the_memory_limit_is_refused() {
     write_safetensors(&path, Dtype::I64, 6);
     let e = load(&FileSource::new(&path), 64).err().unwrap().to_string();
     assert!(e.contains("over the limit"), "{e}");
+    std::fs::remove_dir_all(&d).unwrap();
 }
