@@ -91,12 +91,51 @@ fn scan_slice<T: Copy>(values: &[T], to_f64: impl Fn(T) -> f64 + Copy) -> Tensor
     )
 }
 
+/// The lanes of a scan's Σx²: lane k adds the squares of the values at
+/// k, k + 8, k + 16, … in that order, and the lanes are summed 0 to 7.
+pub(crate) const LANES: usize = 8;
+
+/// [`norm_scan_real`] of `values` from its lanes' sums, added up by the
+/// caller in the scan's order (an optimizer's pass adds them in its own
+/// loop, as it writes the values): the same bits.
+pub(crate) fn norm_scan_of_lanes<T: crate::kernels::Real>(
+    sum: &[f64; LANES],
+    values: &[T],
+) -> TensorScan {
+    let to_f64 = <T as candle_core::WithDType>::to_f64;
+    scan_of_lanes(sum, None, values, to_f64)
+}
+
+/// The scan from its lanes: Σx² and, where given, max |x| while every
+/// value is finite; else the counting scan of `values`.
+#[inline(always)]
+fn scan_of_lanes<T: Copy>(
+    sum: &[f64; LANES],
+    max: Option<f64>,
+    values: &[T],
+    to_f64: impl Fn(T) -> f64 + Copy,
+) -> TensorScan {
+    let sum_sq: f64 = sum.iter().sum();
+    if sum_sq.is_finite() {
+        return TensorScan {
+            sum_sq,
+            nan: 0,
+            inf: 0,
+            max_abs: max.unwrap_or(f64::NAN),
+        };
+    }
+    let mut s = TensorScan::default();
+    for &v in values {
+        s.add(to_f64(v));
+    }
+    s
+}
+
 #[inline(always)]
 fn scan_lanes<T: Copy, const MAX: bool>(
     values: &[T],
     to_f64: impl Fn(T) -> f64 + Copy,
 ) -> TensorScan {
-    const LANES: usize = 8;
     let mut sum = [0f64; LANES];
     let mut max = [0f64; LANES];
     let chunks = values.chunks_exact(LANES);
@@ -120,23 +159,8 @@ fn scan_lanes<T: Copy, const MAX: bool>(
             max[k] = larger(max[k], x.abs());
         }
     }
-    let sum_sq: f64 = sum.iter().sum();
-    if sum_sq.is_finite() {
-        return TensorScan {
-            sum_sq,
-            nan: 0,
-            inf: 0,
-            max_abs: match MAX {
-                true => max.iter().copied().fold(0.0, larger),
-                false => f64::NAN,
-            },
-        };
-    }
-    let mut s = TensorScan::default();
-    for &v in values {
-        s.add(to_f64(v));
-    }
-    s
+    let max = MAX.then(|| max.iter().copied().fold(0.0, larger));
+    scan_of_lanes(&sum, max, values, to_f64)
 }
 
 /// Whether every f32 is finite, from the bits alone: an all-ones exponent
@@ -161,7 +185,7 @@ fn all_finite_f64(values: &[f64]) -> bool {
 
 /// The exponent plus one step: the sign bit is set iff `v` is not finite.
 #[inline(always)]
-fn carry_f32(v: f32) -> u32 {
+pub(crate) fn carry_f32(v: f32) -> u32 {
     (v.to_bits() & 0x7f80_0000).wrapping_add(0x0080_0000)
 }
 

@@ -10,11 +10,16 @@
 //! chain's (`tests` compares them on pathological values); other devices
 //! and dtypes, strided tensors, and the reference kernels take the chain.
 
+mod lanes;
+mod rules;
+
 use super::{Scan, Slot};
 use crate::kernels::Real;
 use crate::probe::{all_finite_pair_real, all_finite_real, norm_scan_real, TensorScan};
 use crate::spec::OptimizerSpec;
 use candle_core::{Result, Storage, StorageRef, Tensor};
+pub(super) use rules::BiasCorrections;
+use rules::{Adam, Decoupled, Rmsprop, Rule, Sgd, SgdMomentum, WithMomentum};
 use std::ops::Range;
 
 /// One parameter's fused update.
@@ -36,29 +41,6 @@ pub(super) struct Checked {
     /// The first of the state tensors it leaves (counted in
     /// [`super::STATE_KINDS`] order) that is not finite.
     pub bad_state: Option<usize>,
-}
-
-/// Adam's two betas and their bias corrections `1 − βᵗ` at step `t`,
-/// computed once a step for every parameter (two `powi` a parameter were
-/// a tenth of a small model's update); the other rules read none of it.
-#[derive(Clone, Copy)]
-pub(super) struct BiasCorrections {
-    betas: [f64; 2],
-    of: [f64; 2],
-}
-
-impl BiasCorrections {
-    pub(super) fn at(spec: &OptimizerSpec, t: i32) -> Self {
-        let betas = match *spec {
-            OptimizerSpec::Adam { beta1, beta2, .. }
-            | OptimizerSpec::Adamw { beta1, beta2, .. } => [beta1, beta2],
-            _ => [0.0; 2],
-        };
-        BiasCorrections {
-            betas,
-            of: betas.map(|beta| 1.0 - beta.powi(t)),
-        }
-    }
 }
 
 /// The new parameter values, with `slot` advanced from the state in
@@ -95,7 +77,7 @@ pub(super) fn update(
 }
 
 /// The pass in `T`, its outputs made tensors and the state kept.
-fn apply<T: Real>(
+fn apply<T: Vectors>(
     spec: &OptimizerSpec,
     (p, g, lr, bias): (&Tensor, &Tensor, f64, BiasCorrections),
     (from, slot): (Option<&Slot>, &mut Slot),
@@ -144,7 +126,7 @@ struct Next<T> {
 
 /// The slices of the inputs (read-locked for the pass) and the rule;
 /// what `check` asks to be seen of what it read and wrote.
-fn run<T: Real>(
+fn run<T: Vectors>(
     spec: &OptimizerSpec,
     p: &Tensor,
     g: &Tensor,
@@ -165,22 +147,7 @@ fn run<T: Real>(
         return Ok(None);
     };
     let x = Inputs { p, g, mom, m, v };
-    let Some(next) = rule(spec, &x, lr, bias) else {
-        return Ok(None);
-    };
-    // While the values are still in cache, in one wide region: on a
-    // small model these checks are a few dozen values each.
-    let checked = (check != Scan::Nothing).then(|| {
-        crate::kernels::wide(
-            #[inline(always)]
-            || Checked {
-                grad: (check == Scan::ReadAndWritten).then(|| norm_scan_real(&g[..p.len()])),
-                param: norm_scan_real(&next.p),
-                bad_state: first_bad_state(&next),
-            },
-        )
-    });
-    Ok(Some((next, checked)))
+    Ok(rule(spec, &x, (lr, bias), check))
 }
 
 /// The first of the state tensors an update leaves (counted in
@@ -188,14 +155,13 @@ fn run<T: Real>(
 /// (Adam's m and v, RMSprop's v and momentum), both in one loop first.
 #[inline(always)]
 fn first_bad_state<T: Real>(next: &Next<T>) -> Option<usize> {
-    let states = || [&next.momentum, &next.m, &next.v].into_iter().flatten();
-    let mut left = states();
+    let mut left = next.states();
     if let (Some(a), Some(b), None) = (left.next(), left.next(), left.next()) {
         if all_finite_pair_real(a, b) {
             return None;
         }
     }
-    states().position(|s| !all_finite_real(s))
+    next.states().position(|s| !all_finite_real(s))
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range
@@ -247,40 +213,31 @@ fn first_step(states: &[Option<&[impl Sized]>]) -> Option<bool> {
     }
 }
 
-/// The rule on 256-bit vectors where the CPU has AVX2 (the same IEEE
-/// operations, the same bits); `None` where its state is a mix.
-fn rule<T: Real>(
+/// The pass: the rule for the spec over every value, and what `check`
+/// asks to be seen of what it read and wrote; `None` where its state is a
+/// mix. On AVX2 the loops run on 256-bit vectors (the same IEEE
+/// operations, the same bits).
+fn rule<T: Vectors>(
     spec: &OptimizerSpec,
     x: &Inputs<T>,
-    lr: f64,
-    bias: BiasCorrections,
-) -> Option<Next<T>> {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2<T: Real>(
-            spec: &OptimizerSpec,
-            x: &Inputs<T>,
-            lr: f64,
-            bias: BiasCorrections,
-        ) -> Option<Next<T>> {
-            rule_of(spec, x, lr, bias)
-        }
-        // SAFETY: the CPU has the feature `avx2` is compiled for.
-        return unsafe { avx2(spec, x, lr, bias) };
-    }
-    rule_of(spec, x, lr, bias)
+    (lr, bias): (f64, BiasCorrections),
+    check: Scan,
+) -> Option<(Next<T>, Option<Checked>)> {
+    crate::kernels::wide(
+        #[inline(always)]
+        || rule_of(spec, x, (lr, bias), check),
+    )
 }
 
-/// Each rule's loop, inlined (so compiled for the caller's vectors) and
+/// Each rule, its loop inlined (so compiled for the caller's vectors) and
 /// monomorphized for the first step or a later one (no branch per value).
 #[inline(always)]
-fn rule_of<T: Real>(
+fn rule_of<T: Vectors>(
     spec: &OptimizerSpec,
     x: &Inputs<T>,
-    lr: f64,
-    bias: BiasCorrections,
-) -> Option<Next<T>> {
+    (lr, bias): (f64, BiasCorrections),
+    check: Scan,
+) -> Option<(Next<T>, Option<Checked>)> {
     Some(match *spec {
         OptimizerSpec::Sgd {
             momentum,
@@ -288,34 +245,31 @@ fn rule_of<T: Real>(
             weight_decay,
             ..
         } => {
-            let sgd = Sgd {
-                l2: L2::new(weight_decay),
-                mu: Affine::scale(momentum),
-                lr: Affine::scale(lr),
-                nesterov,
-            };
+            let sgd = Sgd::new(lr, weight_decay);
             // As the op chain tests it (a NaN momentum is no momentum).
             if momentum > 0.0 {
-                if first_step(&[x.mom])? {
-                    sgd.momentum::<true>(x)
-                } else {
-                    sgd.momentum::<false>(x)
-                }
+                let sgd = SgdMomentum::new(sgd, momentum, nesterov);
+                pass(&sgd, x, first_step(&[x.mom])?, check)
             } else {
-                sgd.plain(x)
+                pass(&sgd, x, false, check)
             }
         }
         OptimizerSpec::Adam {
             eps, weight_decay, ..
         } => {
-            let adam = Adam::new(eps, lr, bias, Decay::L2(weight_decay));
-            adam.run(x, first_step(&[x.m, x.v])?)
+            let first = first_step(&[x.m, x.v])?;
+            pass(&Adam::new(eps, lr, bias, weight_decay), x, first, check)
         }
         OptimizerSpec::Adamw {
             eps, weight_decay, ..
         } => {
-            let adam = Adam::new(eps, lr, bias, Decay::Decoupled(weight_decay));
-            adam.run(x, first_step(&[x.m, x.v])?)
+            let first = first_step(&[x.m, x.v])?;
+            pass(
+                &Decoupled::new(eps, lr, bias, weight_decay),
+                x,
+                first,
+                check,
+            )
         }
         OptimizerSpec::Rmsprop {
             alpha,
@@ -324,97 +278,204 @@ fn rule_of<T: Real>(
             weight_decay,
             ..
         } => {
-            let rms = Rmsprop {
-                l2: L2::new(weight_decay),
-                ema: Ema::new(alpha),
-                plus_eps: Affine::new(1.0, eps),
-                mu: (momentum > 0.0).then(|| Affine::scale(momentum)),
-                lr: Affine::scale(lr),
-            };
-            let first = match rms.mu {
-                Some(_) => first_step(&[x.v, x.mom])?,
-                None => first_step(&[x.v])?,
-            };
-            if first {
-                rms.run::<true>(x)
+            let rms = Rmsprop::new(lr, alpha, eps, momentum, weight_decay);
+            if momentum > 0.0 {
+                let first = first_step(&[x.v, x.mom])?;
+                pass(&WithMomentum(rms), x, first, check)
             } else {
-                rms.run::<false>(x)
+                pass(&rms, x, first_step(&[x.v])?, check)
             }
         }
     })
 }
 
-/// candle's affine `x · a + b` in `T`, the factors cast as candle casts them.
-#[derive(Clone, Copy)]
-struct Affine<T>(T, T);
-
-impl<T: Real> Affine<T> {
-    fn new(mul: f64, add: f64) -> Self {
-        Affine(T::from_f64(mul), T::from_f64(add))
+/// A kernel float's passes: the plain loop, or vectors where it has them.
+trait Vectors: Real {
+    /// The pass on vectors, where this type has them on this CPU.
+    fn vector_pass<R: Rule<Self>>(
+        _rule: &R,
+        _x: &Inputs<Self>,
+        _first: bool,
+        _check: Scan,
+    ) -> Option<(Next<Self>, Option<Checked>)> {
+        None
     }
+}
 
-    /// `x * f` for a tensor `x` and a number `f`.
-    fn scale(f: f64) -> Self {
-        Self::new(f, 0.0)
-    }
+impl Vectors for f64 {}
 
+impl Vectors for f32 {
     #[inline(always)]
-    fn at(self, x: T) -> T {
-        x * self.0 + self.1
-    }
-}
-
-/// The gradient with L2 weight decay folded in, `g + p · wd` (the gradient
-/// itself when wd is 0: no op, no rounding).
-#[derive(Clone, Copy)]
-struct L2<T>(Option<Affine<T>>);
-
-impl<T: Real> L2<T> {
-    fn new(wd: f64) -> Self {
-        L2((wd != 0.0).then(|| Affine::scale(wd)))
-    }
-
-    #[inline(always)]
-    fn at(self, p: T, g: T) -> T {
-        match self.0 {
-            Some(wd) => g + wd.at(p),
-            None => g,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn vector_pass<R: Rule<f32>>(
+        rule: &R,
+        x: &Inputs<f32>,
+        first: bool,
+        check: Scan,
+    ) -> Option<(Next<f32>, Option<Checked>)> {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            use Scan::{Nothing, ReadAndWritten, Written};
+            // SAFETY: the CPU has the feature the vector pass is compiled for.
+            return Some(unsafe {
+                match (first, check) {
+                    (true, Nothing) => vector_pass::<R, true, false, false>(rule, x),
+                    (true, Written) => vector_pass::<R, true, false, true>(rule, x),
+                    (true, ReadAndWritten) => vector_pass::<R, true, true, true>(rule, x),
+                    (false, Nothing) => vector_pass::<R, false, false, false>(rule, x),
+                    (false, Written) => vector_pass::<R, false, false, true>(rule, x),
+                    (false, ReadAndWritten) => vector_pass::<R, false, true, true>(rule, x),
+                }
+            });
         }
+        None
     }
 }
 
-/// `decay · s + (1 − decay) · x`; `(1 − decay) · x` on the first step.
-#[derive(Clone, Copy)]
-struct Ema<T> {
-    keep: Affine<T>,
-    take: Affine<T>,
-}
-
-impl<T: Real> Ema<T> {
-    fn new(decay: f64) -> Self {
-        Ema {
-            keep: Affine::scale(decay),
-            take: Affine::scale(1.0 - decay),
-        }
-    }
-
-    #[inline(always)]
-    fn at<const FIRST: bool>(self, s: T, x: T) -> T {
-        if FIRST {
-            self.take.at(x)
-        } else {
-            self.keep.at(s) + self.take.at(x)
-        }
-    }
-}
-
-/// A momentum buffer: the step itself first, then `μ · buf + step`.
+/// The rule over every value, on vectors where `T` has them; then the
+/// scans `check` asks for, in a loop of their own.
 #[inline(always)]
-fn momentum_buffer<T: Real, const FIRST: bool>(mu: Affine<T>, buf: T, step: T) -> T {
-    if FIRST {
-        step
-    } else {
-        mu.at(buf) + step
+fn pass<T: Vectors, R: Rule<T>>(
+    rule: &R,
+    x: &Inputs<T>,
+    first: bool,
+    check: Scan,
+) -> (Next<T>, Option<Checked>) {
+    if let Some(done) = T::vector_pass(rule, x, first, check) {
+        return done;
+    }
+    let next = match first {
+        true => plain_pass::<T, R, true>(rule, x),
+        false => plain_pass::<T, R, false>(rule, x),
+    };
+    let checked = (check != Scan::Nothing).then(|| Checked {
+        grad: (check == Scan::ReadAndWritten).then(|| norm_scan_real(&x.g[..x.p.len()])),
+        param: norm_scan_real(&next.p),
+        bad_state: first_bad_state(&next),
+    });
+    (next, checked)
+}
+
+/// The rule over every value, one at a time (LLVM vectorizes the loop).
+#[inline(always)]
+fn plain_pass<T: Real, R: Rule<T>, const FIRST: bool>(rule: &R, x: &Inputs<T>) -> Next<T> {
+    let n = x.p.len();
+    let (p, g) = (x.p, &x.g[..n]);
+    let mut new = vec![T::zero(); n];
+    let ([s0, s1, s2], [mut w0, mut w1, mut w2]) = buffers::<T, R, FIRST>(x);
+    for i in 0..n {
+        let (value, state) = rule.at::<T, FIRST>(p[i], g[i], [s0[i], s1[i], s2[i]]);
+        new[i] = value;
+        for (k, out) in [&mut w0, &mut w1, &mut w2].into_iter().enumerate() {
+            if R::WRITES[k] {
+                out[i] = state[k];
+            }
+        }
+    }
+    Next::of(new, [w0, w1, w2], R::WRITES)
+}
+
+/// The rule on eight f32 at a time, the tail one at a time; the scans
+/// asked for (`GRAD`: the gradient's, `WRITTEN`: the new values' and the
+/// states' finiteness) added up in the same loop, in the probe's lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn vector_pass<R: Rule<f32>, const FIRST: bool, const GRAD: bool, const WRITTEN: bool>(
+    rule: &R,
+    x: &Inputs<f32>,
+) -> (Next<f32>, Option<Checked>) {
+    use crate::probe::{carry_f32, norm_scan_of_lanes, LANES};
+    use lanes::{F32x8, Finite, SquareSums};
+    let n = x.p.len();
+    let (p, g) = (x.p, &x.g[..n]);
+    let mut new = vec![0f32; n];
+    let ([s0, s1, s2], mut out) = buffers::<f32, R, FIRST>(x);
+    let (mut grad_sums, mut new_sums, mut finite) =
+        (SquareSums::new(), SquareSums::new(), Finite::new());
+    let whole = n - n % LANES;
+    // SAFETY (the loads and stores): `i + 8 <= whole <= n`, the length of
+    // every slice read and of every state written.
+    for i in (0..whole).step_by(LANES) {
+        let gi = F32x8::load(g, i);
+        let state = [F32x8::load(s0, i), F32x8::load(s1, i), F32x8::load(s2, i)];
+        let (value, state) = rule.at::<F32x8, FIRST>(F32x8::load(p, i), gi, state);
+        value.store(&mut new, i);
+        for (k, out) in out.iter_mut().enumerate() {
+            if R::WRITES[k] {
+                state[k].store(out, i);
+                if WRITTEN {
+                    finite.add(state[k]);
+                }
+            }
+        }
+        if GRAD {
+            grad_sums.add(gi);
+        }
+        if WRITTEN {
+            new_sums.add(value);
+        }
+    }
+    let (mut grad_lanes, mut new_lanes) = (grad_sums.lanes(), new_sums.lanes());
+    let mut carry = 0u32;
+    for i in whole..n {
+        let (value, state) = rule.at::<f32, FIRST>(p[i], g[i], [s0[i], s1[i], s2[i]]);
+        new[i] = value;
+        for (k, out) in out.iter_mut().enumerate() {
+            if R::WRITES[k] {
+                out[i] = state[k];
+                carry |= carry_f32(state[k]);
+            }
+        }
+        let square = |v: f32| v as f64 * v as f64;
+        grad_lanes[i - whole] += square(g[i]);
+        new_lanes[i - whole] += square(value);
+    }
+    let next = Next::of(new, out, R::WRITES);
+    let checked = WRITTEN.then(|| Checked {
+        grad: GRAD.then(|| norm_scan_of_lanes(&grad_lanes, g)),
+        param: norm_scan_of_lanes(&new_lanes, &next.p),
+        bad_state: match finite.all() && carry & 0x8000_0000 == 0 {
+            true => None,
+            false => next.states().position(|s| !all_finite_real(s)),
+        },
+    });
+    (next, checked)
+}
+
+/// The states a pass reads (the parameters stand in where there are
+/// none yet, unread) and the buffers of those it writes (empty for the
+/// others), each cut to the parameter's length.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+fn buffers<'a, T: Real, R: Rule<T>, const FIRST: bool>(
+    x: &Inputs<'a, T>,
+) -> ([&'a [T]; 3], [Vec<T>; 3]) {
+    let n = x.p.len();
+    let read = |s| state::<T, FIRST>(s, x.p);
+    let written = |w: bool| vec![T::zero(); if w { n } else { 0 }];
+    let [a, b, c] = R::WRITES;
+    (
+        [read(x.mom), read(x.m), read(x.v)],
+        [written(a), written(b), written(c)],
+    )
+}
+
+impl<T> Next<T> {
+    /// The new values and the states a rule writes (the others empty).
+    fn of(p: Vec<T>, states: [Vec<T>; 3], writes: [bool; 3]) -> Self {
+        let [momentum, m, v] = states;
+        let [wm, wa, wv] = writes;
+        Next {
+            p,
+            momentum: wm.then_some(momentum),
+            m: wa.then_some(m),
+            v: wv.then_some(v),
+        }
+    }
+
+    /// The states it writes, in [`super::STATE_KINDS`] order.
+    fn states(&self) -> impl Iterator<Item = &Vec<T>> {
+        [&self.momentum, &self.m, &self.v].into_iter().flatten()
     }
 }
 
@@ -425,163 +486,6 @@ fn state<'a, T, const FIRST: bool>(s: Option<&'a [T]>, stand_in: &'a [T]) -> &'a
     match s {
         Some(s) if !FIRST => &s[..stand_in.len()],
         _ => stand_in,
-    }
-}
-
-struct Sgd<T> {
-    l2: L2<T>,
-    mu: Affine<T>,
-    lr: Affine<T>,
-    nesterov: bool,
-}
-
-impl<T: Real> Sgd<T> {
-    #[inline(always)]
-    fn plain(&self, x: &Inputs<T>) -> Next<T> {
-        let g = &x.g[..x.p.len()];
-        let mut new = vec![T::zero(); x.p.len()];
-        for ((new, &p), &g) in new.iter_mut().zip(x.p).zip(g) {
-            *new = p - self.lr.at(self.l2.at(p, g));
-        }
-        Next {
-            p: new,
-            momentum: None,
-            m: None,
-            v: None,
-        }
-    }
-
-    #[inline(always)]
-    fn momentum<const FIRST: bool>(&self, x: &Inputs<T>) -> Next<T> {
-        let n = x.p.len();
-        let (p, g, mom) = (x.p, &x.g[..n], state::<T, FIRST>(x.mom, x.p));
-        let (mut new, mut buf) = (vec![T::zero(); n], vec![T::zero(); n]);
-        for i in 0..n {
-            let g = self.l2.at(p[i], g[i]);
-            let b = momentum_buffer::<T, FIRST>(self.mu, mom[i], g);
-            let direction = if self.nesterov { g + self.mu.at(b) } else { b };
-            buf[i] = b;
-            new[i] = p[i] - self.lr.at(direction);
-        }
-        Next {
-            p: new,
-            momentum: Some(buf),
-            m: None,
-            v: None,
-        }
-    }
-}
-
-/// How Adam's weight decay enters: folded into the gradient (Adam) or
-/// applied to the parameters before the step (AdamW).
-enum Decay {
-    L2(f64),
-    Decoupled(f64),
-}
-
-struct Adam<T> {
-    l2: L2<T>,
-    shrink: Option<Affine<T>>,
-    m_ema: Ema<T>,
-    v_ema: Ema<T>,
-    unbias: Affine<T>,
-    plus_eps: Affine<T>,
-    step: Affine<T>,
-}
-
-impl<T: Real> Adam<T> {
-    fn new(eps: f64, lr: f64, bias: BiasCorrections, decay: Decay) -> Self {
-        let BiasCorrections {
-            betas: [beta1, beta2],
-            of: [bc1, bc2],
-        } = bias;
-        let (l2, shrink) = match decay {
-            Decay::L2(wd) => (L2::new(wd), None),
-            Decay::Decoupled(wd) => (L2::new(0.0), Some(Affine::scale(1.0 - lr * wd))),
-        };
-        Adam {
-            l2,
-            shrink,
-            m_ema: Ema::new(beta1),
-            v_ema: Ema::new(beta2),
-            unbias: Affine::scale(1.0 / bc2.sqrt()),
-            plus_eps: Affine::new(1.0, eps),
-            step: Affine::scale(lr / bc1),
-        }
-    }
-
-    #[inline(always)]
-    fn run(&self, x: &Inputs<T>, first: bool) -> Next<T> {
-        match (first, self.shrink) {
-            (true, None) => self.pass::<true, false>(x),
-            (true, Some(_)) => self.pass::<true, true>(x),
-            (false, None) => self.pass::<false, false>(x),
-            (false, Some(_)) => self.pass::<false, true>(x),
-        }
-    }
-
-    #[inline(always)]
-    fn pass<const FIRST: bool, const SHRINK: bool>(&self, x: &Inputs<T>) -> Next<T> {
-        let n = x.p.len();
-        let (p, g) = (x.p, &x.g[..n]);
-        let (m_old, v_old) = (state::<T, FIRST>(x.m, p), state::<T, FIRST>(x.v, p));
-        let shrink = self.shrink.unwrap_or(Affine(T::one(), T::zero()));
-        let (mut new, mut m, mut v) = (vec![T::zero(); n], vec![T::zero(); n], vec![T::zero(); n]);
-        for i in 0..n {
-            let base = if SHRINK { shrink.at(p[i]) } else { p[i] };
-            let g = self.l2.at(p[i], g[i]);
-            let mi = self.m_ema.at::<FIRST>(m_old[i], g);
-            let vi = self.v_ema.at::<FIRST>(v_old[i], g * g);
-            let denom = self.plus_eps.at(self.unbias.at(vi.sqrt()));
-            new[i] = base - self.step.at(mi / denom);
-            (m[i], v[i]) = (mi, vi);
-        }
-        Next {
-            p: new,
-            momentum: None,
-            m: Some(m),
-            v: Some(v),
-        }
-    }
-}
-
-struct Rmsprop<T> {
-    l2: L2<T>,
-    ema: Ema<T>,
-    plus_eps: Affine<T>,
-    mu: Option<Affine<T>>,
-    lr: Affine<T>,
-}
-
-impl<T: Real> Rmsprop<T> {
-    #[inline(always)]
-    fn run<const FIRST: bool>(&self, x: &Inputs<T>) -> Next<T> {
-        let n = x.p.len();
-        let (p, g) = (x.p, &x.g[..n]);
-        let (v_old, mom) = (state::<T, FIRST>(x.v, p), state::<T, FIRST>(x.mom, p));
-        let (mut new, mut v) = (vec![T::zero(); n], vec![T::zero(); n]);
-        let mut buf = vec![T::zero(); if self.mu.is_some() { n } else { 0 }];
-        for i in 0..n {
-            let g = self.l2.at(p[i], g[i]);
-            let vi = self.ema.at::<FIRST>(v_old[i], g * g);
-            let step = g / self.plus_eps.at(vi.sqrt());
-            let direction = match self.mu {
-                Some(mu) => {
-                    let b = momentum_buffer::<T, FIRST>(mu, mom[i], step);
-                    buf[i] = b;
-                    b
-                }
-                None => step,
-            };
-            new[i] = p[i] - self.lr.at(direction);
-            v[i] = vi;
-        }
-        Next {
-            p: new,
-            momentum: self.mu.is_some().then_some(buf),
-            m: None,
-            v: Some(v),
-        }
     }
 }
 
