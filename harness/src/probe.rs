@@ -98,6 +98,7 @@ pub(crate) const LANES: usize = 8;
 /// [`norm_scan_real`] of `values` from its lanes' sums, added up by the
 /// caller in the scan's order (an optimizer's pass adds them in its own
 /// loop, as it writes the values): the same bits.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the vector pass's only
 pub(crate) fn norm_scan_of_lanes<T: crate::kernels::Real>(
     sum: &[f64; LANES],
     values: &[T],
