@@ -126,6 +126,7 @@ struct Next<T> {
 
 /// The slices of the inputs (read-locked for the pass) and the rule;
 /// what `check` asks to be seen of what it read and wrote.
+#[inline(always)]
 fn run<T: Vectors>(
     spec: &OptimizerSpec,
     p: &Tensor,
