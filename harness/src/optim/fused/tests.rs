@@ -186,6 +186,13 @@ fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
                 })
                 .collect();
             let mut opt = Optimizer::new(&spec, params.len());
+            // The runner's form (`step_checked`: what it writes only), on
+            // a twin of the same values.
+            let twin: Vec<Var> = params
+                .iter()
+                .map(|p| Var::from_tensor(&p.as_tensor().copy().unwrap()).unwrap())
+                .collect();
+            let mut twin_opt = Optimizer::new(&spec, twin.len());
             for step in 0..3u64 {
                 // Finite gradients on the first parameter, so that the
                 // first bad state is not always the first one.
@@ -237,6 +244,20 @@ fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
                 let tensors: Vec<&Tensor> = state.iter().map(|s| s.2).collect();
                 let first = crate::probe::first_non_finite(&tensors).unwrap();
                 assert_eq!(got.bad_state, first, "{spec:?} {dtype:?} step {step}");
+                let seen = twin_opt.step_checked(&twin, &grads, spec.lr()).unwrap();
+                let seen = seen.expect("every parameter takes the fused pass");
+                assert!(seen.grads.is_empty(), "{spec:?} {dtype:?}");
+                let bits = |s: &[crate::probe::TensorScan]| -> Vec<_> {
+                    let b = |x: f64| x.to_bits();
+                    s.iter()
+                        .map(|s| (b(s.sum_sq), b(s.max_abs), s.nan, s.inf))
+                        .collect()
+                };
+                assert_eq!(bits(&seen.params), bits(&got.params), "{spec:?} {dtype:?}");
+                assert_eq!(
+                    seen.bad_state, got.bad_state,
+                    "{spec:?} {dtype:?} step {step}"
+                );
             }
         }
     }
