@@ -173,7 +173,7 @@ fn all_finite_f32(values: &[f32]) -> bool {
         #[inline(always)]
         || values.iter().fold(0u32, |acc, &v| acc | carry_f32(v)),
     );
-    acc & 0x8000_0000 == 0
+    carried_finite_f32(acc)
 }
 
 fn all_finite_f64(values: &[f64]) -> bool {
@@ -181,7 +181,7 @@ fn all_finite_f64(values: &[f64]) -> bool {
         #[inline(always)]
         || values.iter().fold(0u64, |acc, &v| acc | carry_f64(v)),
     );
-    acc & 0x8000_0000_0000_0000 == 0
+    carried_finite_f64(acc)
 }
 
 /// The exponent plus one step: the sign bit is set iff `v` is not finite.
@@ -195,6 +195,17 @@ fn carry_f64(v: f64) -> u64 {
     (v.to_bits() & 0x7ff0_0000_0000_0000).wrapping_add(0x0010_0000_0000_0000)
 }
 
+/// Whether the ORed carries of some values say every one was finite.
+#[inline(always)]
+pub(crate) fn carried_finite_f32(acc: u32) -> bool {
+    acc & 0x8000_0000 == 0
+}
+
+#[inline(always)]
+fn carried_finite_f64(acc: u64) -> bool {
+    acc & 0x8000_0000_0000_0000 == 0
+}
+
 /// Whether every value of two slices of one length is finite, in one
 /// loop (an update's two states: one loop's setup, tail and call instead
 /// of two, which on a small model cost more than the values in them).
@@ -206,14 +217,14 @@ pub(crate) fn all_finite_pair_real<T: crate::kernels::Real>(a: &[T], b: &[T]) ->
             #[inline(always)]
             || {
                 let bits = |acc, (&x, &y)| acc | carry_f32(x) | carry_f32(y);
-                a.iter().zip(b).fold(0u32, bits) & 0x8000_0000 == 0
+                carried_finite_f32(a.iter().zip(b).fold(0u32, bits))
             },
         ),
         (F64(a), F64(b)) => crate::kernels::wide(
             #[inline(always)]
             || {
                 let bits = |acc, (&x, &y)| acc | carry_f64(x) | carry_f64(y);
-                a.iter().zip(b).fold(0u64, bits) & 0x8000_0000_0000_0000 == 0
+                carried_finite_f64(a.iter().zip(b).fold(0u64, bits))
             },
         ),
         _ => all_finite_real(a) && all_finite_real(b),

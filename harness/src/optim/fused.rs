@@ -162,7 +162,7 @@ fn first_bad_state<T: Real>(next: &Next<T>) -> Option<usize> {
             return None;
         }
     }
-    next.states().position(|s| !all_finite_real(s))
+    next.first_bad()
 }
 
 /// A tensor's storage, read-locked for the pass, and its element range
@@ -385,7 +385,7 @@ unsafe fn vector_pass<R: Rule<f32>, const FIRST: bool, const GRAD: bool, const W
     rule: &R,
     x: &Inputs<f32>,
 ) -> (Next<f32>, Option<Checked>) {
-    use crate::probe::{carry_f32, norm_scan_of_lanes, LANES};
+    use crate::probe::{carried_finite_f32, carry_f32, norm_scan_of_lanes, LANES};
     use lanes::{F32x8, Finite, SquareSums};
     let n = x.p.len();
     let (p, g) = (x.p, &x.g[..n]);
@@ -424,20 +424,26 @@ unsafe fn vector_pass<R: Rule<f32>, const FIRST: bool, const GRAD: bool, const W
         for (k, out) in out.iter_mut().enumerate() {
             if R::WRITES[k] {
                 out[i] = state[k];
-                carry |= carry_f32(state[k]);
+                if WRITTEN {
+                    carry |= carry_f32(state[k]);
+                }
             }
         }
         let square = |v: f32| v as f64 * v as f64;
-        grad_lanes[i - whole] += square(g[i]);
-        new_lanes[i - whole] += square(value);
+        if GRAD {
+            grad_lanes[i - whole] += square(g[i]);
+        }
+        if WRITTEN {
+            new_lanes[i - whole] += square(value);
+        }
     }
     let next = Next::of(new, out, R::WRITES);
     let checked = WRITTEN.then(|| Checked {
         grad: GRAD.then(|| norm_scan_of_lanes(&grad_lanes, g)),
         param: norm_scan_of_lanes(&new_lanes, &next.p),
-        bad_state: match finite.all() && carry & 0x8000_0000 == 0 {
+        bad_state: match finite.all() && carried_finite_f32(carry) {
             true => None,
-            false => next.states().position(|s| !all_finite_real(s)),
+            false => next.first_bad(),
         },
     });
     (next, checked)
@@ -477,6 +483,13 @@ impl<T> Next<T> {
     /// The states it writes, in [`super::STATE_KINDS`] order.
     fn states(&self) -> impl Iterator<Item = &Vec<T>> {
         [&self.momentum, &self.m, &self.v].into_iter().flatten()
+    }
+}
+
+impl<T: Real> Next<T> {
+    /// The first state it writes that is not finite, one state at a time.
+    fn first_bad(&self) -> Option<usize> {
+        self.states().position(|s| !all_finite_real(s))
     }
 }
 
