@@ -18,8 +18,9 @@ conf="$state/slurm.conf"
 
 down() {
     # The pids first: a daemon removes its pid file as it exits.
+    local pidfiles=("$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid")
     local pids=() pidfile pid
-    for pidfile in "$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid"; do
+    for pidfile in "${pidfiles[@]}"; do
         if [ -f "$pidfile" ]; then
             pids+=("$(cat "$pidfile")")
         fi
@@ -43,7 +44,7 @@ down() {
         [ "$alive" = 0 ] && break
         sleep 0.1
     done
-    rm -f "$state/slurmd.pid" "$state/slurmctld.pid" "$state/munged.pid"
+    rm -f "${pidfiles[@]}"
 }
 
 if [ "$action" = down ]; then

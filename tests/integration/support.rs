@@ -239,3 +239,26 @@ pub fn runs_by_index(entries: &[Entry]) -> BTreeMap<u64, Entry> {
         })
         .collect()
 }
+
+#[test]
+fn a_scratch_directory_goes_with_a_passing_test_and_stays_after_a_failing_one() {
+    let passed = {
+        let dir = scratch("scratch-passed");
+        std::fs::write(dir.join("a.txt"), "x").unwrap();
+        dir.to_path_buf()
+    };
+    assert!(!passed.exists(), "{} was left behind", passed.display());
+    let failed = std::panic::catch_unwind(|| {
+        let dir = scratch("scratch-failed");
+        std::fs::write(dir.join("a.txt"), "x").unwrap();
+        panic!("{}", dir.display());
+    })
+    .unwrap_err();
+    let failed = PathBuf::from(failed.downcast_ref::<String>().unwrap());
+    assert!(
+        failed.join("a.txt").exists(),
+        "{} is gone",
+        failed.display()
+    );
+    std::fs::remove_dir_all(&failed).unwrap();
+}
