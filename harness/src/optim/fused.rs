@@ -216,8 +216,8 @@ fn first_step(states: &[Option<&[impl Sized]>]) -> Option<bool> {
 
 /// The pass: the rule for the spec over every value, and what `check`
 /// asks to be seen of what it read and wrote; `None` where its state is a
-/// mix. On AVX2 the loops run on 256-bit vectors (the same IEEE
-/// operations, the same bits).
+/// mix. On AVX2 with FMA the loops run on 256-bit vectors (the same
+/// IEEE operations, the same bits).
 fn rule<T: Vectors>(
     spec: &OptimizerSpec,
     x: &Inputs<T>,
@@ -315,9 +315,9 @@ impl Vectors for f32 {
         check: Scan,
     ) -> Option<(Next<f32>, Option<Checked>)> {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             use Scan::{Nothing, ReadAndWritten, Written};
-            // SAFETY: the CPU has the feature the vector pass is compiled for.
+            // SAFETY: the CPU has the features the vector pass is compiled for.
             return Some(unsafe {
                 match (first, check) {
                     (true, Nothing) => vector_pass::<R, true, false, false>(rule, x),
@@ -380,7 +380,7 @@ fn plain_pass<T: Real, R: Rule<T>, const FIRST: bool>(rule: &R, x: &Inputs<T>) -
 /// asked for (`GRAD`: the gradient's, `WRITTEN`: the new values' and the
 /// states' finiteness) added up in the same loop, in the probe's lanes.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn vector_pass<R: Rule<f32>, const FIRST: bool, const GRAD: bool, const WRITTEN: bool>(
     rule: &R,
     x: &Inputs<f32>,
