@@ -541,6 +541,9 @@ pub struct DivergenceTracker {
 }
 
 const SMOOTHING: f64 = 0.98;
+/// The count of losses from which the average's bias correction
+/// `1 − SMOOTHING^steps` rounds to exactly 1 (SMOOTHING^steps ≤ 2⁻⁵⁴).
+const CORRECTED_UNTIL: i32 = 1853;
 /// The fraction of the first loss below which `best` stops shrinking the scale.
 const FLOOR_FRACTION: f64 = 0.25;
 /// Steps a crossing has to recover in: the moving average's memory, 1/(1 − β).
@@ -644,6 +647,11 @@ impl DivergenceTracker {
 
     /// The bias-corrected moving average of the losses so far.
     fn smoothed(&self) -> f64 {
+        // From CORRECTED_UNTIL steps on the correction is exactly 1 in f64:
+        // the same bits without a `powi` of a growing count every step.
+        if self.steps >= CORRECTED_UNTIL {
+            return self.avg;
+        }
         self.avg / (1.0 - SMOOTHING.powi(self.steps))
     }
 
@@ -816,6 +824,22 @@ mod tests {
         assert_eq!(scan_all(&[&t]).unwrap()[0].sum_sq, 30.0);
         let tt = t.t().unwrap(); // not contiguous: scanned from a copy
         assert_eq!(scan_all(&[&tt]).unwrap()[0].sum_sq, 30.0);
+    }
+
+    #[test]
+    fn the_bias_correction_is_exactly_one_from_corrected_until_on() {
+        // So skipping it from there gives the same bits; one step earlier
+        // it still moves the average.
+        assert_ne!(1.0 - SMOOTHING.powi(CORRECTED_UNTIL - 1), 1.0);
+        for steps in (CORRECTED_UNTIL..1_000_000).chain([i32::MAX - 1, i32::MAX]) {
+            assert_eq!(1.0 - SMOOTHING.powi(steps), 1.0, "at {steps} steps");
+        }
+        let mut d = DivergenceTracker::new(4.0);
+        for step in 0..CORRECTED_UNTIL + 2 {
+            d.push(1.0 + (step % 7) as f64);
+            let full = d.avg / (1.0 - SMOOTHING.powi(d.steps));
+            assert_eq!(d.smoothed().to_bits(), full.to_bits(), "at {step}");
+        }
     }
 
     #[test]
