@@ -4,7 +4,9 @@
 //! alike, the overhead the median of the per-step ratios. Each built-in
 //! family at its side-by-side (`--size large`) size, its model built on a candle `VarMap` as a user's
 //! would be, and one third-party model: candle-transformers' EfficientNet-B0
-//! (differentiable throughout in candle 0.11.1) on 32×32 images.
+//! (differentiable throughout in candle 0.11.1) on 32×32 images. The
+//! small loops are each measured in [`PROCESSES`] child processes of the
+//! bench, the figure their median, their range beside it.
 //! Run: `cargo bench -p nanhunt --bench guard_overhead [FAMILY ...] [small|large]`
 //! (RAYON_NUM_THREADS=1 for the single-thread figure). With `same-plain` or
 //! `same-guarded` both loops are the same kind: the bench's own bias, which
@@ -40,17 +42,24 @@ struct Loop {
     guard: Option<Guard>,
 }
 
+/// The processes each small loop is measured in, one after another: a
+/// process's figure carries a bias of its own (the same loop read from
+/// 0.5% to 2.9% in different processes and stayed within about 0.5% of
+/// its own level in every round of one; where the process's memory lands,
+/// not the guard's work), which the median over processes averages out.
+const PROCESSES: usize = 5;
+
+/// Set in a child process: the family whose small loop it measures.
+const CHILD: &str = "NANHUNT_GUARD_BENCH_CHILD";
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let same = args.iter().find(|a| a.starts_with("same-")).cloned();
     // Which kind each loop is: (the "guarded" column's, the "plain" one's).
-    let kinds = match args
-        .iter()
-        .find(|a| a.starts_with("same-"))
-        .map(String::as_str)
-    {
+    let kinds = match same.as_deref() {
         Some("same-plain") => (false, false),
         Some("same-guarded") => (true, true),
         _ => (true, false),
@@ -60,6 +69,11 @@ fn main() {
         .filter(|a| !a.starts_with("same-"))
         .collect();
     nanhunt::device::retain_freed_memory();
+    if let Ok(family) = std::env::var(CHILD) {
+        let (ratio, m_on, m_off) = summary(measure(&family, Size::Small, kinds));
+        println!("{ratio} {m_on} {m_off}");
+        return;
+    }
     println!(
         "{:20} {:>12} {:>12} {:>9}",
         "family", "guarded", "plain", "overhead"
@@ -74,66 +88,105 @@ fn main() {
         if !selected(&filter, family, size_name) {
             continue;
         }
-        let case = Case::example_sized(family, size).unwrap();
-        let generator = Generator::new(&case);
-        let batches: Vec<Batch> = (0..8)
-            .map(|s| guard_loop::to_batch(&generator.batch(s, case.batch_size)))
-            .collect();
-        let make = |guarded: bool| {
-            let varmap = VarMap::new();
-            let spec = case.model.clone();
-            let model_of: Build = Box::new(move |vm| {
-                let vb = VarBuilder::from_varmap(vm, DType::F32, &Device::Cpu);
-                BuiltinFactory::new(&spec).unwrap().build(vb).unwrap()
-            });
-            model_of(&varmap);
-            let guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
-            let opt = guard.optimizer(case.optimizer.clone()).unwrap();
-            Loop {
-                varmap,
-                model_of,
-                opt,
-                guard: guarded.then_some(guard),
-            }
-        };
-        let (mut on, mut off) = (make(kinds.0), make(kinds.1));
-        let loss = case.loss.clone();
-        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
-        // Small loops take more steps: a per-step difference of a
-        // microsecond needs thousands of pairs for its median to hold
-        // still in this machine's noise (a second or two a loop).
-        let steps = if size == Size::Small {
-            15 * STEPS
-        } else {
-            STEPS
-        };
-        for step in 0..steps + WARMUP {
-            let b = &batches[step % batches.len()];
-            let mut pair = [(&mut on, &mut t_on), (&mut off, &mut t_off)];
-            // Which loop goes first alternates: neither gets the warmer caches.
-            if step % 2 == 1 {
-                pair.reverse();
-            }
-            for (l, times) in pair {
-                let start = Instant::now();
-                let model = (l.model_of)(&l.varmap);
-                let loss_of = |b: &Batch| guard_loop::loss_of(&*model, &loss, b);
-                match &mut l.guard {
-                    Some(g) => {
-                        g.step(step, b, &mut l.opt, loss_of).expect("stays stable");
-                    }
-                    None => guard_loop::plain_step(&mut l.opt, loss_of(b).unwrap()),
-                }
-                if step >= WARMUP {
-                    times.push(start.elapsed().as_secs_f64() * 1e3);
-                }
-            }
+        let name = format!("{family} ({size_name})");
+        match size {
+            Size::Small => small_in_processes(&name, family, same.as_deref()),
+            _ => report(&name, summary(measure(family, size, kinds)), None),
         }
-        report(&format!("{family} ({size_name})"), &mut t_on, &mut t_off);
     }
     if filter.is_empty() || filter.iter().any(|f| "efficientnet".contains(f.as_str())) {
         efficientnet();
     }
+}
+
+/// The family's loop at `size`, guarded and plain (or as `kinds` says),
+/// steps interleaved: each loop's step times in ms.
+fn measure(family: &str, size: Size, kinds: (bool, bool)) -> (Vec<f64>, Vec<f64>) {
+    let case = Case::example_sized(family, size).unwrap();
+    let generator = Generator::new(&case);
+    let batches: Vec<Batch> = (0..8)
+        .map(|s| guard_loop::to_batch(&generator.batch(s, case.batch_size)))
+        .collect();
+    let make = |guarded: bool| {
+        let varmap = VarMap::new();
+        let spec = case.model.clone();
+        let model_of: Build = Box::new(move |vm| {
+            let vb = VarBuilder::from_varmap(vm, DType::F32, &Device::Cpu);
+            BuiltinFactory::new(&spec).unwrap().build(vb).unwrap()
+        });
+        model_of(&varmap);
+        let guard = Guard::new(&varmap, GuardOptions::default()).unwrap();
+        let opt = guard.optimizer(case.optimizer.clone()).unwrap();
+        Loop {
+            varmap,
+            model_of,
+            opt,
+            guard: guarded.then_some(guard),
+        }
+    };
+    let (mut on, mut off) = (make(kinds.0), make(kinds.1));
+    let loss = case.loss.clone();
+    let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+    // Small loops take more steps: a per-step difference of a
+    // microsecond needs thousands of pairs for its median to hold
+    // still in this machine's noise (a second or two a loop).
+    let steps = if size == Size::Small {
+        15 * STEPS
+    } else {
+        STEPS
+    };
+    for step in 0..steps + WARMUP {
+        let b = &batches[step % batches.len()];
+        let mut pair = [(&mut on, &mut t_on), (&mut off, &mut t_off)];
+        // Which loop goes first alternates: neither gets the warmer caches.
+        if step % 2 == 1 {
+            pair.reverse();
+        }
+        for (l, times) in pair {
+            let start = Instant::now();
+            let model = (l.model_of)(&l.varmap);
+            let loss_of = |b: &Batch| guard_loop::loss_of(&*model, &loss, b);
+            match &mut l.guard {
+                Some(g) => {
+                    g.step(step, b, &mut l.opt, loss_of).expect("stays stable");
+                }
+                None => guard_loop::plain_step(&mut l.opt, loss_of(b).unwrap()),
+            }
+            if step >= WARMUP {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    (t_on, t_off)
+}
+
+/// The family's small loop measured in [`PROCESSES`] child processes of
+/// this bench, one after another; the median of their overheads (and of
+/// their step times), with their range.
+fn small_in_processes(name: &str, family: &str, same: Option<&str>) {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    let figures: Vec<[f64; 3]> = (0..PROCESSES)
+        .map(|_| {
+            let out = std::process::Command::new(&exe)
+                .args(same)
+                .env(CHILD, family)
+                .output()
+                .expect("the bench runs itself");
+            assert!(out.status.success(), "{family}: {out:?}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().last().unwrap_or_default();
+            let v: Vec<f64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+            [v[0], v[1], v[2]]
+        })
+        .collect();
+    let column = |k: usize| median(&mut figures.iter().map(|f| f[k]).collect::<Vec<_>>());
+    let (ratio, m_on, m_off) = (column(0), column(1), column(2));
+    let ratios = figures.iter().map(|f| f[0]);
+    let range = (
+        ratios.clone().fold(f64::INFINITY, f64::min),
+        ratios.fold(f64::NEG_INFINITY, f64::max),
+    );
+    report(name, (ratio, m_on, m_off), Some(range));
 }
 
 /// Whether the arguments select this family at this size: `rnn` runs
@@ -146,17 +199,29 @@ fn selected(filter: &[String], family: &str, size: &str) -> bool {
     family_wanted && (wanted_sizes.is_empty() || wanted_sizes.iter().any(|s| *s == size))
 }
 
-/// The medians of each loop's times, and the overhead as the median of the
-/// per-step ratios of a pair run back to back: a pair shares the
-/// machine's speed of that moment, so a slow minute that hits some steps
-/// moves their ratios far less than it moves either loop's median.
-fn report(name: &str, on: &mut [f64], off: &mut [f64]) {
+/// The overhead as the median of the per-step ratios of a pair run back
+/// to back (a pair shares the machine's speed of that moment, so a slow
+/// minute that hits some steps moves their ratios far less than it moves
+/// either loop's median), and the medians of each loop's times.
+fn summary((mut on, mut off): (Vec<f64>, Vec<f64>)) -> (f64, f64, f64) {
     let mut ratios: Vec<f64> = on.iter().zip(off.iter()).map(|(a, b)| a / b).collect();
-    let ratio = median(&mut ratios);
-    let (m_on, m_off) = (median(on), median(off));
+    (median(&mut ratios), median(&mut on), median(&mut off))
+}
+
+/// A line of the table; `range`: the lowest and highest ratio of the
+/// processes a small loop was measured in.
+fn report(name: &str, (ratio, m_on, m_off): (f64, f64, f64), range: Option<(f64, f64)>) {
+    let percent = |r: f64| (r - 1.0) * 100.0;
+    let processes = range.map_or(String::new(), |(lo, hi)| {
+        format!(
+            "; {PROCESSES} processes {:.2}% to {:.2}%",
+            percent(lo),
+            percent(hi)
+        )
+    });
     println!(
-        "{name:20} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}% ({:+.1} µs a step)",
-        (ratio - 1.0) * 100.0,
+        "{name:20} {m_on:>9.3} ms {m_off:>9.3} ms {:>8.2}% ({:+.1} µs a step{processes})",
+        percent(ratio),
         (ratio - 1.0) * m_off * 1e3
     );
 }
@@ -224,5 +289,5 @@ fn efficientnet() {
             }
         }
     }
-    report("efficientnet-b0 (ct)", &mut t_on, &mut t_off);
+    report("efficientnet-b0 (ct)", summary((t_on, t_off)), None);
 }
