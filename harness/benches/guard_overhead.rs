@@ -42,11 +42,12 @@ struct Loop {
     guard: Option<Guard>,
 }
 
-/// The processes each small loop is measured in, one after another: a
-/// process's figure carries a bias of its own (the same loop read from
-/// 0.5% to 2.9% in different processes and stayed within about 0.5% of
-/// its own level in every round of one; where the process's memory lands,
-/// not the guard's work), which the median over processes averages out.
+/// The processes each small loop is measured in, one after another. One
+/// process's figure is one second or so of this machine's state: the
+/// small LSTM's pair read from 0.3% to 3.1% in different processes, and
+/// drifted from about 1.4% to 2–5% within one that ran five seconds,
+/// while two loops of the same kind agree within 0.05%. The median over
+/// processes takes in more of those states and a fresh heap each time.
 const PROCESSES: usize = 5;
 
 /// Set in a child process: the family whose small loop it measures.
