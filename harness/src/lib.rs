@@ -34,6 +34,7 @@ pub mod fuzzing;
 pub mod gradcheck;
 pub mod guard;
 pub mod hunt;
+mod instrument;
 pub mod intervention;
 pub mod journal;
 pub mod kernels;
@@ -70,5 +71,17 @@ pub use finding::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdic
 pub use runner::RunOptions;
 pub use spec::{Case, Limits};
 pub use trace::{trace, trace_as, traced};
+
+/// `#[nanhunt::instrument]`: records each tensor op of a function (its
+/// site, its kind, what it read) during traced re-runs; see
+/// `nanhunt_macros::instrument`.
+pub use nanhunt_macros::instrument;
+
+/// The runtime `#[nanhunt::instrument]` expands to; not an API.
+#[doc(hidden)]
+pub use instrument::private as __private;
+
+// The attribute's expansion names `::nanhunt`, in this crate too.
+extern crate self as nanhunt;
 #[allow(deprecated)]
 pub use training::{run, run_model, run_with_options};

@@ -33,6 +33,7 @@ mod fuzz;
 mod guard;
 mod hostile_input;
 mod hunt;
+mod instrument;
 mod lrtable;
 mod one_engine;
 mod planted;

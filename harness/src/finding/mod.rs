@@ -16,6 +16,7 @@ mod op;
 mod precision;
 mod replay;
 mod signature;
+mod site;
 mod substitute;
 
 pub use coverage::{Cut, CutKind, FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
@@ -28,6 +29,7 @@ pub use op::{OpKind, OpSource, StageOp};
 pub use precision::{PrecisionCheck, Rerun, Robustness};
 pub use replay::{ReplayReport, ReplayVerdict};
 pub use signature::{replace_indices, stage_key, user_stage_key, Signature, StageKeys, Subject};
+pub use site::{short_type_name, OpSite, Site};
 pub use substitute::{Axis, Formulation, Substitute};
 
 use crate::probe::TensorStats;

@@ -57,6 +57,33 @@ pub enum OpKind {
     Loss,
     /// Gradient clipping.
     Clip,
+    /// a + b (element-wise or broadcast).
+    Add,
+    /// a − b.
+    Sub,
+    /// a · b, x², an affine map: 0·∞ is NaN, a product can overflow.
+    Mul,
+    /// −x.
+    Neg,
+    /// |x|.
+    Abs,
+    /// max(x, a), min(x, b), a clamp into [a, b].
+    Clamp,
+    /// where(mask, a, b): a value picked per position.
+    Select,
+    /// A cast to another dtype: a value past the target's range overflows.
+    Cast,
+    /// A comparison (a mask of 0s and 1s).
+    Compare,
+    /// A reshape, slice, transpose, broadcast, concatenation or gather:
+    /// values moved, none computed.
+    View,
+    /// A variance over an axis: of one value, (n − 1) = 0 divides 0 by 0.
+    Variance,
+    /// A max or a min over an axis.
+    Extremum,
+    /// A module's `forward` (a linear layer, an embedding, a user's block).
+    Layer,
     /// None of the kinds above.
     Other,
 }
@@ -128,6 +155,19 @@ impl OpKind {
             OpKind::Reduce => "reduce",
             OpKind::Loss => "loss",
             OpKind::Clip => "clip",
+            OpKind::Add => "add",
+            OpKind::Sub => "sub",
+            OpKind::Mul => "mul",
+            OpKind::Neg => "neg",
+            OpKind::Abs => "abs",
+            OpKind::Clamp => "clamp",
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::Compare => "compare",
+            OpKind::View => "view",
+            OpKind::Variance => "variance",
+            OpKind::Extremum => "extremum",
+            OpKind::Layer => "layer",
             OpKind::Other => "other",
         }
     }
@@ -137,7 +177,12 @@ impl OpKind {
     pub fn accumulates(self) -> bool {
         matches!(
             self,
-            OpKind::Matmul | OpKind::Linear | OpKind::Conv | OpKind::Scores | OpKind::Reduce
+            OpKind::Matmul
+                | OpKind::Linear
+                | OpKind::Conv
+                | OpKind::Scores
+                | OpKind::Reduce
+                | OpKind::Layer
         )
     }
 

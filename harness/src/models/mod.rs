@@ -17,7 +17,7 @@ mod transformer;
 
 pub use params::{init_std, is_buffer, ParamStore};
 pub use registry::{register, registered, registered_for, UserModel};
-pub use tracer::{Record, Tracer};
+pub use tracer::{Operand, Record, Tracer};
 
 use crate::spec::{InitSpec, ModelSpec};
 use candle_core::{Result, Tensor};

@@ -3,10 +3,11 @@
 //! reaches stages recorded at any depth of a user's code
 //! ([`crate::trace`], [`Tracer::current`]).
 
-use crate::finding::{OpKind, StageOp};
+use crate::finding::{short_type_name, OpKind, OpSite, Site, StageOp};
 use crate::intervention::Intervention;
 use candle_core::{Result, Tensor};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -28,7 +29,7 @@ pub struct Tracer {
     /// Records into the thread's active traced re-run, if any
     /// ([`Tracer::current`]).
     thread: bool,
-    records: Rc<RefCell<Vec<Record>>>,
+    records: Rc<RefCell<Recorded>>,
     /// A guarded stage (diagnose's interventions): applied to the tensor a
     /// model continues with, whether or not tracing is on.
     intervention: Option<Arc<Intervention>>,
@@ -48,6 +49,93 @@ pub struct Record {
     pub output: Tensor,
     /// The zero variable whose gradient is the gradient of `output`.
     pub grad_probe: candle_core::Var,
+    /// An op of an instrumented function (`#[nanhunt::instrument]`): where
+    /// it is. `None`: a stage recorded by name.
+    pub site: Option<OpSite>,
+    /// What an op read, in its operands' order (receiver first); empty for
+    /// a stage recorded by name.
+    pub inputs: Vec<Operand>,
+}
+
+/// An operand an instrumented op read.
+#[derive(Clone, Debug)]
+pub enum Operand {
+    Tensor(Tensor),
+    /// A number (a literal, an `f64` or `f32` value).
+    Scalar(f64),
+    /// A list of tensors (a concatenation's).
+    Tensors(Vec<Tensor>),
+}
+
+impl Operand {
+    /// The tensors among `inputs`, in order.
+    pub fn tensors(inputs: &[Operand]) -> impl Iterator<Item = &Tensor> {
+        inputs.iter().flat_map(|o| match o {
+            Operand::Tensor(t) => std::slice::from_ref(t),
+            Operand::Tensors(ts) => ts.as_slice(),
+            Operand::Scalar(_) => &[],
+        })
+    }
+
+    /// The scalars among `inputs`, in order.
+    pub fn scalars(inputs: &[Operand]) -> impl Iterator<Item = f64> + '_ {
+        inputs.iter().filter_map(|o| match o {
+            Operand::Scalar(v) => Some(*v),
+            _ => None,
+        })
+    }
+}
+
+/// The records of a traced re-run, and how ops get their names: an op is
+/// named for the stage it flows into (the next record by name, `rownorm`
+/// → `rownorm.div`), or, after the last one, for its function
+/// (`Net::forward.log`); a repeated kind in one group is numbered
+/// (`.exp`, `.exp#2`), so the names stay the same when unrelated lines move.
+#[derive(Default)]
+struct Recorded {
+    records: Vec<Record>,
+    /// The first op not yet grouped under a stage.
+    ungrouped: usize,
+    /// How many ops of each name so far.
+    taken: HashMap<String, usize>,
+}
+
+impl Recorded {
+    fn unique(&mut self, base: String) -> String {
+        let n = self.taken.entry(base.clone()).or_insert(0);
+        *n += 1;
+        match *n {
+            1 => base,
+            n => format!("{base}#{n}"),
+        }
+    }
+
+    /// A stage is recorded: the ops since the last stage are its ops.
+    fn push_stage(&mut self, r: Record) {
+        let stage = r.name.clone();
+        for i in self.ungrouped..self.records.len() {
+            let Some(site) = &self.records[i].site else {
+                continue;
+            };
+            let base = format!("{stage}.{}", site.kind);
+            // The name it had until now is free again.
+            let old = &self.records[i].name;
+            let old = old.split('#').next().unwrap_or(old);
+            if let Some(n) = self.taken.get_mut(old) {
+                *n -= 1;
+            }
+            self.records[i].name = self.unique(base);
+        }
+        self.records.push(r);
+        self.ungrouped = self.records.len();
+    }
+
+    fn push_op(&mut self, mut r: Record) {
+        if let Some(site) = &r.site {
+            r.name = self.unique(format!("{}.{}", site.function, site.kind));
+        }
+        self.records.push(r);
+    }
 }
 
 impl Record {
@@ -161,30 +249,67 @@ impl Tracer {
                 None => Ok(t),
             };
         }
-        let z = candle_core::Var::zeros(t.shape(), t.dtype(), t.device())?;
+        let z = probe_like(&t, true)?;
         let mut out = (&t + z.as_tensor())?;
         // Guarded after the probe: the record holds what the model goes on
         // with, and the probe's gradient is the one the guard passed back.
         if let Some(iv) = &self.intervention {
             out = iv.apply(&name, out, &self.read)?;
         }
-        self.records.borrow_mut().push(Record {
+        self.records.borrow_mut().push_stage(Record {
             name,
             op,
             output: out.clone(),
             grad_probe: z,
+            site: None,
+            inputs: Vec::new(),
         });
         Ok(out)
     }
 
     /// The stages recorded so far, in execution order.
-    pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
-        self.records.borrow()
+    pub fn records(&self) -> Ref<'_, Vec<Record>> {
+        Ref::map(self.records.borrow(), |r| &r.records)
     }
 
     pub fn into_records(self) -> Vec<Record> {
-        self.records.borrow().clone()
+        self.records.borrow().records.clone()
     }
+
+    /// Records an instrumented op's output `t` (what it read: `inputs`);
+    /// use the returned tensor downstream. Integer outputs (masks, ids)
+    /// are kept without a gradient probe: no gradient reaches them.
+    fn push_op(
+        &mut self,
+        site: &'static Site,
+        owner: Option<&'static str>,
+        inputs: Vec<Operand>,
+        t: Tensor,
+    ) -> Result<Tensor> {
+        let float = t.dtype().is_float();
+        let z = probe_like(&t, float)?;
+        let out = if float { (&t + z.as_tensor())? } else { t };
+        self.records.borrow_mut().push_op(Record {
+            name: String::new(),
+            op: Some(site.kind),
+            output: out.clone(),
+            grad_probe: z,
+            site: Some(OpSite::of(site, owner.map(short_type_name))),
+            inputs,
+        });
+        Ok(out)
+    }
+}
+
+/// The zero variable a record's gradient is read from: -0.0, so that
+/// `t + z` is `t` bit for bit (a -0.0 in `t` stays -0.0). A scalar
+/// stands in for an integer tensor, which no gradient reaches.
+fn probe_like(t: &Tensor, float: bool) -> Result<candle_core::Var> {
+    if !float {
+        return candle_core::Var::zeros((), candle_core::DType::F32, t.device());
+    }
+    let z = Tensor::zeros(t.shape(), t.dtype(), t.device())?.neg()?;
+    candle_core::Var::from_tensor(&z)
 }
 
 /// Records `t` into the traced re-run active on this thread, if any;
@@ -196,6 +321,29 @@ pub(crate) fn record_active(name: &str, op: Option<OpKind>, t: Tensor) -> Result
     }
     TRACER.with(|tr| match tr.borrow_mut().as_mut() {
         Some(tracer) if !tracer.thread => tracer.push(name.to_string(), op, t),
+        _ => Ok(t),
+    })
+}
+
+/// Whether a traced re-run is active on this thread (one flag read).
+#[inline]
+pub(crate) fn recording() -> bool {
+    ACTIVE.with(Cell::get)
+}
+
+/// Records an instrumented op's output into the traced re-run active on
+/// this thread, if any; otherwise hands it back.
+pub(crate) fn record_op(
+    site: &'static Site,
+    owner: Option<&'static str>,
+    inputs: Vec<Operand>,
+    t: Tensor,
+) -> Result<Tensor> {
+    if !recording() {
+        return Ok(t);
+    }
+    TRACER.with(|tr| match tr.borrow_mut().as_mut() {
+        Some(tracer) if !tracer.thread && tracer.enabled => tracer.push_op(site, owner, inputs, t),
         _ => Ok(t),
     })
 }
