@@ -23,7 +23,7 @@ LAYERS = [
                          "backward"]),
     ("findings", ["finding", "outcome"]),
     ("checks and models", ["checks", "intervention", "models", "losses", "state"]),
-    ("reading records", ["explain", "coverage", "trace"]),
+    ("reading records", ["explain", "coverage", "trace", "rules", "instrument"]),
     ("localization", ["localize"]),
     ("scenes", ["scene", "dump", "repro", "record"]),
     ("drivers of a step", ["runner", "guard"]),

@@ -55,6 +55,7 @@ pub mod replay;
 pub mod report;
 pub mod repro;
 pub mod rng;
+pub mod rules;
 pub mod runner;
 pub mod scaler;
 pub mod scene;

@@ -8,10 +8,20 @@
 //! the backward pass of the stage right after it (or of the loss, for the
 //! last record), which is therefore the producer. Stages that only pass a
 //! NaN along are never blamed.
+//!
+//! With the ops of `#[nanhunt::instrument]`ed code among the records, the
+//! analysis follows what each op read ([`OpGraph`]): forward, the producer
+//! is the first op on the failing value's path that made a kind of
+//! non-finite value none of its inputs held (a −inf from finite values, a
+//! NaN from infinities); backward, the first op (from the loss back)
+//! whose output's gradient is finite while the gradient of something it
+//! read is not, every reader of that being finite too (else the bad
+//! gradient was passed on, not made).
 
 use crate::checks;
 use crate::error::Result;
 use crate::finding::{Failure, OpKind, Phase, StageOp};
+use crate::models::graph::{NonFinite, OpGraph, Read};
 use crate::models::Record;
 use crate::probe::{scan_all, TensorScan};
 use candle_core::backprop::GradStore;
@@ -94,6 +104,10 @@ pub fn forward_producer(
     inputs: &[&Tensor],
     half: bool,
 ) -> Result<Option<Failure>> {
+    let g = OpGraph::new(records);
+    if g.has_ops() {
+        return forward_op_producer(&g, inputs, half);
+    }
     let Some((i, scan)) = first_forward(records)? else {
         return Ok(None);
     };
@@ -113,6 +127,142 @@ pub fn forward_producer(
     Ok(Some(f.with_op(r.stage_op()).with_explanation(e)))
 }
 
+/// The forward producer among records that hold ops: the first record on
+/// the path of the last non-finite one that made a class of non-finite
+/// values its inputs did not hold.
+fn forward_op_producer(g: &OpGraph, inputs: &[&Tensor], half: bool) -> Result<Option<Failure>> {
+    let records = g.records;
+    let classes = records
+        .iter()
+        .map(|r| NonFinite::of(&r.output))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(last) = classes.iter().rposition(|c| c.any()) else {
+        return Ok(None);
+    };
+    let on_path = g.ancestors(last);
+    let mut read_classes = Vec::with_capacity(last + 1);
+    for i in 0..=last {
+        read_classes.push(classes_read(g, i, &classes, inputs)?);
+    }
+    let bad = |i: &usize| on_path[*i] && classes[*i].any();
+    let Some(i) = (0..=last)
+        .filter(bad)
+        .find(|&i| classes[i].new_over(read_classes[i]).any())
+        .or_else(|| (0..=last).find(bad))
+    else {
+        return Ok(None);
+    };
+    let r = &records[i];
+    let scan = scan_all(&[&r.output])?[0];
+    let from = if read_classes[i].any() {
+        "from non-finite values it read (none made by an instrumented op before it)"
+    } else {
+        "from finite inputs"
+    };
+    let made = if classes[i].new_over(read_classes[i]).any() && read_classes[i].any() {
+        "new non-finite values from the infinities it read"
+    } else {
+        "non-finite values"
+    };
+    let detail = match &r.site {
+        Some(s) => format!(
+            "the {} `{}` at {} made {}{}",
+            s.op,
+            s.short_text(60),
+            s.location(),
+            made,
+            if made == "non-finite values" { format!(" {from}") } else { String::new() }
+        ),
+        None => format!("stage `{}` produced non-finite values {from}", r.name),
+    };
+    let f = checks::tensor_failure(&scan, half, Phase::Forward, r.name.clone(), &detail, &r.output)?;
+    let e = match r.site {
+        Some(_) => crate::rules::explain_forward(g, i, inputs)?,
+        None => crate::explain::forward(records, i, inputs)?,
+    };
+    Ok(Some(
+        f.with_op(r.stage_op())
+            .with_site(r.site.clone())
+            .with_explanation(e),
+    ))
+}
+
+/// The classes of non-finite values record `i` read: its operands' (a
+/// record's classes, or a tensor's own), or for the first record without
+/// operands, the model's inputs'.
+fn classes_read(
+    g: &OpGraph,
+    i: usize,
+    classes: &[NonFinite],
+    inputs: &[&Tensor],
+) -> Result<NonFinite> {
+    let reads = g.reads(i);
+    let mut c = NonFinite::default();
+    if reads.is_empty() && g.records[i].site.is_none() {
+        for t in inputs.iter().filter(|t| t.dtype().is_float()) {
+            c = c.union(NonFinite::of(t)?);
+        }
+        return Ok(c);
+    }
+    for r in reads {
+        c = c.union(match r.from {
+            Some(j) => classes[j],
+            None if r.tensor.dtype().is_float() => NonFinite::of(r.tensor)?,
+            None => NonFinite::default(),
+        });
+    }
+    Ok(c)
+}
+
+/// The backward producer among records that hold ops (see the module
+/// docs): the op, which of its operands' gradient it made non-finite, and
+/// that gradient.
+fn backward_op<'g>(g: &OpGraph, grads: &'g GradStore) -> Result<Option<(usize, usize, &'g Tensor)>> {
+    let finite = |t: &Tensor| -> Result<bool> { Ok(scan_all(&[t])?[0].is_finite()) };
+    for i in (0..g.records.len()).rev() {
+        if g.records[i].site.is_none() {
+            continue;
+        }
+        let Some(out) = g.grad(grads, i) else {
+            continue;
+        };
+        if !finite(out)? {
+            continue;
+        }
+        for (k, read) in g.reads(i).iter().enumerate() {
+            let Some(grad) = g.grad_of_read(grads, read) else {
+                continue;
+            };
+            if finite(grad)? || !readers_finite(g, grads, read)? {
+                continue;
+            }
+            return Ok(Some((i, k, grad)));
+        }
+    }
+    Ok(None)
+}
+
+/// Whether every op that read `read`'s tensor has a finite gradient of
+/// its own output (so none passed a bad gradient on to it).
+fn readers_finite(g: &OpGraph, grads: &GradStore, read: &Read) -> Result<bool> {
+    let id = read.tensor.id();
+    for (i, r) in g.records.iter().enumerate() {
+        let reads_it = match r.site {
+            Some(_) => crate::models::Operand::tensors(&r.inputs).any(|t| t.id() == id),
+            None => read.from.is_some_and(|j| i == j + 1),
+        };
+        if !reads_it {
+            continue;
+        }
+        if let Some(gr) = g.grad(grads, i) {
+            if !scan_all(&[gr])?[0].is_finite() {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// The producer of a traced step's first non-finite gradient: the stage
 /// whose backward pass made it, with its explanation, or the loss's
 /// backward (`loss_stage`) for the last record's; `None` when every
@@ -123,6 +273,32 @@ pub fn backward_producer(
     half: bool,
     loss_stage: &str,
 ) -> Result<Option<Failure>> {
+    let g = OpGraph::new(records);
+    if g.has_ops() {
+        if let Some((i, k, grad)) = backward_op(&g, grads)? {
+            let r = &records[i];
+            let read = g.reads(i)[k];
+            let what = match read.from {
+                Some(j) => format!("`{}`", records[j].name),
+                None => "a tensor it read".to_string(),
+            };
+            let detail = match &r.site {
+                Some(s) => format!(
+                    "the backward pass of the {} `{}` at {} made the gradient of {what} non-finite",
+                    s.op,
+                    s.short_text(60),
+                    s.location()
+                ),
+                None => format!("the backward pass of `{}` made the gradient of {what} non-finite", r.name),
+            };
+            let scan = scan_all(&[grad])?[0];
+            let f = checks::tensor_failure(&scan, half, Phase::Backward, r.name.clone(), &detail, grad)?
+                .with_op(r.stage_op())
+                .with_site(r.site.clone())
+                .with_explanation(crate::rules::explain_backward(&g, i, k, grad, &[])?);
+            return Ok(Some(f));
+        }
+    }
     let Some(p) = first_backward(records, grads)? else {
         return Ok(None);
     };

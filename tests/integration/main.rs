@@ -43,5 +43,6 @@ mod readme_commands;
 mod real_models;
 mod repairs;
 mod report;
+mod scratch_ops;
 mod support;
 mod verdicts;

@@ -77,6 +77,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         sentence: String::new(),
         repair: String::new(),
         formulation: None,
+        site: None,
     };
     let read = match before {
         Some(p) => Some(&p.output),
@@ -271,6 +272,7 @@ pub fn backward(
         sentence: String::new(),
         repair: String::new(),
         formulation: None,
+        site: None,
     };
     if out.len() == g.len() {
         let at_zero = out
@@ -460,6 +462,23 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
         Pattern::LogOfOverflowedExp => (
             format!("`{s}` takes the log of a sum of exps of {input}, which overflows: {QUOTE}, so exp of it is +inf in {dt}, and so are the sum and its log"),
             "subtract the row's max first: max + log(sum(exp(x - max))), a logsumexp".to_string(),
+        ),
+        // The op-level patterns ([`crate::rules`]), said of a stage.
+        Pattern::ZeroTimesInfinity => (
+            format!("`{s}` multiplies an infinity by exact zeros in {vals}: 0·inf = NaN"),
+            "keep the infinite factor finite, or select instead of multiplying".to_string(),
+        ),
+        Pattern::InfMinusInf => (
+            format!("`{s}` combines infinities that cancel in {vals}: inf − inf = NaN"),
+            "keep both operands finite where they meet".to_string(),
+        ),
+        Pattern::VarianceOfOneValue => (
+            format!("`{s}` takes an unbiased variance of one value: n − 1 = 0, and 0/0 = NaN in {vals}"),
+            "divide by n, or keep batches of one row out".to_string(),
+        ),
+        Pattern::HalfCastOverflow => (
+            format!("`{s}` casts values past {dt}'s range in {vals}: ±inf"),
+            "keep the value inside the dtype's range before the cast".to_string(),
         ),
         Pattern::Unexplained => (
             format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),

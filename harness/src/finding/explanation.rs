@@ -59,6 +59,15 @@ pub enum Pattern {
     /// The log of a sum of exps (a logsumexp) without the max subtracted:
     /// an entry past ln(max) makes the exp, the sum and the log +inf.
     LogOfOverflowedExp,
+    /// An exact 0 times an infinity (0·(−inf), 0·exp overflowed): NaN.
+    ZeroTimesInfinity,
+    /// An infinity minus itself (inf − inf, or −inf + inf): NaN.
+    InfMinusInf,
+    /// An unbiased variance of one value: (n − 1) = 0 divides 0 by 0.
+    VarianceOfOneValue,
+    /// A value cast to a half precision past its largest: ±inf (a mask
+    /// constant of −1e9 in f16).
+    HalfCastOverflow,
     /// Non-finite values from finite inputs, with none of the patterns above.
     Unexplained,
 }
@@ -85,6 +94,10 @@ impl Pattern {
             Pattern::ShiftedRatio => "a ratio of shifted slices at 0/0",
             Pattern::RootOfReducedZero => "a root of a sum of squares at 0 in the backward pass",
             Pattern::LogOfOverflowedExp => "exp then log: a logsumexp without its max",
+            Pattern::ZeroTimesInfinity => "0 times an infinity",
+            Pattern::InfMinusInf => "an infinity minus an infinity",
+            Pattern::VarianceOfOneValue => "a variance of one value",
+            Pattern::HalfCastOverflow => "a cast to half precision past its range",
             Pattern::Unexplained => "non-finite values from finite inputs",
         }
     }
@@ -114,6 +127,10 @@ pub struct Explanation {
     /// substitutes through the tracer to verify it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub formulation: Option<super::Formulation>,
+    /// The op the explanation is about, in an instrumented function
+    /// (`#[nanhunt::instrument]`): its kind, line and expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<super::OpSite>,
 }
 
 impl Explanation {

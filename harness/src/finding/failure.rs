@@ -2,7 +2,7 @@
 //! (the step's number, the run's signature and its history are the
 //! driver's to add: [`Finding::new`]).
 
-use super::{Explanation, FindingKind, GradientCoverage, Phase, StageOp};
+use super::{Explanation, FindingKind, GradientCoverage, OpSite, Phase, StageOp};
 use crate::probe::{TensorScan, TensorStats};
 
 #[cfg(doc)]
@@ -17,6 +17,8 @@ pub struct Failure {
     pub stage: String,
     /// What the stage computes, where known.
     pub op: Option<StageOp>,
+    /// The op and its line, for an op of an instrumented function.
+    pub site: Option<OpSite>,
     /// One sentence on what was seen.
     pub detail: String,
     /// Statistics of the offending tensor, where there is one.
@@ -39,6 +41,7 @@ impl Failure {
             phase,
             stage: stage.into(),
             op: None,
+            site: None,
             detail: detail.into(),
             stats: None,
             coverage: None,
@@ -53,6 +56,11 @@ impl Failure {
 
     pub fn with_op(mut self, op: Option<StageOp>) -> Self {
         self.op = op;
+        self
+    }
+
+    pub fn with_site(mut self, site: Option<OpSite>) -> Self {
+        self.site = site;
         self
     }
 

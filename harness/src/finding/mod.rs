@@ -214,6 +214,10 @@ pub struct Finding {
         deserialize_with = "op_or_name"
     )]
     pub op: Option<StageOp>,
+    /// The op that produced it and its line, in a function instrumented
+    /// with `#[nanhunt::instrument]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<OpSite>,
     /// One sentence on what was seen.
     pub detail: String,
     /// Statistics of the offending tensor, where there is one.
@@ -244,6 +248,7 @@ impl Finding {
             phase,
             stage,
             op,
+            site,
             detail,
             stats,
             coverage,
@@ -256,6 +261,7 @@ impl Finding {
             signature: subject.signature(kind, phase, &stage),
             stage,
             op,
+            site,
             detail,
             stats,
             coverage,

@@ -7,6 +7,7 @@
 mod cnn;
 mod decoder;
 mod encoder;
+pub mod graph;
 pub mod layers;
 pub mod params;
 mod registry;
