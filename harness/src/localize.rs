@@ -167,15 +167,26 @@ fn forward_op_producer(g: &OpGraph, inputs: &[&Tensor], half: bool) -> Result<Op
     let detail = match &r.site {
         Some(s) => format!(
             "the {} `{}` at {} made {}{}",
-            s.op,
+            crate::rules::walk::op_word(&s.op),
             s.short_text(60),
             s.location(),
             made,
-            if made == "non-finite values" { format!(" {from}") } else { String::new() }
+            if made == "non-finite values" {
+                format!(" {from}")
+            } else {
+                String::new()
+            }
         ),
         None => format!("stage `{}` produced non-finite values {from}", r.name),
     };
-    let f = checks::tensor_failure(&scan, half, Phase::Forward, r.name.clone(), &detail, &r.output)?;
+    let f = checks::tensor_failure(
+        &scan,
+        half,
+        Phase::Forward,
+        r.name.clone(),
+        &detail,
+        &r.output,
+    )?;
     let e = match r.site {
         Some(_) => crate::rules::explain_forward(g, i, inputs)?,
         None => crate::explain::forward(records, i, inputs)?,
@@ -217,7 +228,10 @@ fn classes_read(
 /// The backward producer among records that hold ops (see the module
 /// docs): the op, which of its operands' gradient it made non-finite, and
 /// that gradient.
-fn backward_op<'g>(g: &OpGraph, grads: &'g GradStore) -> Result<Option<(usize, usize, &'g Tensor)>> {
+fn backward_op<'g>(
+    g: &OpGraph,
+    grads: &'g GradStore,
+) -> Result<Option<(usize, usize, &'g Tensor)>> {
     let finite = |t: &Tensor| -> Result<bool> { Ok(scan_all(&[t])?[0].is_finite()) };
     for i in (0..g.records.len()).rev() {
         if g.records[i].site.is_none() {
@@ -285,17 +299,27 @@ pub fn backward_producer(
             let detail = match &r.site {
                 Some(s) => format!(
                     "the backward pass of the {} `{}` at {} made the gradient of {what} non-finite",
-                    s.op,
+                    crate::rules::walk::op_word(&s.op),
                     s.short_text(60),
                     s.location()
                 ),
-                None => format!("the backward pass of `{}` made the gradient of {what} non-finite", r.name),
+                None => format!(
+                    "the backward pass of `{}` made the gradient of {what} non-finite",
+                    r.name
+                ),
             };
             let scan = scan_all(&[grad])?[0];
-            let f = checks::tensor_failure(&scan, half, Phase::Backward, r.name.clone(), &detail, grad)?
-                .with_op(r.stage_op())
-                .with_site(r.site.clone())
-                .with_explanation(crate::rules::explain_backward(&g, i, k, grad, &[])?);
+            let f = checks::tensor_failure(
+                &scan,
+                half,
+                Phase::Backward,
+                r.name.clone(),
+                &detail,
+                grad,
+            )?
+            .with_op(r.stage_op())
+            .with_site(r.site.clone())
+            .with_explanation(crate::rules::explain_backward(&g, i, k, grad, &[])?);
             return Ok(Some(f));
         }
     }

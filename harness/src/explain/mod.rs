@@ -505,6 +505,8 @@ mod tests {
             op: None,
             grad_probe: Var::zeros(t.shape(), t.dtype(), t.device()).unwrap(),
             output: t,
+            site: None,
+            inputs: Vec::new(),
         }
     }
 
@@ -724,6 +726,8 @@ mod tests {
             op: None,
             grad_probe: Var::zeros(m.shape(), m.dtype(), m.device()).unwrap(),
             output: m,
+            site: None,
+            inputs: Vec::new(),
         };
         let grad = Tensor::new(&[[f32::NAN, f32::NAN], [0.6, 0.8]], &Device::Cpu).unwrap();
         let e = backward(&[pairs, modulus], 1, 0, &grad).unwrap();

@@ -118,7 +118,7 @@ mod tests {
             function: "forward".into(),
             kind: OpKind::Log,
         };
-        assert_eq!(s.short_text(15), "a.exp()…).log()");
+        assert_eq!(s.short_text(15), "a.exp()…?.log()");
         assert_eq!(s.location(), "m.rs:3:9");
     }
 }

@@ -24,16 +24,16 @@
 //! held within the bound.
 
 mod report;
-mod risk;
 mod search;
 mod tokens;
 
 pub use report::{RiskReport, RiskStatus, StageRisk, Trigger, TriggerKind};
-pub use risk::Risk;
 
 use crate::error::Result;
-use crate::finding::Finding;
+use crate::finding::{Finding, OpKind, OpSite};
+use crate::models::graph::OpGraph;
 use crate::models::{ModelFactory, Record, Tracer};
+use crate::rules::{OpRule, View};
 use crate::runner::{RunOptions, Session};
 use crate::spec::{Case, SourceSpec};
 use search::{Found, Ground, Search, Target};
@@ -101,11 +101,23 @@ impl HuntOptions {
     }
 }
 
-/// A risky stage as training saw it.
+/// A risky stage (or op) as training saw it.
 struct Seen {
     op: crate::finding::StageOp,
-    risk: Risk,
+    rule: &'static dyn OpRule,
+    site: Option<OpSite>,
     margin: Option<f64>,
+}
+
+/// What training saw of the model's records: its risky stages and ops,
+/// and how many recorded ops of each kind have no unsafe domain in the
+/// dtype they compute in.
+#[derive(Default)]
+struct Survey {
+    risky: BTreeMap<String, Seen>,
+    safe: BTreeMap<String, usize>,
+    /// Ops counted once, by name, over the passes.
+    counted: std::collections::BTreeSet<String>,
 }
 
 /// Hunts the latent NaNs of `case`'s model (see the module docs).
@@ -127,17 +139,19 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         pgd_steps: opts.pgd_steps,
     };
     let mut status: BTreeMap<String, RiskStatus> = BTreeMap::new();
+    // What each credited finding names (for a stage that was no target).
+    let mut owners: BTreeMap<String, Owner> = BTreeMap::new();
     if let Some(f) = &fired {
-        let stage = f.explanation.as_ref().map_or(&f.stage, |e| &e.stage);
+        owners.insert(fired_at(f).to_string(), Owner::of(f));
         status.insert(
-            stage.clone(),
+            fired_at(f).to_string(),
             RiskStatus::FiredOnData {
                 step: f.step,
                 signature: f.signature.slug(),
             },
         );
     }
-    let targets = targets(&seen, &status);
+    let targets = targets(&seen.risky, &status);
     let bound = opts.bounds.last().copied().unwrap_or(0.0);
     for t in &targets {
         if status.contains_key(&t.stage) {
@@ -154,26 +168,42 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
                     None
                 }
             }
-        } else if t.risk == Risk::MaskedRow {
-            let why = "which positions a mask covers is not set by the input's values";
+        } else if let Some(why) = t.rule.not_searched() {
             status.insert(t.stage.clone(), not_searched(why));
             None
         } else {
             search.input(t, &opts.bounds)?
         };
-        if let Some(mut found) = found {
-            search::minimize_rows(&ground, &mut found)?;
-            let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
-            status.insert(
-                stage_of(&found.finding, &targets)
-                    .unwrap_or(&t.stage)
-                    .to_string(),
-                trigger,
+        let Some(mut found) = found else {
+            continue;
+        };
+        // The data itself fires first: no perturbation is needed, and the
+        // finding is the data's, not this target's.
+        if fired
+            .as_ref()
+            .is_some_and(|f| f.signature == found.finding.signature)
+        {
+            let why = format!(
+                "the training data fires `{}` at this step before any perturbation",
+                fired.as_ref().map_or("", |f| fired_at(f))
             );
+            status.insert(t.stage.clone(), RiskStatus::NotSearched { why });
+            continue;
+        }
+        search::minimize_rows(&ground, &mut found)?;
+        let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
+        // Credited to the op whose finding it is, whichever was searched.
+        let at = fired_at(&found.finding).to_string();
+        owners.insert(at.clone(), Owner::of(&found.finding));
+        status.entry(at.clone()).or_insert(trigger);
+        if at != t.stage && !status.contains_key(&t.stage) {
+            let why = format!("its search fired `{at}` first");
+            status.insert(t.stage.clone(), RiskStatus::NotSearched { why });
         }
     }
     drift(case, &ground, opts, &targets, &mut status)?;
-    let stages = report_stages(seen, status, bound, opts.token_swaps, &ground);
+    let unsafe_free = seen.safe.clone();
+    let stages = report_stages(seen, status, &owners, bound, opts.token_swaps, &ground);
     Ok(RiskReport {
         model: case.family().to_string(),
         dataset: dataset_name(case),
@@ -185,21 +215,51 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         bound,
         token_swaps: tokens_in(&ground).then_some(opts.token_swaps),
         stages,
+        unsafe_free,
         evaluations: search.evaluations,
     }
     .rounded())
 }
 
+/// The op a credited finding names.
+struct Owner {
+    op: Option<crate::finding::StageOp>,
+    site: Option<OpSite>,
+}
+
+impl Owner {
+    fn of(f: &Finding) -> Owner {
+        let site = f
+            .explanation
+            .as_ref()
+            .and_then(|e| e.site.clone())
+            .or_else(|| f.site.clone());
+        Owner {
+            op: site
+                .as_ref()
+                .map(|s| crate::finding::StageOp::declared(s.kind))
+                .or(f.op),
+            site,
+        }
+    }
+}
+
 /// What training left: the risky stages seen (with their least margin),
 /// its finding if it failed, and the traced passes it took.
-type Trained = (BTreeMap<String, Seen>, Option<Finding>, usize);
+type Trained = (Survey, Option<Finding>, usize);
+
+/// Where a finding is: the op or stage it names (its explanation's, which
+/// for a mask is the softmax after it).
+fn fired_at(f: &Finding) -> &str {
+    f.explanation.as_ref().map_or(&f.stage, |e| &e.stage)
+}
 
 /// Trains the case to its end (or its first finding), reading the risky
 /// stages' margins at the checkpoints.
 fn train(session: &mut Session, checkpoints: usize) -> Result<Trained> {
     let steps = session.case().steps;
     let every = (steps / checkpoints.max(1)).max(1);
-    let (mut seen, mut read) = (BTreeMap::new(), 0);
+    let (mut seen, mut read) = (Survey::default(), 0);
     for step in 0..steps {
         if step % every == 0 {
             read_margins(session, step, &mut seen)?;
@@ -214,8 +274,9 @@ fn train(session: &mut Session, checkpoints: usize) -> Result<Trained> {
 }
 
 /// A traced forward pass on the batch of `step`: the margin of every
-/// risky stage, kept when it is the least so far.
-fn read_margins(session: &Session, step: usize, seen: &mut BTreeMap<String, Seen>) -> Result<()> {
+/// risky stage or op, kept when it is the least so far, and the count of
+/// the ops without an unsafe domain.
+fn read_margins(session: &Session, step: usize, seen: &mut Survey) -> Result<()> {
     let batch = session.batch_unchecked(step)?;
     let mut tracer = Tracer::on();
     let shared = crate::models::tracer::share(&tracer);
@@ -223,19 +284,22 @@ fn read_margins(session: &Session, step: usize, seen: &mut BTreeMap<String, Seen
     drop(shared);
     let forward = forward?;
     let records: Vec<Record> = tracer.records().clone();
+    let g = OpGraph::new(&records);
     for (i, r) in records.iter().enumerate() {
         let Some(op) = r.stage_op() else { continue };
-        let Some(risk) = Risk::of(op.kind, r.output.dtype()) else {
+        let Some(rule) = crate::rules::risk(op.kind, r.output.dtype()) else {
+            if r.site.is_some() && seen.counted.insert(r.name.clone()) {
+                *seen.safe.entry(op.kind.to_string()).or_insert(0) += 1;
+            }
             continue;
         };
-        let read = match i {
-            0 => &forward.input,
-            _ => &records[i - 1].output,
-        };
-        let margin = risk.margin(&r.output, Some(read))?;
-        let entry = seen
-            .entry(r.name.clone())
-            .or_insert(Seen { op, risk, margin });
+        let margin = rule.margin(&View::of(&g, i, &forward.input))?;
+        let entry = seen.risky.entry(r.name.clone()).or_insert(Seen {
+            op,
+            rule,
+            site: r.site.clone(),
+            margin,
+        });
         entry.margin = match (entry.margin, margin) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -287,7 +351,7 @@ fn targets(seen: &BTreeMap<String, Seen>, status: &BTreeMap<String, RiskStatus>)
     out.into_iter()
         .map(|(stage, s)| Target {
             stage: stage.clone(),
-            risk: s.risk,
+            rule: s.rule,
         })
         .collect()
 }
@@ -395,16 +459,20 @@ fn drift(
     Ok(())
 }
 
-/// Every risky stage with its margin and what was found there.
+/// Every risky stage with its margin and what was found there, and the
+/// stages that fired without being risky (a finding credited to its own op).
 fn report_stages(
-    seen: BTreeMap<String, Seen>,
+    seen: Survey,
     mut status: BTreeMap<String, RiskStatus>,
+    owners: &BTreeMap<String, Owner>,
     bound: f64,
     swaps: usize,
     ground: &Ground,
 ) -> Vec<StageRisk> {
     let tokens = tokens_in(ground);
-    seen.into_iter()
+    let mut out: Vec<StageRisk> = seen
+        .risky
+        .into_iter()
         .map(|(stage, s)| {
             let status = status.remove(&stage).unwrap_or(if tokens {
                 RiskStatus::NoTokenTrigger { swaps }
@@ -414,13 +482,30 @@ fn report_stages(
             StageRisk {
                 op: s.op.kind,
                 op_from_name: s.op.guessed(),
-                risk: s.risk,
+                risk: s.rule.id().to_string(),
+                domain: s.rule.domain().to_string(),
+                site: s.site,
                 margin: s.margin,
                 status,
                 stage,
             }
         })
-        .collect()
+        .collect();
+    out.extend(status.into_iter().map(|(stage, status)| {
+        let owner = owners.get(&stage);
+        StageRisk {
+            op: owner.and_then(|o| o.op).map_or(OpKind::Other, |op| op.kind),
+            op_from_name: owner.and_then(|o| o.op).is_some_and(|op| op.guessed()),
+            risk: "none".into(),
+            domain: "no unsafe domain of its own".into(),
+            site: owner.and_then(|o| o.site.clone()),
+            margin: None,
+            status,
+            stage,
+        }
+    }));
+    out.sort_by(|a, b| a.stage.cmp(&b.stage));
+    out
 }
 
 /// Whether the model reads token ids.

@@ -5,9 +5,9 @@
 //! Numbers are rounded and stages sorted, so the same hunt gives the same
 //! bytes (snapshot them).
 
-use super::risk::Risk;
-use crate::finding::OpKind;
+use crate::finding::{OpKind, OpSite};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// What a hunt found in one model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -27,6 +27,9 @@ pub struct RiskReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_swaps: Option<usize>,
     pub stages: Vec<StageRisk>,
+    /// The recorded ops without an unsafe domain in the dtype they compute
+    /// in (not searched, none can fire by itself), counted by kind.
+    pub unsafe_free: BTreeMap<String, usize>,
     /// Forward and backward passes the search spent (its cost).
     pub evaluations: usize,
 }
@@ -38,7 +41,13 @@ pub struct StageRisk {
     pub op: OpKind,
     /// The op was read from the stage's name (the model did not declare it).
     pub op_from_name: bool,
-    pub risk: Risk,
+    /// The rule of its kind ([`crate::rules`]): its name, and its unsafe
+    /// domain in words.
+    pub risk: String,
+    pub domain: String,
+    /// Where the op is, in an instrumented function.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<OpSite>,
     /// The least margin seen in training, in decades (0: it reached its
     /// unsafe domain); `None` when it could not be read.
     pub margin: Option<f64>,
@@ -131,7 +140,7 @@ impl RiskReport {
     }
 
     /// One line per stage: what the hunt found there.
-    fn rows(&self) -> Vec<[String; 5]> {
+    fn rows(&self) -> Vec<[String; 6]> {
         self.stages
             .iter()
             .map(|s| {
@@ -173,7 +182,11 @@ impl RiskReport {
                     ),
                     RiskStatus::NotSearched { why } => (format!("not searched: {why}"), String::new()),
                 };
-                [s.stage.clone(), format!("{op}: {}", s.risk.as_str()), margin, status, replay]
+                let at = match &s.site {
+                    Some(site) => format!(" (`{}`, {}:{})", site.short_text(40), site.file, site.line),
+                    None => String::new(),
+                };
+                [s.stage.clone(), at, format!("{op}: {}", s.domain), margin, status, replay]
             })
             .collect()
     }
@@ -198,13 +211,22 @@ impl RiskReport {
             self.searched(),
             self.evaluations
         );
-        out.push_str("| stage | op: risk | margin in training (decades) | found | reproducer |\n");
-        out.push_str("|---|---|---:|---|---|\n");
+        if self.stages.is_empty() {
+            out.push_str("No recorded stage or op has an unsafe domain: nothing was searched. Instrument the model's functions (`#[nanhunt::instrument]`) or record its stages with their kinds (`trace_as`) to hunt in it.\n");
+        } else {
+            out.push_str(
+                "| stage | op: risk | margin in training (decades) | found | reproducer |\n",
+            );
+            out.push_str("|---|---|---:|---|---|\n");
+        }
         for r in self.rows() {
             out.push_str(&format!(
-                "| `{}` | {} | {} | {} | {} |\n",
-                r[0], r[1], r[2], r[3], r[4]
+                "| `{}`{} | {} | {} | {} | {} |\n",
+                r[0], r[1], r[2], r[3], r[4], r[5]
             ));
+        }
+        if let Some(free) = self.unsafe_free_line() {
+            out.push_str(&format!("\n{free}\n"));
         }
         for s in &self.stages {
             if let RiskStatus::Triggered(t) = &s.status {
@@ -216,23 +238,48 @@ impl RiskReport {
         out
     }
 
+    /// The ops without an unsafe domain, in one sentence.
+    fn unsafe_free_line(&self) -> Option<String> {
+        if self.unsafe_free.is_empty() {
+            return None;
+        }
+        let total: usize = self.unsafe_free.values().sum();
+        let kinds: Vec<String> = self
+            .unsafe_free
+            .iter()
+            .map(|(k, n)| format!("{k} ×{n}"))
+            .collect();
+        Some(format!(
+            "Not searched: {total} recorded {} with no unsafe domain in the dtype they compute in ({}).",
+            if total == 1 { "op" } else { "ops" },
+            kinds.join(", ")
+        ))
+    }
+
     pub fn to_html(&self) -> String {
         let esc = crate::format::escape_html;
         let mut rows = String::new();
         for r in self.rows() {
-            rows.push_str("<tr>");
-            for cell in &r {
+            rows.push_str(&format!("<tr><td>{}{}</td>", esc(&r[0]), esc(&r[1])));
+            for cell in &r[2..] {
                 rows.push_str(&format!("<td>{}</td>", esc(cell)));
             }
             rows.push_str("</tr>\n");
         }
         format!(
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; {searched}; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table></body></html>\n",
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; {searched}; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table>\n<p>{free}</p></body></html>\n",
             model = esc(&self.model),
             data = esc(&self.dataset),
             steps = self.steps,
             searched = esc(&self.searched()),
             evals = self.evaluations,
+            free = esc(&self.unsafe_free_line().unwrap_or_else(|| {
+                if self.stages.is_empty() {
+                    "No recorded stage or op has an unsafe domain: nothing was searched.".into()
+                } else {
+                    String::new()
+                }
+            })),
         )
     }
 }

@@ -8,7 +8,6 @@
 //! trained state on that batch), so a trigger is an ordinary finding; and
 //! weight drift: a few steps at a higher learning rate from the same state.
 
-use super::risk::Risk;
 use crate::data::{HostBatch, HostInput, Saved};
 use crate::error::Result;
 use crate::finding::{Finding, Trace};
@@ -18,11 +17,11 @@ use crate::spec::{Case, ScheduleSpec};
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
 
-/// A stage to hunt.
-#[derive(Clone, Debug)]
+/// A stage (or an op) to hunt, and the rule of its kind.
+#[derive(Clone)]
 pub(super) struct Target {
     pub stage: String,
-    pub risk: Risk,
+    pub rule: &'static dyn crate::rules::OpRule,
 }
 
 /// Where a search starts and how it confirms what it found: the state a
@@ -121,7 +120,7 @@ impl Search<'_> {
         for &k in bounds {
             let radius = k * scale;
             let mut starts = vec![scaled(&x0, 1.0 + k), scaled(&x0, 1.0 - k)];
-            if target.risk.at_zero() {
+            if target.rule.at_zero() {
                 starts.extend(zero_row(&self.ground.batch, radius));
             }
             for start in starts {
@@ -220,15 +219,15 @@ impl Search<'_> {
                 records,
             });
         };
-        let read = match i {
-            0 => input,
-            _ => &records[i - 1].output,
-        };
-        let (out, read) = (&records[i].output, Some(read));
-        let reached = non_finite || target.risk.margin(out, read)?.is_some_and(|m| m <= 0.0);
-        let grads = match target.risk.pressure(out, read)? {
-            Some(pressure) => Some(pressure.backward()?),
-            None => None,
+        let (reached, grads) = {
+            let g = crate::models::graph::OpGraph::new(&records);
+            let view = crate::rules::View::of(&g, i, input);
+            let reached = non_finite || target.rule.margin(&view)?.is_some_and(|m| m <= 0.0);
+            let grads = match target.rule.pressure(&view)? {
+                Some(pressure) => Some(pressure.backward()?),
+                None => None,
+            };
+            (reached, grads)
         };
         Ok(Pass {
             reached,

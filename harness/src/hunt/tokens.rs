@@ -6,7 +6,6 @@
 //! largest gain; a candidate that reaches the domain is confirmed by the
 //! step engine. The bound is the number of swaps per row.
 
-use super::risk::Risk;
 use super::search::{Found, Pass, Search, Target};
 use crate::data::{HostBatch, HostInput};
 use crate::error::Result;
@@ -41,7 +40,7 @@ impl Search<'_> {
         let HostInput::Tokens { ids: ids0, dims } = &self.ground.batch.input else {
             return Ok(TokenSearch::NotFound);
         };
-        if target.risk == Risk::MaskedRow {
+        if target.rule.by_padding() {
             return self.padded_row(ids0, dims, swaps);
         }
         let mut ids = ids0.clone();
@@ -125,7 +124,10 @@ fn find_embedding(
     ids: &[u32],
     vars: &[candle_core::Var],
 ) -> Result<Option<Embedding>> {
-    let is_embedding = |r: &Record| r.stage_op().is_some_and(|op| op.kind == OpKind::Embedding);
+    let is_embedding = |r: &Record| {
+        r.stage_op()
+            .is_some_and(|op| matches!(op.kind, OpKind::Embedding | OpKind::Layer))
+    };
     let shaped = |r: &Record| r.output.elem_count() % ids.len() == 0 && r.output.rank() >= 2;
     let Some(record) = records
         .iter()

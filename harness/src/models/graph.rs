@@ -39,10 +39,7 @@ impl NonFinite {
                 .flatten_all()?
                 .to_dtype(candle_core::DType::F64)?
                 .to_vec1::<f64>()?;
-            (
-                v.contains(&f64::NEG_INFINITY),
-                v.contains(&f64::INFINITY),
-            )
+            (v.contains(&f64::NEG_INFINITY), v.contains(&f64::INFINITY))
         } else {
             (false, false)
         };

@@ -39,7 +39,9 @@ impl OpRule for Div {
             return Ok(over);
         };
         let tiny = Range::of(den.dtype()).tiny;
-        let lo = values(den)?.iter().fold(f64::INFINITY, |m, x| m.min(x.abs()));
+        let lo = values(den)?
+            .iter()
+            .fold(f64::INFINITY, |m, x| m.min(x.abs()));
         let near = super::decades(lo.max(tiny) / tiny);
         Ok(Some(over.map_or(near, |o| o.min(near))))
     }
@@ -47,7 +49,11 @@ impl OpRule for Div {
     fn pressure(&self, v: &View) -> Result<Option<Tensor>> {
         match denominator(v) {
             Some(den) => Ok(Some(
-                den.to_dtype(DType::F32)?.flatten_all()?.abs()?.min(0)?.neg()?,
+                den.to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .abs()?
+                    .min(0)?
+                    .neg()?,
             )),
             None => super::overflow_pressure(v.output),
         }
@@ -63,7 +69,10 @@ impl OpRule for Div {
         };
         let out_t = cx.output(i);
         let out = values(out_t)?;
-        let (Some(a), Some(b)) = (cx.arg_values(&num_arg, out_t)?, cx.arg_values(&den_arg, out_t)?) else {
+        let (Some(a), Some(b)) = (
+            cx.arg_values(&num_arg, out_t)?,
+            cx.arg_values(&den_arg, out_t)?,
+        ) else {
             return Ok(None);
         };
         if !a.iter().chain(&b).all(|v| v.is_finite()) {
@@ -117,41 +126,42 @@ impl OpRule for Div {
                 sentence.push_str(&format!("; {}", z.why));
             }
             let read = arg_read(&den_arg);
-            return cx.explained(i, pattern, count, read.as_ref(), sentence, repair).map(Some);
+            return cx
+                .explained(i, pattern, count, read.as_ref(), sentence, repair)
+                .map(Some);
         }
-        if x_over > 0 && x_over == inf && nan == 0 {
-            let zero_at: Vec<bool> = b.iter().map(|&v| v == 0.0).collect();
+        if inf > 0 && nan == 0 {
+            // x/0, or x over a value so small the quotient overflows.
+            let r = Range::of(out_t.dtype());
+            let at: Vec<bool> = out.iter().map(|y| y.is_infinite()).collect();
+            let small = b
+                .iter()
+                .zip(&at)
+                .filter(|(_, &bad)| bad)
+                .fold(0f64, |m, (v, _)| m.max(v.abs()));
             let why = match den_arg {
-                Arg::Tensor(r) => cx.why_zero(&r, &zero_at)?,
+                Arg::Tensor(r) => cx.why_zero(&r, &at)?,
                 Arg::Scalar(_) => None,
             };
+            let size = if x_over == inf {
+                "exactly 0 there".to_string()
+            } else {
+                format!(
+                    "exactly 0 in {} of them and at most {} in magnitude in all, where the quotient passes {}'s largest value {}",
+                    x_over,
+                    num(small),
+                    r.name(),
+                    num(r.max)
+                )
+            };
             let mut sentence = format!(
-                "{subject} divides {} of {} by {den_name}, which is exactly 0 there: x/0 = ±inf",
-                counted(x_over, "value"),
+                "{subject} divides {} of {} by {den_name}, which is {size}: ±inf",
+                counted(inf, "value"),
                 cx.arg_name(&num_arg)?
             );
             if let Some(z) = why {
                 sentence.push_str(&format!("; {}", z.why));
             }
-            let read = arg_read(&den_arg);
-            return cx
-                .explained(i, Pattern::DivisionByZero, x_over, read.as_ref(), sentence, eps_repair)
-                .map(Some);
-        }
-        if inf > 0 && nan == 0 {
-            let r = Range::of(out_t.dtype());
-            let small = b
-                .iter()
-                .zip(&out)
-                .filter(|(_, y)| y.is_infinite())
-                .fold(f64::INFINITY, |m, (v, _)| m.min(v.abs()));
-            let sentence = format!(
-                "{subject} divides by {den_name}, as small as {} in magnitude where the quotient passes {}'s largest value {}: ±inf in {}",
-                num(small),
-                r.name(),
-                num(r.max),
-                counted(inf, "value")
-            );
             let read = arg_read(&den_arg);
             return cx
                 .explained(i, Pattern::DivisionByZero, inf, read.as_ref(), sentence, eps_repair)
@@ -194,7 +204,10 @@ fn denominator_text(cx: &Cx, i: usize) -> Option<String> {
 /// How many rows (the last dimension) of `out` hold a flagged position.
 fn zero_rows_of(out: &Tensor, flagged: &[bool]) -> usize {
     let width = (*out.dims().last().unwrap_or(&1)).max(1);
-    flagged.chunks(width).filter(|r| r.iter().any(|&f| f)).count()
+    flagged
+        .chunks(width)
+        .filter(|r| r.iter().any(|&f| f))
+        .count()
 }
 
 /// x[i+1] / x[i] along a dimension: numerator and denominator are slices

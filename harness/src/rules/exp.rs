@@ -57,7 +57,10 @@ impl OpRule for Exp {
         if over.is_empty() || over.len() != infinite {
             return Ok(None);
         }
-        let top = over.iter().map(|&k| xs[k]).fold(f64::NEG_INFINITY, f64::max);
+        let top = over
+            .iter()
+            .map(|&k| xs[k])
+            .fold(f64::NEG_INFINITY, f64::max);
         let (subject, name) = (cx.subject(i), cx.name(&x)?);
         let n = counted(over.len(), "value");
         let mut pattern = Pattern::ExpOverflow;
@@ -84,7 +87,8 @@ impl OpRule for Exp {
                         .iter()
                         .filter_map(|&p| zs.get(p).copied())
                         .fold(f64::NEG_INFINITY, |m, v| m.max(v * k.signum()));
-                    if peak.is_finite() && peak.abs() * k.abs() > r.ln_max && peak.abs() <= r.ln_max {
+                    if peak.is_finite() && peak.abs() * k.abs() > r.ln_max && peak.abs() <= r.ln_max
+                    {
                         pattern = Pattern::ExpOfScaledInput;
                         sentence = format!(
                             "{subject} takes exp of {n} of {} past {:.1} = ln of {}'s largest value: {} scales {} (at most {} there, inside the range) by {}, so the exp reads up to {}: +inf",
@@ -104,7 +108,11 @@ impl OpRule for Exp {
                 sentence.push_str(&format!(
                     "; {} negates {}, which goes below −{:.1} there",
                     cx.name_of(j),
-                    cx.reads(j).first().map(|z| cx.name(z)).transpose()?.unwrap_or_default(),
+                    cx.reads(j)
+                        .first()
+                        .map(|z| cx.name(z))
+                        .transpose()?
+                        .unwrap_or_default(),
                     r.ln_max
                 ));
             }
@@ -113,7 +121,11 @@ impl OpRule for Exp {
         for j in cx.g.consumers(i) {
             match cx.kind(j) {
                 Some(OpKind::Reduce) => {
-                    if let Some(l) = cx.g.consumers(j).into_iter().find(|&l| cx.kind(l) == Some(OpKind::Log)) {
+                    if let Some(l) =
+                        cx.g.consumers(j)
+                            .into_iter()
+                            .find(|&l| cx.kind(l) == Some(OpKind::Log))
+                    {
                         pattern = Pattern::LogOfOverflowedExp;
                         sentence.push_str(&format!(
                             "; {} sums it and {} takes the log: a logsumexp without its max subtracted",
@@ -124,7 +136,8 @@ impl OpRule for Exp {
                         break;
                     }
                     if let Some(d) = cx.g.consumers(j).into_iter().find(|&d| {
-                        cx.kind(d) == Some(OpKind::Div) && cx.reads(d).first().is_some_and(|a| a.from == Some(i))
+                        cx.kind(d) == Some(OpKind::Div)
+                            && cx.reads(d).first().is_some_and(|a| a.from == Some(i))
                     }) {
                         sentence.push_str(&format!(
                             "; {} divides it by its own sum: a softmax without the max subtracted",
@@ -136,7 +149,10 @@ impl OpRule for Exp {
                 }
                 Some(OpKind::Add) if cx.g.scalars(j).contains(&1.0) => {
                     let next = cx.g.consumers(j);
-                    if next.iter().any(|&k| cx.site(k).is_some_and(|s| s.op == "recip")) {
+                    if next
+                        .iter()
+                        .any(|&k| cx.site(k).is_some_and(|s| s.op == "recip"))
+                    {
                         sentence.push_str(&format!(
                             "; {} and its reciprocal make a sigmoid by hand, 1/(1 + exp(−h))",
                             cx.name_of(j)
@@ -147,12 +163,14 @@ impl OpRule for Exp {
                             "; {} and a log make a softplus by hand, log(1 + exp(x))",
                             cx.name_of(j)
                         ));
-                        repair = "a softplus that cannot overflow: relu(x) + log(1 + exp(−|x|))".into();
+                        repair =
+                            "a softplus that cannot overflow: relu(x) + log(1 + exp(−|x|))".into();
                     }
                 }
                 _ => {}
             }
         }
-        cx.explained(i, pattern, over.len(), Some(&x), sentence, repair).map(Some)
+        cx.explained(i, pattern, over.len(), Some(&x), sentence, repair)
+            .map(Some)
     }
 }

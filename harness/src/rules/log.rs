@@ -78,7 +78,12 @@ impl OpRule for Log {
         if negative > 0 && negative == nan {
             let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
             let sign = match cx.maker_through_views(&x)? {
-                Some((_, k)) if matches!(k, OpKind::Layer | OpKind::Linear | OpKind::Matmul | OpKind::Sub | OpKind::Add) => {
+                Some((_, k))
+                    if matches!(
+                        k,
+                        OpKind::Layer | OpKind::Linear | OpKind::Matmul | OpKind::Sub | OpKind::Add
+                    ) =>
+                {
                     format!(" ({} is a {k}, which takes either sign)", name)
                 }
                 _ => String::new(),
@@ -103,7 +108,13 @@ impl OpRule for Log {
 
 /// A log of exact zeros of `x`, told by what made them and by a product
 /// after it that multiplies the −inf by 0.
-fn log_of_zeros(cx: &Cx, i: usize, x: &crate::models::graph::Read, at: &[bool], zeros: usize) -> Result<Explanation> {
+fn log_of_zeros(
+    cx: &Cx,
+    i: usize,
+    x: &crate::models::graph::Read,
+    at: &[bool],
+    zeros: usize,
+) -> Result<Explanation> {
     let subject = cx.subject(i);
     let name = cx.name(x)?;
     let why = cx.why_zero(x, at)?;
@@ -138,7 +149,7 @@ fn log_of_zeros(cx: &Cx, i: usize, x: &crate::models::graph::Read, at: &[bool], 
         sentence.push_str(&format!(
             "; then {} multiplies that −inf by 0 in {}: 0·(−inf) = NaN",
             cx.subject(j),
-            counted(n, "entry")
+            counted(n, "value")
         ));
         if pattern == Pattern::LogOfZero || pattern == Pattern::LogOfUnderflowedSoftmax {
             pattern = Pattern::ZeroTimesLogOfZero;
@@ -168,11 +179,7 @@ fn zero_factor_after(cx: &Cx, i: usize, at: &[bool]) -> Result<Option<(usize, us
             let Some(o) = super::walk::aligned(other.tensor, cx.output(i))? else {
                 continue;
             };
-            let n = o
-                .iter()
-                .zip(at)
-                .filter(|&(&v, &z)| z && v == 0.0)
-                .count();
+            let n = o.iter().zip(at).filter(|&(&v, &z)| z && v == 0.0).count();
             if n > 0 {
                 return Ok(Some((j, n)));
             }

@@ -93,6 +93,12 @@ pub trait OpRule: Sync {
         None
     }
 
+    /// Whether token models search it by padding a row (its unsafe point is
+    /// which positions a mask covers, and padding is what masks them).
+    fn by_padding(&self) -> bool {
+        false
+    }
+
     /// Whether its unsafe point is a 0 that a row of zeros reaches (the
     /// hunt also tries the smallest row zeroed).
     fn at_zero(&self) -> bool {
@@ -140,6 +146,11 @@ pub static RULES: &[&dyn OpRule] = &[
 /// The rule of `kind`, if it has one.
 pub fn rule(kind: OpKind) -> Option<&'static dyn OpRule> {
     RULES.iter().copied().find(|r| r.kinds().contains(&kind))
+}
+
+/// The rule whose name is `id`.
+pub fn by_id(id: &str) -> Option<&'static dyn OpRule> {
+    RULES.iter().copied().find(|r| r.id() == id)
 }
 
 /// The rule of an op of `kind` computing in `dtype`, if it is risky there.
@@ -265,9 +276,7 @@ fn overflow_margin(y: &Tensor) -> Result<Option<f64>> {
 
 /// The pressure toward an overflow: the largest magnitude of `y`.
 fn overflow_pressure(y: &Tensor) -> Result<Option<Tensor>> {
-    Ok(Some(
-        y.to_dtype(DType::F32)?.flatten_all()?.abs()?.max(0)?,
-    ))
+    Ok(Some(y.to_dtype(DType::F32)?.flatten_all()?.abs()?.max(0)?))
 }
 
 /// Whether `t` holds a non-finite value.

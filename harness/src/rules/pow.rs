@@ -29,14 +29,23 @@ impl OpRule for Pow {
 
     fn margin(&self, v: &View) -> Result<Option<f64>> {
         // An integer power of 1 or more has no unsafe point at 0.
-        if v.scalars.first().is_some_and(|p| *p >= 1.0 && p.fract() == 0.0) {
+        if v.scalars
+            .first()
+            .is_some_and(|p| *p >= 1.0 && p.fract() == 0.0)
+        {
             return super::overflow_margin(v.output);
         }
         root_margin(v.output)
     }
 
     fn pressure(&self, v: &View) -> Result<Option<Tensor>> {
-        Ok(Some(v.output.to_dtype(DType::F32)?.flatten_all()?.min(0)?.neg()?))
+        Ok(Some(
+            v.output
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .min(0)?
+                .neg()?,
+        ))
     }
 
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {

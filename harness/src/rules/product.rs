@@ -50,11 +50,12 @@ impl OpRule for Product {
             return Ok(None);
         }
         // 0 · ±inf: NaN where one factor is 0 and another infinite.
-        let zero_inf = |k: usize| {
-            vals.iter().any(|v| v[k] == 0.0) && vals.iter().any(|v| v[k].is_infinite())
-        };
+        let zero_inf =
+            |k: usize| vals.iter().any(|v| v[k] == 0.0) && vals.iter().any(|v| v[k].is_infinite());
         let nan = out.iter().filter(|v| v.is_nan()).count();
-        let n = (0..out.len()).filter(|&k| out[k].is_nan() && zero_inf(k)).count();
+        let n = (0..out.len())
+            .filter(|&k| out[k].is_nan() && zero_inf(k))
+            .count();
         if n > 0 && n == nan {
             let inf_arg = args
                 .iter()

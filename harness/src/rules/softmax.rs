@@ -30,6 +30,10 @@ impl OpRule for Softmax {
         Some("which positions a mask covers is not set by the input's values")
     }
 
+    fn by_padding(&self) -> bool {
+        true
+    }
+
     fn margin(&self, v: &View) -> Result<Option<f64>> {
         // How many positions are masked is no distance in decades.
         Ok(super::non_finite(v.output)?.then_some(0.0))
@@ -57,12 +61,19 @@ pub(super) fn masked_rows(cx: &Cx, i: usize) -> Result<Option<Explanation>> {
     let rows = xs.len() / width;
     let masked: Vec<usize> = (0..rows)
         .filter(|&r| {
-            let (xr, yr) = (&xs[r * width..(r + 1) * width], &out[r * width..(r + 1) * width]);
+            let (xr, yr) = (
+                &xs[r * width..(r + 1) * width],
+                &out[r * width..(r + 1) * width],
+            );
             xr.iter().all(|&v| v == f64::NEG_INFINITY) && yr.iter().any(|v| v.is_nan())
         })
         .collect();
     let bad_rows = (0..rows)
-        .filter(|&r| out[r * width..(r + 1) * width].iter().any(|v| !v.is_finite()))
+        .filter(|&r| {
+            out[r * width..(r + 1) * width]
+                .iter()
+                .any(|v| !v.is_finite())
+        })
         .count();
     if masked.is_empty() || masked.len() != bad_rows {
         return Ok(None);
@@ -76,7 +87,10 @@ pub(super) fn masked_rows(cx: &Cx, i: usize) -> Result<Option<Explanation>> {
     if let Some((j, kind)) = cx.maker_through_views(&x)? {
         match kind {
             OpKind::Select => {
-                how = format!("; {} fills every position of those rows with −inf", cx.name_of(j));
+                how = format!(
+                    "; {} fills every position of those rows with −inf",
+                    cx.name_of(j)
+                );
             }
             OpKind::Add | OpKind::Sub => {
                 pattern = Pattern::MaskInsideSoftmax;
@@ -109,5 +123,6 @@ pub(super) fn masked_rows(cx: &Cx, i: usize) -> Result<Option<Explanation>> {
         "{subject} takes a softmax over {} of {name} that are entirely −inf (every position masked): 0/0 = NaN{how}",
         counted(n, "row")
     );
-    cx.explained(i, pattern, n, Some(&x), sentence, repair).map(Some)
+    cx.explained(i, pattern, n, Some(&x), sentence, repair)
+        .map(Some)
 }

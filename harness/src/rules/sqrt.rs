@@ -34,7 +34,13 @@ impl OpRule for Sqrt {
     }
 
     fn pressure(&self, v: &View) -> Result<Option<Tensor>> {
-        Ok(Some(v.output.to_dtype(DType::F32)?.flatten_all()?.min(0)?.neg()?))
+        Ok(Some(
+            v.output
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .min(0)?
+                .neg()?,
+        ))
     }
 
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {
@@ -67,7 +73,11 @@ pub(super) fn negative(cx: &Cx, i: usize, what: &str) -> Result<Option<Explanati
     if xs.len() != out.len() {
         return Ok(None);
     }
-    let n = xs.iter().zip(&out).filter(|&(&a, b)| a < 0.0 && b.is_nan()).count();
+    let n = xs
+        .iter()
+        .zip(&out)
+        .filter(|&(&a, b)| a < 0.0 && b.is_nan())
+        .count();
     let nan = out.iter().filter(|v| v.is_nan()).count();
     if n == 0 || n != nan {
         return Ok(None);
@@ -118,9 +128,8 @@ pub(super) fn slope_at_zero(
     let (pattern, repair) = match why.as_ref().map(|z| z.cause) {
         Some(ZeroCause::ZeroRows) => (
             Pattern::RootOfReducedZero,
-            rewrite_with_eps(cx, i, &x).unwrap_or_else(|| {
-                "sqrt(sum(x²) + eps) instead of sqrt(sum(x²))".into()
-            }),
+            rewrite_with_eps(cx, i, &x)
+                .unwrap_or_else(|| "sqrt(sum(x²) + eps) instead of sqrt(sum(x²))".into()),
         ),
         _ => (
             Pattern::InfiniteSlopeAtZero,
@@ -137,7 +146,8 @@ pub(super) fn slope_at_zero(
     if let Some(z) = why {
         sentence.push_str(&format!("; {}", z.why));
     }
-    cx.explained(i, pattern, n, Some(&x), sentence, repair).map(Some)
+    cx.explained(i, pattern, n, Some(&x), sentence, repair)
+        .map(Some)
 }
 
 /// The op's own line with an eps added to what the root reads, where its
@@ -145,5 +155,7 @@ pub(super) fn slope_at_zero(
 fn rewrite_with_eps(cx: &Cx, i: usize, _x: &Read) -> Option<String> {
     let text = &cx.site(i)?.text;
     let recv = text.strip_suffix(".sqrt()")?;
-    Some(format!("add an eps under the root: `({recv} + 1e-8)?.sqrt()` instead of `{text}`"))
+    Some(format!(
+        "add an eps under the root: `({recv} + 1e-8)?.sqrt()` instead of `{text}`"
+    ))
 }

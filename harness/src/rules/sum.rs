@@ -73,7 +73,11 @@ impl OpRule for Sum {
                 )
                 .map(Some);
         }
-        let verb = if cx.kind(i) == Some(OpKind::Sub) { "subtracts" } else { "adds" };
+        let verb = if cx.kind(i) == Some(OpKind::Sub) {
+            "subtracts"
+        } else {
+            "adds"
+        };
         overflowed(cx, i, &vals, verb, "a sum")
     }
 }

@@ -188,12 +188,7 @@ impl<'g, 'r> Cx<'g, 'r> {
     /// at model.rs:12:9" (or the stage's name).
     pub fn subject(&self, i: usize) -> String {
         match self.site(i) {
-            Some(s) => format!(
-                "the {} `{}` at {}",
-                s.op,
-                s.short_text(60),
-                s.location()
-            ),
+            Some(s) => format!("the {} `{}` at {}", s.op, s.short_text(60), s.location()),
             None => format!("`{}`", self.g.records[i].name),
         }
     }
@@ -224,6 +219,18 @@ impl<'g, 'r> Cx<'g, 'r> {
                 },
                 None => return Ok(None),
             },
+            OpKind::Sigmoid => {
+                let z = reads.first().map(|z| values(z.tensor)).transpose()?.unwrap_or_default();
+                let lo = z.iter().copied().fold(f64::INFINITY, f64::min);
+                Zero {
+                    why: format!(
+                        "{name} is a sigmoid, which rounds to exactly 0 in {} for logits this low (down to {})",
+                        Range::of(self.output(j).dtype()).name(),
+                        num(lo)
+                    ),
+                    cause: ZeroCause::SaturatedGate(reads.first().and_then(|r| r.from)),
+                }
+            }
             OpKind::Sub => match saturated_gate(self, j)? {
                 Some(g) => Zero {
                     why: g.0,
@@ -246,6 +253,17 @@ impl<'g, 'r> Cx<'g, 'r> {
         };
         let _ = at;
         Ok(Some(zero))
+    }
+}
+
+/// An op's method, function or operator as a noun (`*` is a product).
+pub fn op_word(op: &str) -> &str {
+    match op {
+        "+" => "sum",
+        "-" => "difference",
+        "*" => "product",
+        "/" => "quotient",
+        other => other,
     }
 }
 
