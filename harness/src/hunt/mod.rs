@@ -197,8 +197,7 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         owners.insert(at.clone(), Owner::of(&found.finding));
         status.entry(at.clone()).or_insert(trigger);
         if at != t.stage && !status.contains_key(&t.stage) {
-            let why = format!("its search fired `{at}` first");
-            status.insert(t.stage.clone(), RiskStatus::NotSearched { why });
+            status.insert(t.stage.clone(), RiskStatus::FiredElsewhere { first: at });
         }
     }
     drift(case, &ground, opts, &targets, &mut status)?;

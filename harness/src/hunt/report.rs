@@ -71,6 +71,9 @@ pub enum RiskStatus {
     NoTokenTrigger { swaps: usize },
     /// The stage could not be searched (and why).
     NotSearched { why: String },
+    /// Searched: its candidates fired another op first (credited there),
+    /// and none of its own within the bound.
+    FiredElsewhere { first: String },
 }
 
 /// How a trigger was found, and what replays it.
@@ -181,6 +184,10 @@ impl RiskReport {
                         String::new(),
                     ),
                     RiskStatus::NotSearched { why } => (format!("not searched: {why}"), String::new()),
+                    RiskStatus::FiredElsewhere { first } => (
+                        format!("searched: its candidates fired `{first}` first"),
+                        String::new(),
+                    ),
                 };
                 let at = match &s.site {
                     Some(site) => format!(" (`{}`, {}:{})", site.short_text(40), site.file, site.line),

@@ -164,7 +164,14 @@ impl OpRule for Div {
             }
             let read = arg_read(&den_arg);
             return cx
-                .explained(i, Pattern::DivisionByZero, inf, read.as_ref(), sentence, eps_repair)
+                .explained(
+                    i,
+                    Pattern::DivisionByZero,
+                    inf,
+                    read.as_ref(),
+                    sentence,
+                    eps_repair,
+                )
                 .map(Some);
         }
         Ok(None)

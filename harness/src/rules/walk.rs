@@ -120,7 +120,11 @@ impl<'g, 'r> Cx<'g, 'r> {
             let Some(kind) = self.kind(j) else {
                 return Ok(None);
             };
-            if kind != OpKind::View || self.site(j).is_none() {
+            // Adding an eps of 0 changes no value: look through it too.
+            let adds_zero = matches!(kind, OpKind::Add | OpKind::Sub)
+                && self.g.scalars(j) == [0.0]
+                && self.reads(j).len() == 1;
+            if (kind != OpKind::View && !adds_zero) || self.site(j).is_none() {
                 return Ok(Some((j, kind)));
             }
             let reads = self.reads(j);
@@ -188,7 +192,12 @@ impl<'g, 'r> Cx<'g, 'r> {
     /// at model.rs:12:9" (or the stage's name).
     pub fn subject(&self, i: usize) -> String {
         match self.site(i) {
-            Some(s) => format!("the {} `{}` at {}", s.op, s.short_text(60), s.location()),
+            Some(s) => format!(
+                "the {} `{}` at {}",
+                op_word(&s.op),
+                s.short_text(60),
+                s.location()
+            ),
             None => format!("`{}`", self.g.records[i].name),
         }
     }
@@ -204,6 +213,10 @@ impl<'g, 'r> Cx<'g, 'r> {
         };
         let name = self.name_of(j);
         let reads = self.reads(j);
+        let gate = match kind {
+            OpKind::Sub | OpKind::Mul => saturated_gate(self, j)?,
+            _ => None,
+        };
         let zero = match kind {
             OpKind::Activation if self.site(j).is_some_and(|s| s.op == "relu") => Zero {
                 why: format!("{name} is a ReLU, 0 wherever its input is at or below 0"),
@@ -220,7 +233,11 @@ impl<'g, 'r> Cx<'g, 'r> {
                 None => return Ok(None),
             },
             OpKind::Sigmoid => {
-                let z = reads.first().map(|z| values(z.tensor)).transpose()?.unwrap_or_default();
+                let z = reads
+                    .first()
+                    .map(|z| values(z.tensor))
+                    .transpose()?
+                    .unwrap_or_default();
                 let lo = z.iter().copied().fold(f64::INFINITY, f64::min);
                 Zero {
                     why: format!(
@@ -231,15 +248,17 @@ impl<'g, 'r> Cx<'g, 'r> {
                     cause: ZeroCause::SaturatedGate(reads.first().and_then(|r| r.from)),
                 }
             }
-            OpKind::Sub => match saturated_gate(self, j)? {
-                Some(g) => Zero {
-                    why: g.0,
-                    cause: ZeroCause::SaturatedGate(g.1),
-                },
-                None => Zero {
-                    why: format!("{name} subtracts equal values there"),
-                    cause: ZeroCause::Other,
-                },
+            // 1 − g (or g·(−1) + 1) of a gate that rounded to 1.
+            OpKind::Sub | OpKind::Mul if gate.is_some() => {
+                let (why, logits) = gate.expect("matched");
+                Zero {
+                    why,
+                    cause: ZeroCause::SaturatedGate(logits),
+                }
+            }
+            OpKind::Sub => Zero {
+                why: format!("{name} subtracts equal values there"),
+                cause: ZeroCause::Other,
             },
             OpKind::Sqrt | OpKind::Reduce => match zero_rows(self, j)? {
                 Some(z) => z,
@@ -323,7 +342,13 @@ pub fn underflow(cx: &Cx, z: &Read) -> Result<Option<String>> {
 /// `1 − g` (op `j`, a subtraction of a gate from 1) where `g` is a sigmoid
 /// that rounded to exactly 1: the words, and the gate's logits' record.
 fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> {
-    if !cx.g.scalars(j).contains(&1.0) {
+    // 1 − g, or g·(−1) + 1 (`affine(-1.0, 1.0)`).
+    let one_minus = match cx.site(j).map(|s| s.op.as_str()) {
+        Some("affine") => cx.g.scalars(j) == [-1.0, 1.0],
+        Some("-") => matches!(cx.args(j).first(), Some(Arg::Scalar(v)) if *v == 1.0),
+        _ => false,
+    };
+    if !one_minus {
         return Ok(None);
     }
     let reads = cx.reads(j);
@@ -350,10 +375,11 @@ fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> 
         .filter(|_| kind == OpKind::Sigmoid);
     Ok(Some((
         format!(
-            "{} is 1 − {}, a sigmoid that rounds to exactly 1 in {} for logits above {edge:.1}: {ones} of its values are 1, so 1 − it is 0 there",
+            "{} is 1 − {}, a sigmoid that rounds to exactly 1 in {} for logits above {edge:.1}: it is exactly 1 in {}, so 1 − it is 0 there",
             cx.name_of(j),
             cx.name_of(k),
-            dt.name()
+            dt.name(),
+            counted(ones, "value")
         ),
         logits,
     )))
@@ -369,7 +395,7 @@ fn zero_rows(cx: &Cx, j: usize) -> Result<Option<Zero>> {
         let Some(r) = cx.reads(at).first().copied() else {
             return Ok(None);
         };
-        let Some(k) = cx.maker(&r)? else {
+        let Some((k, _)) = cx.maker_through_views(&r)? else {
             return Ok(None);
         };
         at = k;

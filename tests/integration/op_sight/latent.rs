@@ -1,1 +1,352 @@
-//! (filled below)
+//! The hunt suite's latent bugs written with `#[nanhunt::instrument]` and
+//! nothing declared: each trains stably on its data, the hunt triggers it
+//! at its op and line (a risky op of the instrumented code, found without
+//! a declared kind), its reproducer replays with the finding at that op,
+//! explained; the repaired code gives no trigger within the same bound.
+
+use super::*;
+use candle_core::{Module, D};
+use nanhunt::explain::Pattern as P;
+
+const FILE: &str = "tests/integration/op_sight/latent.rs";
+
+/// 1 / (1 + exp(-h)), written by hand.
+#[nanhunt::instrument]
+fn sigmoid_by_hand(h: &Tensor) -> candle_core::Result<Tensor> {
+    (h.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// log(1 + exp(-|h|)) + relu(h): softplus without overflow.
+#[nanhunt::instrument]
+fn softplus(h: &Tensor) -> candle_core::Result<Tensor> {
+    (h.abs()?.neg()?.exp()? + 1.0)?.log()? + h.relu()?
+}
+
+// log(1 − σ(h)) with a hand-written sigmoid: σ rounds to 1, log 0.
+#[nanhunt::instrument]
+fn log_one_minus_sigmoid(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let p = sigmoid_by_hand(&h)?;
+    let h = p.affine(-1.0, 1.0)?.log()?; // BUG: log_one_minus_sigmoid
+    n.fc2.forward(&h.relu()?)
+}
+
+#[nanhunt::instrument]
+fn log_one_minus_sigmoid_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let h = softplus(&h)?.neg()?;
+    n.fc2.forward(&h.relu()?)
+}
+
+// log(softmax(z)): the softmax underflows to 0 for large logit gaps.
+#[nanhunt::instrument]
+fn log_of_softmax(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let z = (n.fc2.forward(&h.relu()?)? * 3.0)?;
+    let p = candle_nn::ops::softmax(&z, D::Minus1)?;
+    p.log() // BUG: log_of_softmax
+}
+
+#[nanhunt::instrument]
+fn log_of_softmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let z = (n.fc2.forward(&h.relu()?)? * 3.0)?;
+    candle_nn::ops::log_softmax(&z, D::Minus1)
+}
+
+// A free energy −log Σ exp(−E) summed as written: exp overflows.
+#[nanhunt::instrument]
+fn free_energy(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let e = (h.neg()? * 4.0)?.exp()?; // BUG: free_energy
+    let f = e.sum_keepdim(D::Minus1)?.log()?;
+    n.fc2.forward(&h.broadcast_add(&f)?.relu()?)
+}
+
+#[nanhunt::instrument]
+fn free_energy_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let f = (h.neg()? * 4.0)?.log_sum_exp(D::Minus1)?.unsqueeze(1)?;
+    n.fc2.forward(&h.broadcast_add(&f)?.relu()?)
+}
+
+// A softmax over pixels without the max subtracted: exp overflows.
+#[nanhunt::instrument]
+fn pixel_softmax(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let e = (h * 4.0)?.exp()?; // BUG: pixel_softmax
+    let a = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    n.fc2.forward(&a.relu()?)
+}
+
+#[nanhunt::instrument]
+fn pixel_softmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let a = candle_nn::ops::softmax(&(h * 4.0)?, D::Minus1)?;
+    n.fc2.forward(&a.relu()?)
+}
+
+// log of a group's variance: every unit of the group off, variance 0.
+#[nanhunt::instrument]
+fn log_variance(n: &Net, x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let g = h.narrow(1, 0, 6)?;
+    let g = (g + 1.0)?.relu()?;
+    let mean = g.mean_keepdim(D::Minus1)?;
+    let var = g.broadcast_sub(&mean)?.sqr()?.mean_keepdim(D::Minus1)?;
+    let lv = (var + eps)?.log()?; // BUG: log_variance
+    n.fc2.forward(&h.broadcast_add(&lv)?.relu()?)
+}
+
+fn log_variance_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    log_variance(n, x, 0.0)
+}
+
+fn log_variance_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    log_variance(n, x, 1e-5)
+}
+
+// x / RMS(x) without an eps: an all-zero sample is 0/0.
+#[nanhunt::instrument]
+fn rms(n: &Net, x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let rms = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    let xn = x.broadcast_div(&rms)?; // BUG: rms_without_eps
+    n.fc2.forward(&n.fc1.forward(&xn)?.relu()?)
+}
+
+fn rms_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    rms(n, x, 0.0)
+}
+
+fn rms_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    rms(n, x, 1e-6)
+}
+
+#[nanhunt::instrument]
+fn plain(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    n.fc2.forward(&n.fc1.forward(x)?.relu()?)
+}
+
+// A Poisson NLL on log-rates written as exp(z) − t·z: exp overflows.
+#[nanhunt::instrument]
+fn poisson(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let rate = z.exp()?; // BUG: poisson
+    (rate - (t * z)?)?.mean_all()
+}
+
+// The rate kept in log space past 10: exp(10 + ln(1 + (z − 10))).
+#[nanhunt::instrument]
+fn poisson_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let capped = z.clamp(-30.0, 10.0)?;
+    let rate = (capped.exp()? * ((z - &capped)?.relu()? + 1.0)?)?;
+    (rate - (t * z)?)?.mean_all()
+}
+
+// A BCE by hand, −t·log σ − (1−t)·log(1−σ): log of 0.
+#[nanhunt::instrument]
+fn bce(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let p = sigmoid_by_hand(z)?;
+    let lp = p.log()?;
+    let l1p = p.affine(-1.0, 1.0)?.log()?; // BUG: bce
+    ((t * lp)? + (t.affine(-1.0, 1.0)? * l1p)?)?
+        .neg()?
+        .mean_all()
+}
+
+#[nanhunt::instrument]
+fn bce_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let lp = softplus(&z.neg()?)?.neg()?;
+    let l1p = softplus(z)?.neg()?;
+    ((t * lp)? + (t.affine(-1.0, 1.0)? * l1p)?)?
+        .neg()?
+        .mean_all()
+}
+
+/// A bag-of-tokens classifier whose softmax over its class scores is
+/// written by hand, with no max subtracted.
+struct BagOfTokens {
+    embed: candle_nn::Embedding,
+    head: Linear,
+    fixed: bool,
+}
+
+impl Model for BagOfTokens {
+    #[nanhunt::instrument]
+    fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+        let e = self.embed.forward(x)?;
+        let z = (self.head.forward(&e.sum(1)?)?.relu()? * 3.0)?;
+        if self.fixed {
+            return candle_nn::ops::log_softmax(&z, D::Minus1);
+        }
+        let ez = z.exp()?; // BUG: bag_of_tokens
+        let p = ez.broadcast_div(&ez.sum_keepdim(D::Minus1)?)?;
+        p.log()
+    }
+}
+
+fn bag_of_tokens(fixed: bool) -> impl ModelFactory {
+    move |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(BagOfTokens {
+            embed: candle_nn::embedding(32, 8, vb.pp("embed"))?,
+            head: linear(8, 4, vb.pp("head"))?,
+            fixed,
+        }))
+    }
+}
+
+fn hunt_case(name: &str) -> Case {
+    let mut c = vector(name);
+    c.steps = 20;
+    c.batch_size = 8;
+    c
+}
+
+fn want(kind: OpKind, marker: &'static str, pattern: P, quote: &'static str) -> Expect {
+    Expect {
+        phase: Phase::Forward,
+        kind,
+        marker,
+        pattern,
+        quote,
+    }
+}
+
+/// What is wrong with one latent bug: its data must not fire it, the hunt
+/// must, at its op; its fix must hold under the same hunt.
+fn check(
+    case: &Case,
+    (bug, fixed): (&dyn ModelFactory, &dyn ModelFactory),
+    (run_bug, run_fixed): (&RunOptions, &RunOptions),
+    want: &Expect,
+) -> Option<String> {
+    if let Some(e) = stable(case, bug, run_bug) {
+        return Some(format!("{}: the data fires it: {e}", want.marker));
+    }
+    mishunted(case, bug, run_bug, want, FILE)
+        .or_else(|| stable(case, fixed, run_fixed))
+        .or_else(|| quiet_hunt(case, fixed, run_fixed))
+}
+
+#[test]
+fn the_hunt_triggers_each_latent_bug_at_its_op_with_nothing_declared() {
+    use OpKind as K;
+    let shape = Shape { head_in: 16, ..MLP };
+    let bugs: Vec<(&str, Fwd, Fwd, Expect)> = vec![
+        (
+            "log_one_minus_sigmoid",
+            log_one_minus_sigmoid,
+            log_one_minus_sigmoid_fixed,
+            want(
+                K::Log,
+                "log_one_minus_sigmoid",
+                P::SaturatedGate,
+                "rounds to exactly 1",
+            ),
+        ),
+        (
+            "log_of_softmax",
+            log_of_softmax,
+            log_of_softmax_fixed,
+            want(
+                K::Log,
+                "log_of_softmax",
+                P::LogOfUnderflowedSoftmax,
+                "is a softmax that underflowed",
+            ),
+        ),
+        (
+            "free_energy",
+            free_energy,
+            free_energy_fixed,
+            want(
+                K::Exp,
+                "free_energy",
+                P::LogOfOverflowedExp,
+                "a logsumexp without its max",
+            ),
+        ),
+        (
+            "pixel_softmax",
+            pixel_softmax,
+            pixel_softmax_fixed,
+            want(
+                K::Exp,
+                "pixel_softmax",
+                P::ExpOfScaledInput,
+                "a softmax without the max subtracted",
+            ),
+        ),
+        (
+            "log_variance",
+            log_variance_bug,
+            log_variance_fixed,
+            want(
+                K::Log,
+                "log_variance",
+                P::LogOfZero,
+                "standard deviation is exactly 0",
+            ),
+        ),
+        (
+            "rms_without_eps",
+            rms_bug,
+            rms_fixed,
+            want(
+                K::Div,
+                "rms_without_eps",
+                P::ZeroNormRow,
+                "rows are all zeros",
+            ),
+        ),
+    ];
+    let run = RunOptions::default();
+    let mut failures = Vec::new();
+    for (name, bug, fixed, want) in &bugs {
+        let case = hunt_case(name);
+        let (b, f) = (net(shape, *bug), net(shape, *fixed));
+        failures.extend(check(&case, (&b, &f), (&run, &run), want));
+    }
+    let losses: Vec<(&str, LossFn, LossFn, TargetKind, Expect)> = vec![
+        (
+            "poisson",
+            poisson,
+            poisson_fixed,
+            TargetKind::Counts,
+            want(K::Exp, "poisson", P::ExpOverflow, "above 88.7"),
+        ),
+        (
+            "bce_by_hand",
+            bce,
+            bce_fixed,
+            TargetKind::Binary,
+            want(K::Log, "bce", P::SaturatedGate, "rounds to exactly 1"),
+        ),
+    ];
+    for (name, bug, fixed, targets, want) in &losses {
+        let case = custom_loss(hunt_case(name), name, *targets);
+        let (rb, rf) = (
+            opts(Some(&(Arc::new(*bug) as Arc<dyn UserLoss>))),
+            opts(Some(&(Arc::new(*fixed) as Arc<dyn UserLoss>))),
+        );
+        let p = net(shape, plain);
+        failures.extend(check(&case, (&p, &p), (&rb, &rf), want));
+    }
+    let mut tokens = hunt_case("bag_of_tokens");
+    tokens.model = ModelSpec::Custom(CustomSpec::new(
+        "bag_of_tokens",
+        InputSpec::Tokens {
+            seq_len: 16,
+            vocab: 32,
+        },
+        4,
+    ));
+    let (b, f) = (bag_of_tokens(false), bag_of_tokens(true));
+    let want_tokens = want(
+        K::Exp,
+        "bag_of_tokens",
+        P::ExpOfScaledInput,
+        "a softmax without the max subtracted",
+    );
+    failures.extend(check(&tokens, (&b, &f), (&run, &run), &want_tokens));
+    all_hold("latent bugs", bugs.len() + losses.len() + 1, failures);
+}

@@ -31,6 +31,9 @@ use std::sync::Arc;
 /// A forward pass over two linear layers (the bug's or its fix's).
 pub type Fwd = fn(&Net, &Tensor) -> candle_core::Result<Tensor>;
 
+/// A user's loss of logits and targets (the bug's or its fix's).
+pub type LossFn = fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>;
+
 /// Two linear layers and the forward pass that uses them: the same names,
 /// so a bug and its fix start from the same weights.
 pub struct Net {
@@ -236,6 +239,8 @@ pub fn mishunted(
     file: &str,
 ) -> Option<String> {
     let (report, out) = hunted(case, factory, run);
+    // `cargo test op_sight -- --nocapture` prints each report.
+    println!("{}", report.to_markdown());
     let line = marked_line(file, want.marker).expect("the bug's line is marked");
     let at = report.stages.iter().find(|s| {
         matches!(s.status, RiskStatus::Triggered(_))

@@ -378,8 +378,6 @@ fn expect(
     }
 }
 
-type LossFn = fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>;
-
 fn losses(bug: LossFn, fixed: LossFn) -> Option<(Arc<dyn UserLoss>, Arc<dyn UserLoss>)> {
     Some((Arc::new(bug), Arc::new(fixed)))
 }
@@ -568,7 +566,13 @@ fn suite() -> Vec<Bug> {
             bce,
             bce_fixed,
             TargetKind::Labels,
-            expect(F, K::Log, "bce", P::SaturatedGate, "is a sigmoid, which rounds to exactly 0"),
+            expect(
+                F,
+                K::Log,
+                "bce",
+                P::SaturatedGate,
+                "is a sigmoid, which rounds to exactly 0",
+            ),
         ),
         loss_bug(
             "kl",
