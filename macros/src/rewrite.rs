@@ -342,13 +342,26 @@ fn literal(e: &Expr) -> Option<TokenStream> {
 /// and `::`, before `(`, `?`, `,` and `)`, or after `(` and `&`.
 fn tidy(tokens: &str) -> String {
     let mut s = tokens.to_string();
+    // A call's parenthesis follows its name; an operator's operand keeps
+    // its space (`t * (a - b)`).
+    let mut joined = String::with_capacity(s.len());
+    let chars: Vec<char> = s.chars().collect();
+    for (k, &c) in chars.iter().enumerate() {
+        let call = c == ' '
+            && chars.get(k + 1) == Some(&'(')
+            && k > 0
+            && (chars[k - 1].is_alphanumeric() || matches!(chars[k - 1], '_' | '!' | '>' | ')'));
+        if !call {
+            joined.push(c);
+        }
+    }
+    s = joined;
     for (from, to) in [
         (" . ", "."),
         (" .", "."),
         (" :: ", "::"),
         (":: ", "::"),
         (" ::", "::"),
-        (" (", "("),
         ("( ", "("),
         (" )", ")"),
         (" ?", "?"),
@@ -381,5 +394,9 @@ mod tests {
         );
         assert_eq!(tidy("(h . sqr () ? + 1e-8) ?"), "(h.sqr()? + 1e-8)?");
         assert_eq!(tidy("x . broadcast_div (& rms)"), "x.broadcast_div(&rms)");
+        assert_eq!(
+            tidy("t * (t . log () ? - logp) ?"),
+            "t * (t.log()? - logp)?"
+        );
     }
 }

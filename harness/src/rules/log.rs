@@ -161,28 +161,53 @@ fn log_of_zeros(
     cx.explained(i, pattern, zeros, Some(x), sentence, repair)
 }
 
-/// A product right after op `i` whose other factor is 0 where `i` made
-/// −inf: the product's record and how many such entries.
+/// A product after op `i` (directly, or through sums and differences that
+/// keep its −inf) whose other factor is 0 where `i` made −inf: the
+/// product's record and how many such entries.
 fn zero_factor_after(cx: &Cx, i: usize, at: &[bool]) -> Result<Option<(usize, usize)>> {
-    for j in cx.g.consumers(i) {
-        if cx.kind(j) != Some(OpKind::Mul) {
+    let mut frontier = vec![i];
+    for _ in 0..3 {
+        let mut next = Vec::new();
+        for &k in &frontier {
+            for j in cx.g.consumers(k) {
+                match cx.kind(j) {
+                    Some(OpKind::Mul) => {
+                        if let Some(found) = times_zero(cx, j, k, i, at)? {
+                            return Ok(Some(found));
+                        }
+                    }
+                    Some(OpKind::Add | OpKind::Sub | OpKind::Neg | OpKind::View) => next.push(j),
+                    _ => {}
+                }
+            }
+        }
+        frontier = next;
+    }
+    Ok(None)
+}
+
+/// Whether the product `j` (reading `from`, which carries op `i`'s −inf)
+/// multiplies it by 0 where `i` made −inf.
+fn times_zero(
+    cx: &Cx,
+    j: usize,
+    from: usize,
+    i: usize,
+    at: &[bool],
+) -> Result<Option<(usize, usize)>> {
+    if !non_finite(cx.output(j))? || cx.output(from).dims() != cx.output(i).dims() {
+        return Ok(None);
+    }
+    for other in cx.reads(j) {
+        if other.from == Some(from) {
             continue;
         }
-        let out = cx.output(j);
-        if !non_finite(out)? {
+        let Some(o) = super::walk::aligned(other.tensor, cx.output(i))? else {
             continue;
-        }
-        for other in cx.reads(j) {
-            if other.from == Some(i) {
-                continue;
-            }
-            let Some(o) = super::walk::aligned(other.tensor, cx.output(i))? else {
-                continue;
-            };
-            let n = o.iter().zip(at).filter(|&(&v, &z)| z && v == 0.0).count();
-            if n > 0 {
-                return Ok(Some((j, n)));
-            }
+        };
+        let n = o.iter().zip(at).filter(|&(&v, &z)| z && v == 0.0).count();
+        if n > 0 {
+            return Ok(Some((j, n)));
         }
     }
     Ok(None)

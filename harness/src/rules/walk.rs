@@ -76,6 +76,9 @@ pub fn num(v: f64) -> String {
     if v == 0.0 || v.is_nan() || v.is_infinite() {
         return format!("{v}");
     }
+    if v.fract() == 0.0 && v.abs() < 1e6 {
+        return format!("{v}");
+    }
     if (1e-3..1e4).contains(&v.abs()) {
         let s = format!("{v:.4}");
         let s = s.trim_end_matches('0').trim_end_matches('.');
@@ -262,8 +265,61 @@ impl<'g, 'r> Cx<'g, 'r> {
             },
             OpKind::Sqrt | OpKind::Reduce => match zero_rows(self, j)? {
                 Some(z) => z,
+                None if kind == OpKind::Reduce => {
+                    let mut why = format!("{name} sums entries that are all 0 there");
+                    if let Some(inner) = reads
+                        .first()
+                        .map(|r| self.why_zero(r, &[]))
+                        .transpose()?
+                        .flatten()
+                    {
+                        why.push_str(&format!(" ({})", inner.why));
+                    }
+                    Zero {
+                        why,
+                        cause: ZeroCause::Other,
+                    }
+                }
                 None => return Ok(None),
             },
+            OpKind::Add if reads.len() == 2 => {
+                let mut parts = Vec::new();
+                for r in &reads {
+                    if let Some(inner) = self.why_zero(r, &[])? {
+                        parts.push(inner.why);
+                    }
+                }
+                if parts.is_empty() {
+                    return Ok(None);
+                }
+                Zero {
+                    why: format!(
+                        "{name} adds two terms that are both 0 there: {}",
+                        parts.join("; ")
+                    ),
+                    cause: ZeroCause::Other,
+                }
+            }
+            OpKind::Exp => {
+                let x = reads
+                    .first()
+                    .map(|r| values(r.tensor))
+                    .transpose()?
+                    .unwrap_or_default();
+                let masked = x.iter().filter(|&&v| v == f64::NEG_INFINITY).count();
+                let tiny = Range::of(self.output(j).dtype()).tiny.ln();
+                Zero {
+                    why: if masked > 0 {
+                        format!(
+                            "{name} is exp of −inf (a mask) in {}, exactly 0",
+                            counted(masked, "value")
+                        )
+                    } else {
+                        format!("{name} underflows to exactly 0 where its input is below {tiny:.1}")
+                    },
+                    cause: ZeroCause::Other,
+                }
+            }
             OpKind::Mul if self.g.scalars(j).is_empty() => Zero {
                 why: format!("{name} is a product that underflowed to 0 or has a zero factor"),
                 cause: ZeroCause::Other,

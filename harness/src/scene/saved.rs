@@ -228,7 +228,8 @@ impl SavedScene {
 
     /// The judgement of a replay of the scene's step: `actual` is what the
     /// step gave now, `now` the history after it. The loss is compared
-    /// bit for bit when both the recorded and the replayed step computed one.
+    /// bit for bit when both the recorded and the replayed step computed one
+    /// (a NaN as a NaN: the scene's JSON keeps no NaN's sign or payload).
     pub fn report(&self, actual: Option<Finding>, now: &Trace) -> ReplayReport {
         let before = self.scene.history.losses.len();
         let recorded_computed = self
@@ -239,7 +240,7 @@ impl SavedScene {
         let replayed = actual.as_ref().map_or(now, |f| &f.trace);
         let bit_identical = match (replayed.losses.last(), self.scene.recent_losses.last()) {
             (Some(a), Some(b)) if recorded_computed && replayed.losses.len() > before => {
-                Some(a.to_bits() == b.to_bits())
+                Some(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
             }
             _ => None,
         };

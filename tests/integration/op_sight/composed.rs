@@ -1,1 +1,527 @@
-//! (filled below)
+//! Bugs nobody in the other suites has, each a whole statement that
+//! composes several ops, written with `#[nanhunt::instrument]` and nothing
+//! declared: four inside custom losses, three in half precision, two that
+//! fire only in the backward pass, four latent (their training data never
+//! fires them: the hunt must). Each must be named at its op and line and
+//! explained; each fixed version gives no finding and no trigger.
+
+use super::*;
+use candle_core::{DType, Module, D};
+use nanhunt::explain::Pattern as P;
+
+const FILE: &str = "tests/integration/op_sight/composed.rs";
+
+#[nanhunt::instrument]
+fn logits(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    n.fc2.forward(&n.fc1.forward(x)?.relu()?)
+}
+
+#[nanhunt::instrument]
+fn sharp_logits(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    logits(n, x)? * 60.0
+}
+
+// 1. A focal loss by hand, −Σ t·(1 − p)²·log p: on sharp logits the
+// softmax underflows, log p is −inf, and a target's 0 makes it NaN.
+#[nanhunt::instrument]
+fn focal(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let p = candle_nn::ops::softmax(z, D::Minus1)?;
+    let w = (1.0 - &p)?.sqr()?;
+    let terms = ((t * &w)? * p.log()?)?; // BUG: focal
+    terms.sum(D::Minus1)?.neg()?.mean_all()
+}
+
+#[nanhunt::instrument]
+fn focal_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
+    let w = (1.0 - logp.exp()?)?.sqr()?;
+    ((t * &w)? * logp)?.sum(D::Minus1)?.neg()?.mean_all()
+}
+
+// 2. A cross-entropy with an entropy bonus, −Σ p·log p, by hand: latent
+// until the logits spread past what exp spans (p = 0, 0·log 0 = NaN).
+#[nanhunt::instrument]
+fn entropy_bonus(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
+    let xent = (t * &logp)?.sum(D::Minus1)?.neg()?.mean_all()?;
+    let p = candle_nn::ops::softmax(z, D::Minus1)?;
+    let entropy = (&p * p.log()?)?.sum(D::Minus1)?.neg()?.mean_all()?; // BUG: entropy
+    xent - (entropy * 0.1)?
+}
+
+#[nanhunt::instrument]
+fn entropy_bonus_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
+    let xent = (t * &logp)?.sum(D::Minus1)?.neg()?.mean_all()?;
+    let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?.mean_all()?;
+    xent - (entropy * 0.1)?
+}
+
+// 3. A KL divergence to the targets by hand, Σ t·(log t − log p), on
+// one-hot targets: log t is −inf where t is 0, and 0·(−inf) = NaN.
+#[nanhunt::instrument]
+fn kl_one_hot(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
+    let terms = (t * (t.log()? - logp)?)?; // BUG: kl_one_hot
+    terms.sum(D::Minus1)?.mean_all()
+}
+
+#[nanhunt::instrument]
+fn kl_one_hot_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
+    let terms = (t * ((t + 1e-12)?.log()? - logp)?)?;
+    terms.sum(D::Minus1)?.mean_all()
+}
+
+// 4. A Gaussian NLL by hand, log σ² + (t − μ)²/σ², with σ² = relu(z + 4):
+// latent until a logit falls below −4 (σ² = 0, log 0 = −inf).
+#[nanhunt::instrument]
+fn gaussian_nll(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let var = (z + 4.0)?.relu()?;
+    let mu = z.tanh()?;
+    let nll = (var.log()? + ((t - &mu)?.sqr()? / &var)?)?; // BUG: gaussian
+    nll.mean_all()
+}
+
+#[nanhunt::instrument]
+fn gaussian_nll_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
+    let var = ((z + 4.0)?.relu()? + 1e-3)?;
+    let mu = z.tanh()?;
+    (var.log()? + ((t - &mu)?.sqr()? / &var)?)?.mean_all()
+}
+
+// 5. A soft-argmax by hand at temperature 0.01 in f16: exp(100·h)
+// passes f16's range (ln 65504 = 11.1) at once.
+#[nanhunt::instrument]
+fn soft_argmax(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let e = (h * 100.0)?.exp()?; // BUG: soft_argmax
+    let w = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    n.fc2.forward(&w)
+}
+
+#[nanhunt::instrument]
+fn soft_argmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    n.fc2
+        .forward(&candle_nn::ops::softmax(&(h * 100.0)?, D::Minus1)?)
+}
+
+// 6. A squared distance to the batch's centroid in f16 on inputs of ~200:
+// the squares of the deviations pass 65504 (and their sum would).
+#[nanhunt::instrument]
+fn centroid_distance(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let d = h
+        .broadcast_sub(&h.mean_keepdim(0)?)?
+        .sqr()? // BUG: centroid
+        .sum_keepdim(D::Minus1)?;
+    // The distance's log as a feature beside the normalized activations.
+    let f = (h.broadcast_div(&(d.sqrt()? + 1.0)?)? / 16.0)?.broadcast_add(&(d + 1.0)?.log()?)?;
+    n.fc2.forward(&f)
+}
+
+#[nanhunt::instrument]
+fn centroid_distance_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let c = (h.broadcast_sub(&h.mean_keepdim(0)?)? / 64.0)?;
+    let d = c.sqr()?.sum_keepdim(D::Minus1)?;
+    n.fc2
+        .forward(&(h / 64.0)?.broadcast_div(&(d + 1e-3)?.sqrt()?)?)
+}
+
+// 7. An attention mask built in f32 as −1e9 and cast to f16, with the
+// off-by-one causal mask (j >= i): −1e9 is −inf in f16, and the first
+// position's row is all −inf.
+#[nanhunt::instrument]
+fn half_mask(n: &Net, x: &Tensor, fill: f32) -> candle_core::Result<Tensor> {
+    let q = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let scores = (q.matmul(&q.t()?)? / 2.0)?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { fill } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(m, (4, 4), x.device())?.to_dtype(scores.dtype())?; // BUG: half_mask
+    let w = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
+    n.fc2.forward(&w.matmul(&q)?.mean(1)?)
+}
+
+fn half_mask_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    half_mask(n, x, -1e9)
+}
+
+fn half_mask_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    half_mask(n, x, -1e4)
+}
+
+// 8. An RMS-like activation h^0.5 of a ReLU: finite forward, an infinite
+// slope at 0 backward (a fractional power, not a sqrt).
+#[nanhunt::instrument]
+fn root_activation(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let a = (h.relu()?.powf(0.5)? * 2.0)?; // BUG: root_activation
+    n.fc2.forward(&a)
+}
+
+#[nanhunt::instrument]
+fn root_activation_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let a = ((h.relu()? + 1e-6)?.powf(0.5)? * 2.0)?;
+    n.fc2.forward(&a)
+}
+
+// 9. A batch norm by hand with its eps outside the root, x̂ = (x − μ) /
+// (sqrt(var) + eps): finite forward on a constant column, but the root's
+// slope at var = 0 is infinite backward.
+#[nanhunt::instrument]
+fn eps_outside_root(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.relu()?;
+    let keep: Vec<f32> = (0..h.dim(1)?).map(|j| f32::from(j != 0)).collect();
+    let h = h.broadcast_mul(&Tensor::new(keep, x.device())?)?;
+    let c = h.broadcast_sub(&h.mean_keepdim(0)?)?;
+    let std = c.sqr()?.mean_keepdim(0)?.sqrt()?; // BUG: eps_outside_root
+    n.fc2.forward(&c.broadcast_div(&(std + 1e-5)?)?)
+}
+
+#[nanhunt::instrument]
+fn eps_outside_root_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.relu()?;
+    let keep: Vec<f32> = (0..h.dim(1)?).map(|j| f32::from(j != 0)).collect();
+    let h = h.broadcast_mul(&Tensor::new(keep, x.device())?)?;
+    let c = h.broadcast_sub(&h.mean_keepdim(0)?)?;
+    let std = (c.sqr()?.mean_keepdim(0)? + 1e-5)?.sqrt()?;
+    n.fc2.forward(&c.broadcast_div(&std)?)
+}
+
+// 10. A softplus by hand, log(1 + exp(h)): latent until an activation
+// passes 88.7.
+#[nanhunt::instrument]
+fn softplus_by_hand(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let a = (h.exp()? + 1.0)?.log()?; // BUG: softplus
+    n.fc2.forward(&a)
+}
+
+#[nanhunt::instrument]
+fn softplus_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let a = ((h.abs()?.neg()?.exp()? + 1.0)?.log()? + h.relu()?)?;
+    n.fc2.forward(&a)
+}
+
+// 11. A harmonic-mean pooling, n / Σ 1/a, of shifted ReLU units: latent
+// until a unit falls below −12 (1/0 = +inf).
+#[nanhunt::instrument]
+fn harmonic_pool(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let a = (n.fc1.forward(x)? + 12.0)?.relu()?;
+    let inv = a.recip()?; // BUG: harmonic
+    let pooled = (inv.sum_keepdim(D::Minus1)?.recip()? * 16.0)?;
+    n.fc2.forward(&a.broadcast_div(&pooled)?)
+}
+
+#[nanhunt::instrument]
+fn harmonic_pool_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let a = ((n.fc1.forward(x)? + 12.0)?.relu()? + 1e-3)?;
+    let pooled = (a.recip()?.sum_keepdim(D::Minus1)?.recip()? * 16.0)?;
+    n.fc2.forward(&a.broadcast_div(&pooled)?)
+}
+
+// 12. A masked logsumexp pooling by hand, log Σ exp(x + mask), where the
+// off-by-one mask leaves the first feature group no position: Σ = 0.
+#[nanhunt::instrument]
+fn masked_lse(n: &Net, x: &Tensor, fill: f32) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { fill } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(m, (4, 4), x.device())?;
+    let pooled = h.broadcast_add(&mask)?.exp()?.sum(D::Minus1)?.log()?; // BUG: masked_lse
+    n.fc2.forward(&pooled)
+}
+
+fn masked_lse_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    masked_lse(n, x, f32::NEG_INFINITY)
+}
+
+fn masked_lse_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    masked_lse(n, x, -30.0)
+}
+
+// 13. A standardization over the batch with candle's unbiased variance,
+// trained one sample at a time: the variance of one value is 0/0.
+#[nanhunt::instrument]
+fn batch_standardize(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let z = h
+        .broadcast_sub(&h.mean_keepdim(0)?)?
+        .broadcast_div(&(h.var_keepdim(0)? + 1e-5)?.sqrt()?)?; // BUG: one_sample_var
+    n.fc2.forward(&z)
+}
+
+#[nanhunt::instrument]
+fn batch_standardize_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let c = h.broadcast_sub(&h.mean_keepdim(0)?)?;
+    let var = c.sqr()?.mean_keepdim(0)?;
+    n.fc2.forward(&c.broadcast_div(&(var + 1e-5)?.sqrt()?)?)
+}
+
+/// One composed bug: its case, its model (and loss) as written and
+/// fixed, what its finding must name, and whether its data fires it.
+struct Bug {
+    case: Case,
+    shape: Shape,
+    fwd: (Fwd, Fwd),
+    loss: Option<(LossFn, LossFn)>,
+    want: Expect,
+    latent: bool,
+}
+
+fn bug(case: Case, fwd: (Fwd, Fwd), want: Expect) -> Bug {
+    Bug {
+        case,
+        shape: MLP,
+        fwd,
+        loss: None,
+        want,
+        latent: false,
+    }
+}
+
+fn in_loss(name: &str, targets: TargetKind, loss: (LossFn, LossFn), want: Expect) -> Bug {
+    Bug {
+        loss: Some(loss),
+        ..bug(
+            custom_loss(vector(name), name, targets),
+            (logits, logits),
+            want,
+        )
+    }
+}
+
+fn half(mut c: Case) -> Case {
+    c.precision = Precision::F16;
+    c
+}
+
+fn latent(mut b: Bug) -> Bug {
+    b.latent = true;
+    b.case.steps = 20;
+    b.case.batch_size = 8;
+    b
+}
+
+fn want(
+    phase: Phase,
+    kind: OpKind,
+    marker: &'static str,
+    pattern: P,
+    quote: &'static str,
+) -> Expect {
+    Expect {
+        phase,
+        kind,
+        marker,
+        pattern,
+        quote,
+    }
+}
+
+fn suite() -> Vec<Bug> {
+    use OpKind as K;
+    use Phase::{Backward as B, Forward as F};
+    let sharp = |mut b: Bug| {
+        b.fwd = (sharp_logits, sharp_logits);
+        b
+    };
+    let mut one_sample = vector("one_sample_var");
+    one_sample.batch_size = 1;
+    vec![
+        sharp(in_loss(
+            "focal",
+            TargetKind::Labels,
+            (focal, focal_fixed),
+            want(
+                F,
+                K::Log,
+                "focal",
+                P::ZeroTimesLogOfZero,
+                "is a softmax that underflowed",
+            ),
+        )),
+        latent(in_loss(
+            "entropy_bonus",
+            TargetKind::Labels,
+            (entropy_bonus, entropy_bonus_fixed),
+            want(
+                F,
+                K::Log,
+                "entropy",
+                P::ZeroTimesLogOfZero,
+                "is a softmax that underflowed",
+            ),
+        )),
+        in_loss(
+            "kl_one_hot",
+            TargetKind::Labels,
+            (kl_one_hot, kl_one_hot_fixed),
+            want(
+                F,
+                K::Log,
+                "kl_one_hot",
+                P::ZeroTimesLogOfZero,
+                "multiplies that −inf by 0",
+            ),
+        ),
+        latent(in_loss(
+            "gaussian_nll",
+            TargetKind::Binary,
+            (gaussian_nll, gaussian_nll_fixed),
+            want(F, K::Log, "gaussian", P::LogOfZero, "is a ReLU"),
+        )),
+        bug(
+            half(vector("soft_argmax")),
+            (soft_argmax, soft_argmax_fixed),
+            want(F, K::Exp, "soft_argmax", P::ExpOfScaledInput, "by 100"),
+        ),
+        Bug {
+            shape: Shape { hidden: 16, ..MLP },
+            ..bug(
+                scaled(half(vector("centroid")), 200.0),
+                (centroid_distance, centroid_distance_fixed),
+                want(
+                    F,
+                    K::Mul,
+                    "centroid",
+                    P::AccumulationOverflow,
+                    "past f16's largest value",
+                ),
+            )
+        },
+        Bug {
+            shape: Shape { head_in: 4, ..MLP },
+            ..bug(
+                half(vector("half_mask")),
+                (half_mask_bug, half_mask_fixed),
+                want(
+                    F,
+                    K::Cast,
+                    "half_mask",
+                    P::HalfCastOverflow,
+                    "whose largest magnitude is 65504",
+                ),
+            )
+        },
+        bug(
+            vector("root_activation"),
+            (root_activation, root_activation_fixed),
+            want(
+                B,
+                K::Pow,
+                "root_activation",
+                P::InfiniteSlopeAtZero,
+                "is a ReLU",
+            ),
+        ),
+        bug(
+            vector("eps_outside_root"),
+            (eps_outside_root, eps_outside_root_fixed),
+            want(
+                B,
+                K::Sqrt,
+                "eps_outside_root",
+                P::InfiniteSlopeAtZero,
+                "standard deviation is exactly 0",
+            ),
+        ),
+        latent(bug(
+            vector("softplus"),
+            (softplus_by_hand, softplus_fixed),
+            want(F, K::Exp, "softplus", P::ExpOverflow, "a softplus by hand"),
+        )),
+        latent(bug(
+            vector("harmonic"),
+            (harmonic_pool, harmonic_pool_fixed),
+            want(F, K::Div, "harmonic", P::DivisionByZero, "is a ReLU"),
+        )),
+        Bug {
+            shape: Shape { head_in: 4, ..MLP },
+            ..bug(
+                vector("masked_lse"),
+                (masked_lse_bug, masked_lse_fixed),
+                want(F, K::Log, "masked_lse", P::LogOfZero, "sums"),
+            )
+        },
+        bug(
+            one_sample,
+            (batch_standardize, batch_standardize_fixed),
+            want(
+                F,
+                K::Variance,
+                "one_sample_var",
+                P::VarianceOfOneValue,
+                "holds 1 value",
+            ),
+        ),
+    ]
+}
+
+/// What is wrong with one composed bug, or `None`.
+fn check(b: &Bug) -> Option<String> {
+    let arc = |l: LossFn| -> Arc<dyn UserLoss> { Arc::new(l) };
+    let (run_bug, run_fixed) = match b.loss {
+        Some((bug, fixed)) => (opts(Some(&arc(bug))), opts(Some(&arc(fixed)))),
+        None => (RunOptions::default(), RunOptions::default()),
+    };
+    let (buggy, fixed) = (net(b.shape, b.fwd.0), net(b.shape, b.fwd.1));
+    if let Some(e) = stable(&b.case, &fixed, &run_fixed) {
+        return Some(e);
+    }
+    if b.latent {
+        if let Some(e) = stable(&b.case, &buggy, &run_bug) {
+            return Some(format!(
+                "{}: not latent, its data fires it: {e}",
+                b.want.marker
+            ));
+        }
+        return mishunted(&b.case, &buggy, &run_bug, &b.want, FILE)
+            .or_else(|| quiet_hunt(&b.case, &fixed, &run_fixed));
+    }
+    let f = match finding(&b.case, &buggy, &run_bug) {
+        Ok(f) => f,
+        Err(e) => return Some(e),
+    };
+    let wrong = misnamed(&f, &b.want, FILE);
+    if wrong.is_none() {
+        let e = f.explanation.as_deref().unwrap();
+        println!(
+            "{}: {} — {}",
+            b.want.marker,
+            f.site.as_ref().unwrap(),
+            e.sentence
+        );
+    }
+    wrong
+}
+
+#[test]
+fn composed_bugs_are_named_at_their_op_and_line_explained_and_the_latent_ones_triggered() {
+    let bugs = suite();
+    assert!(bugs.len() >= 12);
+    let count = |p: &dyn Fn(&Bug) -> bool| bugs.iter().filter(|b| p(b)).count();
+    assert!(
+        count(&|b| b.loss.is_some()) >= 3,
+        "three inside a custom loss"
+    );
+    assert!(
+        count(&|b| b.case.precision == Precision::F16) >= 2,
+        "two in half precision"
+    );
+    assert!(
+        count(&|b| b.want.phase == Phase::Backward) >= 2,
+        "two backward only"
+    );
+    assert!(count(&|b| b.latent) >= 4, "four latent");
+    let failures: Vec<String> = bugs.iter().filter_map(check).collect();
+    let _ = DType::F16;
+    all_hold("composed bugs", bugs.len(), failures);
+}
