@@ -17,13 +17,13 @@ import sys
 
 # Bottom first. A module path covers its submodules (`spec` is spec/*).
 LAYERS = [
-    ("base", ["error", "floats", "format", "rng", "files", "progress", "kernels"]),
+    ("base", ["error", "floats", "format", "rng", "files", "progress", "kernels", "opkind", "instrument"]),
     ("spec", ["spec"]),
     ("building blocks", ["device", "parallel", "probe", "data", "augment", "optim", "scaler",
                          "backward"]),
     ("findings", ["finding", "outcome"]),
     ("checks and models", ["checks", "intervention", "models", "losses", "state"]),
-    ("reading records", ["explain", "coverage", "trace", "rules", "instrument"]),
+    ("reading records", ["explain", "coverage", "trace", "rules"]),
     ("localization", ["localize"]),
     ("scenes", ["scene", "dump", "repro", "record"]),
     ("drivers of a step", ["runner", "guard"]),

@@ -1,9 +1,14 @@
 //! The runtime of `#[nanhunt::instrument]` (the attribute is the
 //! `nanhunt-macros` crate, re-exported as [`crate::instrument`]): each op
 //! it rewrites observes its operands and hands its result here, which
-//! records it as an op of the traced re-run active on the thread (its
-//! site, its kind, what it read, a gradient probe on what it made) and
-//! otherwise passes it through after one flag read.
+//! passes it to the traced re-run active on the thread (the tracer
+//! records it: its site, its kind, what it read, a gradient probe on what
+//! it made) and otherwise hands it back after one flag read.
+//!
+//! This module sits on the ground floor, below everything that may be
+//! instrumented (the optimizers' op chain included): the tracer above it
+//! registers itself as the sink of ops ([`set_sink`]) instead of being
+//! imported.
 //!
 //! Whether a value is a tensor is decided by its type, through autoref
 //! specialization: `(&Look(&x)).look()` resolves to [`LookTensor`] for
@@ -13,11 +18,96 @@
 //! results with [`Made`]: a `Result<Tensor>` or a `Tensor` is recorded,
 //! anything else handed back as it was.
 
-use crate::finding::Site;
-use crate::models::tracer::{record_op, recording};
-use crate::models::Operand;
+use crate::opkind::OpKind;
 use candle_core::{Result, Tensor, Var};
 use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// An instrumented op's place in the source, as the attribute writes it:
+/// one `static` per op, so a record holds a reference.
+#[derive(Debug)]
+pub struct Site {
+    /// The source file, as `file!()` gives it (relative to the workspace).
+    pub file: &'static str,
+    pub line: u32,
+    pub column: u32,
+    /// The op's expression as written (spacing normalized).
+    pub text: &'static str,
+    /// The method, function or operator: `log`, `softmax`, `/`.
+    pub op: &'static str,
+    /// The instrumented function the op is in.
+    pub function: &'static str,
+    /// What the op computes, from the method, function or operator.
+    pub kind: OpKind,
+}
+
+/// An operand an instrumented op read.
+#[derive(Clone, Debug)]
+pub enum Operand {
+    Tensor(Tensor),
+    /// A number (a literal, an `f64` or `f32` value).
+    Scalar(f64),
+    /// A list of tensors (a concatenation's).
+    Tensors(Vec<Tensor>),
+}
+
+impl Operand {
+    /// The tensors among `inputs`, in order.
+    pub fn tensors(inputs: &[Operand]) -> impl Iterator<Item = &Tensor> {
+        inputs.iter().flat_map(|o| match o {
+            Operand::Tensor(t) => std::slice::from_ref(t),
+            Operand::Tensors(ts) => ts.as_slice(),
+            Operand::Scalar(_) => &[],
+        })
+    }
+
+    /// The scalars among `inputs`, in order.
+    pub fn scalars(inputs: &[Operand]) -> impl Iterator<Item = f64> + '_ {
+        inputs.iter().filter_map(|o| match o {
+            Operand::Scalar(v) => Some(*v),
+            _ => None,
+        })
+    }
+}
+
+thread_local! {
+    /// Whether a traced re-run is active on this thread.
+    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a traced re-run is active on this thread (one flag read).
+#[inline]
+pub fn recording() -> bool {
+    ACTIVE.with(Cell::get)
+}
+
+/// Sets whether a traced re-run is active on this thread; returns what it was.
+pub(crate) fn set_recording(on: bool) -> bool {
+    ACTIVE.with(|a| a.replace(on))
+}
+
+/// Where an op goes while a traced re-run is active: the tracer's.
+pub(crate) type Sink =
+    fn(&'static Site, Option<&'static str>, Vec<Operand>, Tensor) -> Result<Tensor>;
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// Registers the sink of ops (the tracer does, when it first shares).
+pub(crate) fn set_sink(sink: Sink) {
+    let _ = SINK.set(sink);
+}
+
+fn record_op(
+    site: &'static Site,
+    owner: Option<&'static str>,
+    inputs: Vec<Operand>,
+    t: Tensor,
+) -> Result<Tensor> {
+    match SINK.get() {
+        Some(sink) => sink(site, owner, inputs, t),
+        None => Ok(t),
+    }
+}
 
 /// A borrowed operand, to be seen if its type holds a tensor.
 pub struct Look<'a, T: ?Sized>(pub &'a T);
@@ -193,7 +283,6 @@ fn record<const N: usize>(
 /// What the attribute's expansion names (`::nanhunt::__private::…`).
 #[doc(hidden)]
 pub mod private {
-    pub use super::{Look, LookOther, LookTensor, Made, MadeOther, MadeTensor};
-    pub use crate::finding::Site;
-    pub use crate::models::Operand as Seen;
+    pub use super::Operand as Seen;
+    pub use super::{Look, LookOther, LookTensor, Made, MadeOther, MadeTensor, Site};
 }

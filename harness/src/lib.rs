@@ -44,6 +44,7 @@ pub mod lrtable;
 pub mod merge;
 pub mod minimize;
 pub mod models;
+mod opkind;
 pub mod optim;
 pub mod outcome;
 pub mod parallel;

@@ -127,57 +127,109 @@ pub fn forward_producer(
     Ok(Some(f.with_op(r.stage_op()).with_explanation(e)))
 }
 
-/// The forward producer among records that hold ops: the first record on
-/// the path of the last non-finite one that made a class of non-finite
-/// values its inputs did not hold.
-fn forward_op_producer(g: &OpGraph, inputs: &[&Tensor], half: bool) -> Result<Option<Failure>> {
+/// The first record at or after `from` on the path of the last non-finite
+/// one that made a class of non-finite values its inputs did not hold (or
+/// the first non-finite one on that path), with the classes it read.
+fn first_maker(g: &OpGraph, from: usize, inputs: &[&Tensor]) -> Result<Option<(usize, NonFinite)>> {
+    first_maker_before(g, from, None, inputs)
+}
+
+/// [`first_maker`] on the path of record `last` (default: the last
+/// non-finite record).
+fn first_maker_before(
+    g: &OpGraph,
+    from: usize,
+    last: Option<usize>,
+    inputs: &[&Tensor],
+) -> Result<Option<(usize, NonFinite)>> {
     let records = g.records;
     let classes = records
         .iter()
         .map(|r| NonFinite::of(&r.output))
         .collect::<Result<Vec<_>>>()?;
-    let Some(last) = classes.iter().rposition(|c| c.any()) else {
+    let last = last.or_else(|| classes.iter().rposition(|c| c.any()));
+    let Some(last) = last.filter(|&l| l >= from) else {
         return Ok(None);
     };
     let on_path = g.ancestors(last);
-    let mut read_classes = Vec::with_capacity(last + 1);
-    for i in 0..=last {
-        read_classes.push(classes_read(g, i, &classes, inputs)?);
+    let mut read_classes = vec![NonFinite::default(); last + 1];
+    for (i, c) in read_classes.iter_mut().enumerate().skip(from) {
+        *c = classes_read(g, i, &classes, inputs)?;
     }
     let bad = |i: &usize| on_path[*i] && classes[*i].any();
-    let Some(i) = (0..=last)
+    Ok((from..=last)
         .filter(bad)
         .find(|&i| classes[i].new_over(read_classes[i]).any())
-        .or_else(|| (0..=last).find(bad))
-    else {
+        .or_else(|| (from..=last).find(bad))
+        .map(|i| (i, read_classes[i])))
+}
+
+/// An update failure at the op of the optimizer's op chain that made it
+/// (the records from `from` on, on the path of the record that holds the
+/// failing tensor's values `failed`), with its line and explanation; the
+/// failure as it was when no op there made it.
+pub fn at_update_op(
+    first: Failure,
+    records: &[Record],
+    (from, failed): (Option<usize>, Option<&Tensor>),
+) -> Result<Failure> {
+    let Some(from) = from else {
+        return Ok(first);
+    };
+    let g = OpGraph::new(records);
+    let holder = match failed {
+        Some(t) => g.holding(t, from)?,
+        None => None,
+    };
+    let Some((i, _)) = first_maker_before(&g, from, holder, &[])? else {
+        return Ok(first);
+    };
+    let r = &records[i];
+    let Some(site) = &r.site else {
+        return Ok(first);
+    };
+    let detail = format!(
+        "{}; the update's {} `{}` at {} made it",
+        first.detail,
+        crate::rules::walk::op_word(&site.op),
+        site.short_text(60),
+        site.location()
+    );
+    let e = crate::rules::explain_forward(&g, i, &[])?;
+    Ok(Failure {
+        detail,
+        site: r.site.clone(),
+        ..first
+    }
+    .with_explanation(e))
+}
+
+/// The forward producer among records that hold ops: the first record on
+/// the path of the last non-finite one that made a class of non-finite
+/// values its inputs did not hold.
+fn forward_op_producer(g: &OpGraph, inputs: &[&Tensor], half: bool) -> Result<Option<Failure>> {
+    let records = g.records;
+    let Some((i, read)) = first_maker(g, 0, inputs)? else {
         return Ok(None);
     };
     let r = &records[i];
     let scan = scan_all(&[&r.output])?[0];
-    let from = if read_classes[i].any() {
-        "from non-finite values it read (none made by an instrumented op before it)"
-    } else {
-        "from finite inputs"
-    };
-    let made = if classes[i].new_over(read_classes[i]).any() && read_classes[i].any() {
+    let made = NonFinite::of(&r.output)?;
+    let what = if !read.any() {
+        "non-finite values from finite inputs"
+    } else if made.new_over(read).any() {
         "new non-finite values from the infinities it read"
     } else {
-        "non-finite values"
+        "non-finite values from non-finite values it read (made by no instrumented op before it)"
     };
     let detail = match &r.site {
         Some(s) => format!(
-            "the {} `{}` at {} made {}{}",
+            "the {} `{}` at {} made {what}",
             crate::rules::walk::op_word(&s.op),
             s.short_text(60),
-            s.location(),
-            made,
-            if made == "non-finite values" {
-                format!(" {from}")
-            } else {
-                String::new()
-            }
+            s.location()
         ),
-        None => format!("stage `{}` produced non-finite values {from}", r.name),
+        None => format!("stage `{}` produced {what}", r.name),
     };
     let f = checks::tensor_failure(
         &scan,

@@ -1,27 +1,10 @@
-//! Where an op of a user's code is: the site `#[nanhunt::instrument]`
-//! records for each tensor op it rewrites (a static per op in the user's
-//! binary), and the same as a finding carries it (owned, serialized).
+//! Where an op of a user's code is, as a finding carries it (owned,
+//! serialized): the site `#[nanhunt::instrument]` records for each tensor
+//! op it rewrites ([`Site`], a static per op in the user's binary).
 
 use super::OpKind;
+use crate::instrument::Site;
 use serde::{Deserialize, Serialize};
-
-/// An instrumented op's place in the source, as the attribute writes it:
-/// one `static` per op, so a record holds a reference.
-#[derive(Debug)]
-pub struct Site {
-    /// The source file, as `file!()` gives it (relative to the workspace).
-    pub file: &'static str,
-    pub line: u32,
-    pub column: u32,
-    /// The op's expression as written (spacing normalized).
-    pub text: &'static str,
-    /// The method, function or operator: `log`, `softmax`, `/`.
-    pub op: &'static str,
-    /// The instrumented function the op is in.
-    pub function: &'static str,
-    /// What the op computes, from the method, function or operator.
-    pub kind: OpKind,
-}
 
 /// An op's site as a finding carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -167,6 +167,18 @@ impl<'r> OpGraph<'r> {
         }
     }
 
+    /// The last record at or after `from` whose output holds the values of
+    /// `t` bit for bit (NaN equal to NaN): where a tensor copied out of the
+    /// records (an updated parameter) was made.
+    pub fn holding(&self, t: &Tensor, from: usize) -> Result<Option<usize>> {
+        for j in (from..self.records.len()).rev() {
+            if same_values(&self.records[j].output, t)? {
+                return Ok(Some(j));
+            }
+        }
+        Ok(None)
+    }
+
     /// Every record `i` depends on through what the records read, and `i`.
     pub fn ancestors(&self, i: usize) -> Vec<bool> {
         let mut seen = vec![false; self.records.len()];

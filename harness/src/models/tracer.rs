@@ -3,10 +3,12 @@
 //! reaches stages recorded at any depth of a user's code
 //! ([`crate::trace`], [`Tracer::current`]).
 
-use crate::finding::{short_type_name, OpKind, OpSite, Site, StageOp};
+use crate::finding::{short_type_name, OpKind, OpSite, StageOp};
+pub use crate::instrument::Operand;
+use crate::instrument::{recording, set_recording, Site};
 use crate::intervention::Intervention;
 use candle_core::{Result, Tensor};
-use std::cell::{Cell, Ref, RefCell};
+use std::cell::{Ref, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -57,35 +59,6 @@ pub struct Record {
     pub inputs: Vec<Operand>,
 }
 
-/// An operand an instrumented op read.
-#[derive(Clone, Debug)]
-pub enum Operand {
-    Tensor(Tensor),
-    /// A number (a literal, an `f64` or `f32` value).
-    Scalar(f64),
-    /// A list of tensors (a concatenation's).
-    Tensors(Vec<Tensor>),
-}
-
-impl Operand {
-    /// The tensors among `inputs`, in order.
-    pub fn tensors(inputs: &[Operand]) -> impl Iterator<Item = &Tensor> {
-        inputs.iter().flat_map(|o| match o {
-            Operand::Tensor(t) => std::slice::from_ref(t),
-            Operand::Tensors(ts) => ts.as_slice(),
-            Operand::Scalar(_) => &[],
-        })
-    }
-
-    /// The scalars among `inputs`, in order.
-    pub fn scalars(inputs: &[Operand]) -> impl Iterator<Item = f64> + '_ {
-        inputs.iter().filter_map(|o| match o {
-            Operand::Scalar(v) => Some(*v),
-            _ => None,
-        })
-    }
-}
-
 /// The records of a traced re-run, and how ops get their names: an op is
 /// named for the stage it flows into (the next record by name, `rownorm`
 /// → `rownorm.div`), or, after the last one, for its function
@@ -98,6 +71,8 @@ struct Recorded {
     ungrouped: usize,
     /// How many ops of each name so far.
     taken: HashMap<String, usize>,
+    /// Where the optimizer's update began (its op chain's records follow).
+    update_from: Option<usize>,
 }
 
 impl Recorded {
@@ -146,7 +121,6 @@ impl Record {
 }
 
 thread_local! {
-    static ACTIVE: Cell<bool> = const { Cell::new(false) };
     static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
 }
 
@@ -184,7 +158,7 @@ impl Tracer {
     /// Whether `record` does anything (tracing or an intervention).
     #[inline]
     pub fn active(&self) -> bool {
-        self.enabled || self.intervention.is_some() || (self.thread && ACTIVE.with(Cell::get))
+        self.enabled || self.intervention.is_some() || (self.thread && recording())
     }
 
     #[inline]
@@ -272,6 +246,20 @@ impl Tracer {
         Ref::map(self.records.borrow(), |r| &r.records)
     }
 
+    /// Marks where the update begins: the ops recorded from here on are
+    /// the optimizer's (a traced re-run runs its op chain).
+    pub fn begin_update(&self) {
+        if self.enabled {
+            let mut r = self.records.borrow_mut();
+            r.update_from = Some(r.records.len());
+        }
+    }
+
+    /// The first record of the update, when one began.
+    pub fn update_from(&self) -> Option<usize> {
+        self.records.borrow().update_from
+    }
+
     pub fn into_records(self) -> Vec<Record> {
         self.records.borrow().records.clone()
     }
@@ -316,7 +304,7 @@ fn probe_like(t: &Tensor, float: bool) -> Result<candle_core::Var> {
 /// otherwise hands it back at the cost of one flag read.
 #[inline]
 pub(crate) fn record_active(name: &str, op: Option<OpKind>, t: Tensor) -> Result<Tensor> {
-    if !ACTIVE.with(Cell::get) {
+    if !recording() {
         return Ok(t);
     }
     TRACER.with(|tr| match tr.borrow_mut().as_mut() {
@@ -325,15 +313,9 @@ pub(crate) fn record_active(name: &str, op: Option<OpKind>, t: Tensor) -> Result
     })
 }
 
-/// Whether a traced re-run is active on this thread (one flag read).
-#[inline]
-pub(crate) fn recording() -> bool {
-    ACTIVE.with(Cell::get)
-}
-
 /// Records an instrumented op's output into the traced re-run active on
-/// this thread, if any; otherwise hands it back.
-pub(crate) fn record_op(
+/// this thread, if any; otherwise hands it back (the instrument's sink).
+fn record_op(
     site: &'static Site,
     owner: Option<&'static str>,
     inputs: Vec<Operand>,
@@ -352,8 +334,9 @@ pub(crate) fn record_op(
 /// records into `tracer` (whose clones share its records); the tracer
 /// before is put back afterwards, even on a panic.
 pub(crate) fn share(tracer: &Tracer) -> Shared {
+    crate::instrument::set_sink(record_op);
     let outer = TRACER.with(|tr| tr.borrow_mut().replace(tracer.clone()));
-    let was = ACTIVE.with(|a| a.replace(true));
+    let was = set_recording(true);
     Shared { outer, was }
 }
 
@@ -366,6 +349,6 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let outer = self.outer.take();
         TRACER.with(|tr| *tr.borrow_mut() = outer);
-        ACTIVE.with(|a| a.set(self.was));
+        set_recording(self.was);
     }
 }

@@ -215,13 +215,19 @@ impl Optimizer {
         for (i, ((p, g), slot)) in at {
             // Read from `from`'s slot, written over this one's.
             let source = from.map(|f| &f.slots[i]);
-            let new = match fused::update(
-                &self.spec,
-                (p.as_tensor(), g),
-                (source, slot),
-                (lr, bias),
-                check,
-            )? {
+            // A traced re-run takes the op chain (the same bits), whose
+            // ops it records with their lines.
+            let fused = match crate::instrument::recording() {
+                true => None,
+                false => fused::update(
+                    &self.spec,
+                    (p.as_tensor(), g),
+                    (source, slot),
+                    (lr, bias),
+                    check,
+                )?,
+            };
+            let new = match fused {
                 Some(fused::Fused { new, checked }) => {
                     if let (Some(all), Some(seen)) = (scans.as_mut(), checked) {
                         all.grads.extend(seen.grad);
@@ -305,6 +311,7 @@ pub(crate) fn set(params: &[Var], new: Vec<Tensor>) -> Result<()> {
 }
 
 /// One parameter's update as candle ops (every device and dtype).
+#[crate::instrument]
 fn chain(
     spec: &OptimizerSpec,
     p: &Var,
@@ -386,6 +393,7 @@ fn chain(
 }
 
 /// g + wd · p (L2 regularization folded into the gradient).
+#[crate::instrument]
 fn with_weight_decay(g: &Tensor, p: &Var, wd: f64) -> Result<Tensor> {
     if wd == 0.0 {
         Ok(g.clone())
@@ -395,6 +403,7 @@ fn with_weight_decay(g: &Tensor, p: &Var, wd: f64) -> Result<Tensor> {
 }
 
 /// decay · state + (1 - decay) · x, starting from zero state.
+#[crate::instrument]
 fn ema(state: Option<&Tensor>, x: &Tensor, decay: f64) -> Result<Tensor> {
     match state {
         None => x * (1.0 - decay),
@@ -403,6 +412,7 @@ fn ema(state: Option<&Tensor>, x: &Tensor, decay: f64) -> Result<Tensor> {
 }
 
 /// PyTorch's Adam step: p - (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps).
+#[crate::instrument]
 fn adam_update(
     p: &Tensor,
     g: &Tensor,

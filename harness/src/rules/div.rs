@@ -120,7 +120,8 @@ impl OpRule for Div {
                 counted(zero_over, "value")
             };
             let mut sentence = format!(
-                "{subject} divides by {den_name}, which is exactly 0 where the numerator is 0 too, in {what}: 0/0 = NaN"
+                "{subject} divides by {den_name}, which is exactly 0 where the numerator is 0 too, in {what}: 0/0 = NaN{}",
+                zero_eps(cx, &den_arg)?
             );
             if let Some(z) = why {
                 sentence.push_str(&format!("; {}", z.why));
@@ -176,6 +177,22 @@ impl OpRule for Div {
         }
         Ok(None)
     }
+}
+
+/// ", and its eps is 0" when the denominator adds an eps of exactly 0.
+fn zero_eps(cx: &Cx, den: &Arg) -> Result<String> {
+    let Arg::Tensor(r) = den else {
+        return Ok(String::new());
+    };
+    let Some(j) = cx.maker(r)? else {
+        return Ok(String::new());
+    };
+    let adds_zero =
+        matches!(cx.kind(j), Some(OpKind::Add)) && cx.g.scalars(j) == [0.0] && cx.site(j).is_some();
+    Ok(match adds_zero {
+        true => " (the eps it adds is 0)".into(),
+        false => String::new(),
+    })
 }
 
 /// The denominator of a division as the hunt sees it: the second tensor

@@ -152,7 +152,7 @@ impl<'g, 'r> Cx<'g, 'r> {
         Ok(if read.tensor.is_variable() {
             "a trainable tensor".into()
         } else {
-            "a tensor no instrumented op made (a constant, the batch or a parameter)".into()
+            "a tensor from outside the instrumented code (the batch, a parameter, a gradient or a constant)".into()
         })
     }
 
@@ -211,8 +211,27 @@ impl<'g, 'r> Cx<'g, 'r> {
     /// rounded to 1, a root or a mean of squares of a zero row, a sum of
     /// zeros. `None` when no op made it or none of these tells.
     pub fn why_zero(&self, read: &Read, at: &[bool]) -> Result<Option<Zero>> {
+        let _ = at;
+        self.why_zero_in(read, 4)
+    }
+
+    /// [`Cx::why_zero`], following at most `depth` more ops back.
+    fn why_zero_in(&self, read: &Read, depth: usize) -> Result<Option<Zero>> {
+        if depth == 0 {
+            return Ok(None);
+        }
         let Some((j, kind)) = self.maker_through_views(read)? else {
             return Ok(None);
+        };
+        // Why what op `j` read is 0 too, in parentheses.
+        let inner = |k: usize| -> Result<String> {
+            Ok(match self.reads(j).get(k) {
+                Some(r) => match self.why_zero_in(r, depth - 1)? {
+                    Some(z) => format!(" ({})", z.why),
+                    None => format!(", and {} is 0 there", self.name(r)?),
+                },
+                None => String::new(),
+            })
         };
         let name = self.name_of(j);
         let reads = self.reads(j);
@@ -280,12 +299,16 @@ impl<'g, 'r> Cx<'g, 'r> {
                         cause: ZeroCause::Other,
                     }
                 }
+                None if kind == OpKind::Sqrt => Zero {
+                    why: format!("{name} is the root of what is 0 there{}", inner(0)?),
+                    cause: ZeroCause::Other,
+                },
                 None => return Ok(None),
             },
             OpKind::Add if reads.len() == 2 => {
                 let mut parts = Vec::new();
                 for r in &reads {
-                    if let Some(inner) = self.why_zero(r, &[])? {
+                    if let Some(inner) = self.why_zero_in(r, depth - 1)? {
                         parts.push(inner.why);
                     }
                 }
@@ -320,13 +343,27 @@ impl<'g, 'r> Cx<'g, 'r> {
                     cause: ZeroCause::Other,
                 }
             }
-            OpKind::Mul if self.g.scalars(j).is_empty() => Zero {
+            // A square of zeros, a scaled zero, a zero numerator, a root of 0.
+            OpKind::Mul if self.site(j).is_some_and(|s| s.op == "sqr") => Zero {
+                why: format!("{name} squares what is 0 there{}", inner(0)?),
+                cause: ZeroCause::Other,
+            },
+            OpKind::Mul if !self.g.scalars(j).is_empty() && reads.len() == 1 => Zero {
+                why: format!("{name} scales what is 0 there{}", inner(0)?),
+                cause: ZeroCause::Other,
+            },
+            OpKind::Mul => Zero {
                 why: format!("{name} is a product that underflowed to 0 or has a zero factor"),
                 cause: ZeroCause::Other,
             },
+            OpKind::Div if !reads.is_empty() && self.site(j).is_some_and(|s| s.op != "recip") => {
+                Zero {
+                    why: format!("{name} divides what is 0 there{}", inner(0)?),
+                    cause: ZeroCause::Other,
+                }
+            }
             _ => return Ok(None),
         };
-        let _ = at;
         Ok(Some(zero))
     }
 }
@@ -557,7 +594,7 @@ pub enum Arg<'r> {
 impl<'g, 'r> Cx<'g, 'r> {
     /// Op `i`'s operands in their written order.
     pub fn args(&self, i: usize) -> Vec<Arg<'r>> {
-        use crate::models::Operand;
+        use crate::instrument::Operand;
         let r = &self.g.records[i];
         if r.site.is_none() {
             return self.reads(i).into_iter().map(Arg::Tensor).collect();

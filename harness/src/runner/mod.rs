@@ -7,7 +7,8 @@
 
 use crate::device;
 use crate::error::{Error, Result};
-use crate::finding::{Finding, FindingKind, Subject, Trace};
+use crate::finding::{Finding, FindingKind, Phase, Subject, Trace};
+use crate::localize;
 use crate::losses::UserLoss;
 use crate::models::{ModelFactory, ParamStore, Tracer};
 use crate::optim::{self, Optimizer, UpdateScans};
@@ -475,13 +476,37 @@ impl<'a> Session<'a> {
         let traced = traced?;
         self.restore(&after)?;
         self.trace = history;
-        Ok(match traced.map(Failed::into_failure) {
+        let traced = match traced.map(Failed::into_failure) {
+            Some(f) if f.phase == Phase::Update => {
+                let records = tracer.records();
+                // The failing tensor as the traced step left it (`after`).
+                let failed = self.updated_tensor(&f.stage).cloned();
+                let at = (tracer.update_from(), failed.as_ref());
+                Some(Box::new(localize::at_update_op(*f, &records, at)?))
+            }
+            other => other,
+        };
+        Ok(match traced {
             Some(f) => *f,
             None => Failure {
                 detail: format!("{} (not reproduced under tracing)", first.detail),
                 ..first.clone()
             },
         })
+    }
+
+    /// The parameter or optimizer state an update failure's stage names
+    /// (`param.<name>`, `optimizer.<kind>.<name>`).
+    fn updated_tensor(&self, stage: &str) -> Option<&Tensor> {
+        if let Some(name) = stage.strip_prefix("param.") {
+            let i = self.names.iter().position(|n| n == name)?;
+            return Some(self.vars[i].as_tensor());
+        }
+        let (kind, name) = stage.strip_prefix("optimizer.")?.split_once('.')?;
+        self.optimizer
+            .state_tensors()
+            .find(|(p, k, _)| *k == kind && self.names[*p] == name)
+            .map(|(_, _, t)| t)
     }
 
     /// What an update changes: the parameters, then the optimizer state.

@@ -98,6 +98,7 @@ impl Session<'_> {
         // The scale the loss was multiplied by; the scaler may change it below.
         let scale = self.scaler.scale;
         let (mut grads, grad_store) = go!(self.backward_phase(&forward.loss, scale, tracer));
+        tracer.begin_update();
         if self.check_gradients && step == 0 {
             go!(self.gradient_phase(&batch, &grads, scale));
         }
