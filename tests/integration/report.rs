@@ -174,10 +174,18 @@ fn a_users_model_report_snapshots_and_changes_with_stability() {
 #[test]
 fn every_snapshot_file_is_referenced_by_an_assertion() {
     let mut names = std::collections::BTreeSet::new();
-    for entry in std::fs::read_dir(root().join("tests/integration")).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        for part in text.split("assert_snapshot!(\"").skip(1) {
-            names.insert(part.split('"').next().unwrap().to_string());
+    let mut dirs = vec![root().join("tests/integration")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(path).unwrap();
+            for part in text.split("assert_snapshot!(\"").skip(1) {
+                names.insert(part.split('"').next().unwrap().to_string());
+            }
         }
     }
     assert!(names.len() >= 4, "{names:?}");
