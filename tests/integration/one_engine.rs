@@ -337,3 +337,67 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
         .unwrap();
     assert!(!lr.verified(), "{:?}", lr.fixes);
 }
+
+/// An update failure is named at the op of the optimizer's op chain that
+/// made it, with its line and explanation, by both drivers alike: Adam
+/// with eps 0 on a parameter whose gradient is exactly 0 is 0/0 at
+/// `m / denom`, whose eps adds nothing.
+#[test]
+fn an_update_failure_is_named_at_the_optimizers_op_by_both_drivers() {
+    let mut case = planted_patterns().remove(0).case;
+    case.optimizer = nanhunt::spec::OptimizerSpec::Adam {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 0.0,
+        weight_decay: 0.0,
+    };
+    case.data.pathologies.clear();
+    let gated = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        struct Gated(candle_nn::Linear, Tensor);
+        impl Model for Gated {
+            fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+                let y = candle_core::Module::forward(&self.0, x)?;
+                y.broadcast_add(&self.1.broadcast_mul(&self.1.zeros_like()?)?)
+            }
+        }
+        let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
+        Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
+    };
+    let ran = match run_model(&case, &gated, &RunOptions::default()).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("run_model found nothing: {}", other.verdict()),
+    };
+    let guarded = guarded(&case, &gated);
+    for f in [&ran, &guarded] {
+        assert_eq!(
+            (f.phase, f.stage.as_str()),
+            (nanhunt::Phase::Update, "param.gate")
+        );
+        let site = f
+            .site
+            .as_ref()
+            .unwrap_or_else(|| panic!("no op: {}", f.detail));
+        assert_eq!(
+            (site.file.as_str(), site.text.as_str()),
+            ("harness/src/optim/mod.rs", "&m / denom")
+        );
+        let source = std::fs::read_to_string(crate::support::root().join(&site.file)).unwrap();
+        let line = source.lines().nth(site.line as usize - 1).unwrap();
+        assert!(line.contains("&m / denom"), "line {}: {line}", site.line);
+        let e = f.explanation.as_ref().unwrap();
+        assert_eq!(
+            e.pattern,
+            nanhunt::explain::Pattern::ZeroOverZero,
+            "{}",
+            e.sentence
+        );
+        assert!(
+            e.sentence.contains("the eps it adds is 0"),
+            "{}",
+            e.sentence
+        );
+    }
+    assert_eq!(ran.site, guarded.site);
+    assert_eq!(ran.explanation, guarded.explanation);
+}

@@ -179,15 +179,12 @@ impl Guard {
         };
         if let Some(i) = checks::first_bad(&scans) {
             let which = Updated::Param(&self.names[i]);
-            return Ok(Err(checks::update_failure(
-                which,
-                &scans[i],
-                self.half(),
-                updated()[i],
-            )?));
+            let failed = updated()[i].clone();
+            let f = checks::update_failure(which, &scans[i], self.half(), &failed)?;
+            return Ok(Err(self.at_update_op(f, opt, grads, &failed)?));
         }
-        if let Some(f) = self.state_failure(opt)? {
-            return Ok(Err(f));
+        if let Some((f, t)) = self.state_failure(opt)? {
+            return Ok(Err(self.at_update_op(f, opt, grads, &t)?));
         }
         let norm = global_norm(&scans);
         self.trace.param_norms.push(norm);
@@ -209,7 +206,10 @@ impl Guard {
 
     /// The optimizer state a prepared update would leave, checked as the
     /// runner checks its optimizer's.
-    fn state_failure<O: GuardOptimizer + ?Sized>(&self, opt: &O) -> Result<Option<Failure>> {
+    fn state_failure<O: GuardOptimizer + ?Sized>(
+        &self,
+        opt: &O,
+    ) -> Result<Option<(Failure, Tensor)>> {
         let Some((index, kind, t)) = opt.non_finite_prepared_state()? else {
             return Ok(None);
         };
@@ -217,7 +217,33 @@ impl Guard {
         let param = names.get(index).map_or("?", String::as_str);
         let which = Updated::State { kind, param };
         let scan = scan_all(&[&t])?[0];
-        Ok(Some(checks::update_failure(which, &scan, self.half(), &t)?))
+        let f = checks::update_failure(which, &scan, self.half(), &t)?;
+        Ok(Some((f, t)))
+    }
+
+    /// An update failure at the op of the optimizer's op chain that made
+    /// `failed` (the same analysis as the runner's): the update prepared
+    /// again with tracing on, where the optimizer prepares it (nanhunt's;
+    /// nothing is set before the checks pass, so preparing it again
+    /// changes nothing the step keeps).
+    fn at_update_op<O: GuardOptimizer + ?Sized>(
+        &self,
+        first: Failure,
+        opt: &mut O,
+        grads: &GradStore,
+        failed: &Tensor,
+    ) -> Result<Failure> {
+        if !opt.can_prepare() {
+            return Ok(first);
+        }
+        let tracer = self.tracer(true);
+        tracer.begin_update();
+        let shared = crate::models::tracer::share(&tracer);
+        let prepared = opt.prepare(grads);
+        drop(shared);
+        prepared?;
+        let records = tracer.records();
+        crate::localize::at_update_op(first, &records, (tracer.update_from(), Some(failed)))
     }
 
     /// The parameter whose norm grows the most in this update.
