@@ -8,12 +8,15 @@
 //! data has none, so `run` is stable and the bug stays hidden; `hunt` finds
 //! the input that fires it and writes a reproducer, and `fuzz` finds it
 //! through the data pathologies it draws (padding, failed decodes).
+//!
+//! `#[nanhunt::instrument]` on `forward` is all the model declares: every
+//! tensor op in it is seen with its line, so a finding names the division
+//! and its line, and the hunt searches every op with an unsafe domain.
 
 use candle_core::{Module, Tensor, D};
 use candle_nn::{linear, Linear, VarBuilder};
 use nanhunt::models::{Model, Tracer, UserModel};
 use nanhunt::spec::{Case, CustomSpec, InputSpec, ModelSpec};
-use nanhunt::OpKind;
 
 struct RmsNormMlp {
     hidden: Linear,
@@ -30,12 +33,13 @@ impl RmsNormMlp {
 }
 
 impl Model for RmsNormMlp {
-    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+    #[nanhunt::instrument]
+    fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
         // The unsafe op: no eps under the square root.
         let rms = x.sqr()?.mean_keepdim(D::Minus1)?.sqrt()?;
-        let x = tr.record_as("rms_norm", OpKind::Norm, x.broadcast_div(&rms)?)?;
-        let h = tr.record("hidden", self.hidden.forward(&x)?.relu()?)?;
-        tr.record("head", self.head.forward(&h)?)
+        let x = x.broadcast_div(&rms)?;
+        let h = self.hidden.forward(&x)?.relu()?;
+        self.head.forward(&h)
     }
 }
 

@@ -243,18 +243,26 @@ fn a_users_example_binary_runs_every_command_over_its_model() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("hunt/risk.json")).unwrap())
             .unwrap();
     assert_eq!(report["model"], "rms_mlp");
+    // Nothing declared: the instrumented forward's division is found,
+    // searched and triggered at its line.
     let stage = &report["stages"][0];
     assert_eq!(
         (&stage["stage"], &stage["status"]),
-        (&"rms_norm".into(), &"triggered".into())
+        (&"RmsNormMlp::forward.div".into(), &"triggered".into())
     );
+    assert_eq!(stage["site"]["text"], "x.broadcast_div(&rms)");
+    assert_eq!(stage["site"]["file"], "harness/examples/user_model.rs");
     for f in ["risk.md", "risk.html"] {
         assert!(dir.join("hunt").join(f).is_file(), "{f}");
     }
     let repro = format!("hunt/reproducers/{}", stage["reproducer"].as_str().unwrap());
     let o = run(&["replay", &repro]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("reproduced: nan in forward at `rms_norm` (rms_mlp"));
+    assert!(
+        stdout(&o).contains("reproduced: nan in forward at `RmsNormMlp::forward.div` (rms_mlp"),
+        "{}",
+        stdout(&o)
+    );
 
     let o = run(&["fuzz", "--runs", "12", "--out", "fuzz", "--quiet"]);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));

@@ -214,6 +214,28 @@ fn own_binary() {
 }
 
 #[rustfmt::skip]
+mod instrumented_model {
+    // readme:begin
+    use candle_core::{Module, Tensor, D};
+    use nanhunt::models::{Model, Tracer};
+
+    struct MyModel {
+        hidden: candle_nn::Linear,
+        head: candle_nn::Linear,
+    }
+
+    impl Model for MyModel {
+        #[nanhunt::instrument]
+        fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+            let rms = x.sqr()?.mean_keepdim(D::Minus1)?.sqrt()?;
+            let h = self.hidden.forward(&x.broadcast_div(&rms)?)?.relu()?;
+            self.head.forward(&h)
+        }
+    }
+    // readme:end
+}
+
+#[rustfmt::skip]
 fn transformers_model() -> anyhow::Result<()> {
     let case = Case::example("cnn").unwrap();
     // readme:begin

@@ -78,6 +78,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         repair: String::new(),
         formulation: None,
         site: None,
+        input_site: None,
     };
     let read = match before {
         Some(p) => Some(&p.output),
@@ -273,6 +274,7 @@ pub fn backward(
         repair: String::new(),
         formulation: None,
         site: None,
+        input_site: None,
     };
     if out.len() == g.len() {
         let at_zero = out

@@ -131,6 +131,9 @@ pub struct Explanation {
     /// (`#[nanhunt::instrument]`): its kind, line and expression.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub site: Option<super::OpSite>,
+    /// The op that made what that op read, where an instrumented op did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_site: Option<super::OpSite>,
 }
 
 impl Explanation {

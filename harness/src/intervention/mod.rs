@@ -17,7 +17,7 @@
 
 pub mod substitute;
 
-use crate::finding::Substitute;
+use crate::finding::{OpSite, Substitute};
 use crate::spec::HalfType;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use serde::{Deserialize, Serialize};
@@ -45,6 +45,14 @@ pub struct Intervention {
     /// probabilities a loss stage takes the log of).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
+    /// An op of instrumented code to guard instead of a named stage (an
+    /// op's name depends on the stage after it; its site does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<OpSite>,
+    /// The op that made what the guarded op read: the non-finite gradients
+    /// that reach it are set to 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_site: Option<OpSite>,
     /// Every stage's output rounded to this half dtype and back, and the
     /// gradient it hands back with it: PyTorch's half-precision storage in
     /// a run computed in f32 (the framework check of [`crate::fidelity`]).
@@ -86,7 +94,44 @@ impl Intervention {
             saturate,
             substitute: None,
             at: None,
+            site: None,
+            input_site: None,
             storage: None,
+        }
+    }
+
+    /// The guard of an instrumented op at `site` (named `stage`) and of
+    /// the gradients it passes back to the op at `input` that made what it
+    /// read.
+    pub fn guard_op(
+        stage: &str,
+        site: OpSite,
+        input: Option<OpSite>,
+        saturate: bool,
+    ) -> Intervention {
+        Intervention {
+            site: Some(site),
+            input_site: input,
+            ..Intervention::guard(stage, None, saturate)
+        }
+    }
+
+    /// The tensor an instrumented op at `site` hands on: its guard where
+    /// this intervention guards that op or the op it read.
+    pub fn apply_op(&self, site: &OpSite, t: Tensor) -> Result<Tensor> {
+        let same = |s: &Option<OpSite>| {
+            s.as_ref().is_some_and(|s| {
+                (&s.file, s.line, s.column) == (&site.file, site.line, site.column)
+            })
+        };
+        let t = match same(&self.input_site) && t.dtype().is_float() {
+            true => t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?,
+            false => t,
+        };
+        match (same(&self.site), self.saturate) {
+            (true, false) => finite_or_zero(&t),
+            (true, true) => saturated(&t),
+            (false, _) => Ok(t),
         }
     }
 

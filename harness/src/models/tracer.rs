@@ -274,15 +274,25 @@ impl Tracer {
         inputs: Vec<Operand>,
         t: Tensor,
     ) -> Result<Tensor> {
+        let op_site = OpSite::of(site, owner.map(short_type_name));
+        let guarded = |t: Tensor| match (&self.intervention, t.dtype().is_float()) {
+            (Some(iv), true) => iv.apply_op(&op_site, t),
+            _ => Ok(t),
+        };
+        if !self.enabled {
+            return guarded(t);
+        }
         let float = t.dtype().is_float();
         let z = probe_like(&t, float)?;
         let out = if float { (&t + z.as_tensor())? } else { t };
+        // Guarded after the probe, as a stage is.
+        let out = guarded(out)?;
         self.records.borrow_mut().push_op(Record {
             name: String::new(),
             op: Some(site.kind),
             output: out.clone(),
             grad_probe: z,
-            site: Some(OpSite::of(site, owner.map(short_type_name))),
+            site: Some(op_site),
             inputs,
         });
         Ok(out)
@@ -325,7 +335,9 @@ fn record_op(
         return Ok(t);
     }
     TRACER.with(|tr| match tr.borrow_mut().as_mut() {
-        Some(tracer) if !tracer.thread && tracer.enabled => tracer.push_op(site, owner, inputs, t),
+        Some(tracer) if !tracer.thread && (tracer.enabled || tracer.intervention.is_some()) => {
+            tracer.push_op(site, owner, inputs, t)
+        }
         _ => Ok(t),
     })
 }

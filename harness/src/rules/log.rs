@@ -94,8 +94,9 @@ impl OpRule for Log {
                 negative,
                 Some(&x),
                 format!(
-                    "{subject} takes the log of {} of {name} that are negative (down to {}): NaN{sign}",
+                    "{subject} takes the log of {} of {name} that {} negative (down to {}): NaN{sign}",
                     counted(negative, "value"),
+                    super::walk::are(negative),
                     num(lo)
                 ),
                 "make what the log reads positive by construction (softplus or exp of it), or clamp it to at least an eps: `x.maximum(1e-8)?.log()`".into(),
@@ -139,8 +140,9 @@ fn log_of_zeros(
         _ => {}
     }
     let mut sentence = format!(
-        "{subject} takes the log of {} of {name} that are exactly 0: log(0) = −inf",
-        counted(zeros, "value")
+        "{subject} takes the log of {} of {name} that {} exactly 0: log(0) = −inf",
+        counted(zeros, "value"),
+        super::walk::are(zeros)
     );
     if let Some(z) = &why {
         sentence.push_str(&format!("; {}", z.why));

@@ -89,9 +89,10 @@ pub(super) fn negative(cx: &Cx, i: usize, what: &str) -> Result<Option<Explanati
         n,
         Some(&x),
         format!(
-            "{} takes the {what} of {} of {} that are negative (down to {}): NaN",
+            "{} takes the {what} of {} of {} that {} negative (down to {}): NaN",
             cx.subject(i),
             counted(n, "value"),
+            super::walk::are(n),
             cx.name(&x)?,
             num(lo)
         ),
@@ -138,9 +139,10 @@ pub(super) fn slope_at_zero(
         ),
     };
     let mut sentence = format!(
-        "the backward pass of {} takes the derivative of a {what} at exactly 0: {} of its output are 0 where the gradient it passes back to {} is not finite",
+        "the backward pass of {} takes the derivative of a {what} at exactly 0: {} of its output {} 0 where the gradient it passes back to {} is not finite",
         cx.subject(i),
         counted(n, "value"),
+        super::walk::are(n),
         cx.name(&x)?
     );
     if let Some(z) = why {

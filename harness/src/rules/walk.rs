@@ -71,6 +71,15 @@ pub fn counted(n: usize, what: &str) -> String {
     }
 }
 
+/// "is" for one, "are" for more.
+pub fn are(n: usize) -> &'static str {
+    if n == 1 {
+        "is"
+    } else {
+        "are"
+    }
+}
+
 /// A number in a sentence: 4 significant digits, exponent past 1e4.
 pub fn num(v: f64) -> String {
     if v == 0.0 || v.is_nan() || v.is_infinite() {
@@ -175,6 +184,10 @@ impl<'g, 'r> Cx<'g, 'r> {
         repair: String,
     ) -> Result<Explanation> {
         let r = &self.g.records[i];
+        let input_site = match input {
+            Some(read) => self.maker(read)?.and_then(|j| self.site(j).cloned()),
+            None => None,
+        };
         Ok(Explanation {
             pattern,
             stage: r.name.clone(),
@@ -182,6 +195,7 @@ impl<'g, 'r> Cx<'g, 'r> {
                 Some(read) => Some(self.name(read)?),
                 None => None,
             },
+            input_site,
             count,
             by_name: false,
             sentence,
@@ -531,11 +545,12 @@ fn zero_rows(cx: &Cx, j: usize) -> Result<Option<Zero>> {
         return Ok(None);
     }
     let mut why = format!(
-        "{} reduces squares of {}, and {} of its {} rows are all zeros",
+        "{} reduces squares of {}, and {} of its {} rows {} all zeros",
         cx.name_of(at),
         cx.name(&x)?,
         zero,
-        xs.len() / width.max(1)
+        xs.len() / width.max(1),
+        if zero == 1 { "is" } else { "are" }
     );
     if let Some(z) = cx.why_zero(&x, &[])? {
         why.push_str(&format!(" ({})", z.why));

@@ -291,12 +291,7 @@ fn the_hunt_triggers_each_latent_bug_at_its_op_with_nothing_declared() {
             "rms_without_eps",
             rms_bug,
             rms_fixed,
-            want(
-                K::Div,
-                "rms_without_eps",
-                P::ZeroNormRow,
-                "rows are all zeros",
-            ),
+            want(K::Div, "rms_without_eps", P::ZeroNormRow, "all zeros"),
         ),
     ];
     let run = RunOptions::default();

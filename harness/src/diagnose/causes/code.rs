@@ -71,10 +71,16 @@ pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
             ..Intervention::guard(&e.stage, Some(&f.reads), false)
         },
         // Without a formulation that fits, an overflowing exp's stand-in
-        // is a clamp of its input: saturation.
+        // is a clamp of its input: saturation. An op of instrumented code
+        // is guarded at its site.
         None => {
             let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
-            Intervention::guard(&e.stage, e.input.as_deref(), saturate)
+            match &e.site {
+                Some(site) => {
+                    Intervention::guard_op(&e.stage, site.clone(), e.input_site.clone(), saturate)
+                }
+                None => Intervention::guard(&e.stage, e.input.as_deref(), saturate),
+            }
         }
     }
 }
