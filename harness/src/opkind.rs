@@ -86,8 +86,6 @@ pub enum OpKind {
     Other,
 }
 
-/// How a stage's kind is known.
-
 impl OpKind {
     pub fn as_str(self) -> &'static str {
         match self {

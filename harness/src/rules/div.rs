@@ -244,7 +244,7 @@ fn shifted_ratio(cx: &Cx, i: usize, a: &Arg, b: &Arg, n: usize) -> Result<Option
         let Some(j) = cx.maker(r)? else {
             return Ok(None);
         };
-        if cx.kind(j) != Some(OpKind::View) || !cx.site(j).is_some_and(|s| s.op == "narrow") {
+        if cx.kind(j) != Some(OpKind::View) || cx.site(j).is_none_or(|s| s.op != "narrow") {
             return Ok(None);
         }
         Ok(cx.reads(j).first().copied())

@@ -92,7 +92,7 @@ impl OpRule for Product {
                 )
                 .map(Some);
         }
-        overflowed(cx, i, &vals, "multiplies", "a product").map(|e| e)
+        overflowed(cx, i, &vals, "multiplies", "a product")
     }
 }
 
