@@ -25,21 +25,33 @@ pub(super) struct Seen<'a> {
     pub tiny: f64,
 }
 
+/// A composition's detector: the pattern it finds in what a stage read and made.
+type Detector = fn(&Seen) -> Option<Inside>;
+
+/// Which compositions a stage that declares a kind can hold, tried in
+/// order: a log (or a loss, which takes one) of a product, of an
+/// overflowed exp or of an underflowed softmax; an exp of a scaled input;
+/// a norm of a constant row or column; a mask added inside a softmax.
+const COMPOSITIONS: &[(&[OpKind], &[Detector])] = &[
+    (
+        &[OpKind::Log, OpKind::Loss],
+        &[zero_times_log_of_zero, overflowed_exp, underflowed_softmax],
+    ),
+    (&[OpKind::Exp], &[scaled_exp]),
+    (&[OpKind::Norm], &[constant_normalized]),
+    (&[OpKind::Softmax], &[mask_inside_softmax]),
+];
+
 /// The composition of an op of `kind` that accounts for the stage's
 /// non-finite outputs, if one does.
 pub(super) fn find(kind: OpKind, s: &Seen) -> Option<Inside> {
     if s.x.is_empty() || !s.x.iter().all(|v| v.is_finite()) {
         return None;
     }
-    match kind {
-        OpKind::Log | OpKind::Loss => zero_times_log_of_zero(s)
-            .or_else(|| overflowed_exp(s))
-            .or_else(|| underflowed_softmax(s)),
-        OpKind::Exp => scaled_exp(s),
-        OpKind::Norm => constant_normalized(s),
-        OpKind::Softmax => mask_inside_softmax(s),
-        _ => None,
-    }
+    let (_, detectors) = COMPOSITIONS
+        .iter()
+        .find(|(kinds, _)| kinds.contains(&kind))?;
+    detectors.iter().find_map(|d| d(s))
 }
 
 /// Rows of a softmax that are NaN in full where its input is finite: a

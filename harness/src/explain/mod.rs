@@ -130,7 +130,10 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
     if e.pattern == Pattern::Unexplained {
         // The values cannot tell (the record before is not what the op
         // read, a log applied to a softmax inside the stage): the op's kind does.
-        if let Some(p) = op.and_then(|op| by_op(op.kind, &out)) {
+        let by_rule = |op: crate::finding::StageOp| {
+            crate::rules::rule(op.kind).and_then(|r| r.stage_pattern(op.kind, &out))
+        };
+        if let Some(p) = op.and_then(by_rule) {
             e.pattern = p;
             e.by_name = op.is_some_and(|op| op.guessed());
         } else if overflowed
@@ -235,19 +238,6 @@ fn by_values(x: &[f64], out: &[f64], width: usize, limit: f64) -> Option<(Patter
     ]
     .into_iter()
     .find(|&(_, n)| n > 0)
-}
-
-/// The pattern an op of `kind` makes of the non-finite values in `out`.
-fn by_op(kind: OpKind, out: &[f64]) -> Option<Pattern> {
-    let neg_inf = out.contains(&f64::NEG_INFINITY);
-    let nan = out.iter().any(|v| v.is_nan());
-    let pos_inf = out.contains(&f64::INFINITY);
-    match kind {
-        OpKind::Log | OpKind::LogSoftmax if neg_inf && !nan => Some(Pattern::LogOfZero),
-        OpKind::Log | OpKind::Sqrt if nan => Some(Pattern::NegativeDomain),
-        OpKind::Exp if pos_inf && !nan => Some(Pattern::ExpOverflow),
-        _ => None,
-    }
 }
 
 /// The backward pattern of stage `p`, whose backward pass made the

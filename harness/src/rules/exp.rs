@@ -39,6 +39,12 @@ impl OpRule for Exp {
         Ok(Some(v.output.to_dtype(DType::F32)?.flatten_all()?.max(0)?))
     }
 
+    /// +inf alone from an exp is its overflow.
+    fn stage_pattern(&self, _: OpKind, out: &[f64]) -> Option<Pattern> {
+        let nan = out.iter().any(|v| v.is_nan());
+        (out.contains(&f64::INFINITY) && !nan).then_some(Pattern::ExpOverflow)
+    }
+
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {
         let reads = cx.reads(i);
         let Some(x) = reads.first().copied() else {

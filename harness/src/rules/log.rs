@@ -44,6 +44,16 @@ impl OpRule for Log {
         Ok(Some(y.min(0)?.neg()?))
     }
 
+    /// −inf alone is a log of zeros; NaN a log of negatives (a
+    /// log-softmax makes NaN only of a masked row, told by its values).
+    fn stage_pattern(&self, kind: OpKind, out: &[f64]) -> Option<Pattern> {
+        let nan = out.iter().any(|v| v.is_nan());
+        if out.contains(&f64::NEG_INFINITY) && !nan {
+            return Some(Pattern::LogOfZero);
+        }
+        (nan && kind == OpKind::Log).then_some(Pattern::NegativeDomain)
+    }
+
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {
         if cx.kind(i) == Some(OpKind::LogSoftmax) {
             return super::softmax::masked_rows(cx, i);

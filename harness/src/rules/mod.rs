@@ -113,6 +113,14 @@ pub trait OpRule: Sync {
     /// unsafe domain; `None` when it cannot be read.
     fn pressure(&self, v: &View) -> Result<Option<Tensor>>;
 
+    /// For a stage recorded by name that declares this kind (`record_as`):
+    /// the pattern its non-finite outputs `out` make when the values it
+    /// read cannot tell (what it read is computed inside the stage).
+    fn stage_pattern(&self, kind: OpKind, out: &[f64]) -> Option<Pattern> {
+        let _ = (kind, out);
+        None
+    }
+
     /// The explanation of op `i`, the first to make non-finite values.
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {
         let _ = (cx, i);

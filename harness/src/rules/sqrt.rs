@@ -43,6 +43,13 @@ impl OpRule for Sqrt {
         ))
     }
 
+    /// NaN from a root is a root of negatives.
+    fn stage_pattern(&self, _: OpKind, out: &[f64]) -> Option<Pattern> {
+        out.iter()
+            .any(|v| v.is_nan())
+            .then_some(Pattern::NegativeDomain)
+    }
+
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {
         negative(cx, i, "square root")
     }
