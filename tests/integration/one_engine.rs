@@ -401,3 +401,51 @@ fn an_update_failure_is_named_at_the_optimizers_op_by_both_drivers() {
     assert_eq!(ran.site, guarded.site);
     assert_eq!(ran.explanation, guarded.explanation);
 }
+
+/// h / ‖h‖ after a ReLU, in an instrumented forward: both drivers name
+/// the division at its line and explain it alike.
+struct InstrumentedRowNorm {
+    fc1: candle_nn::Linear,
+    fc2: candle_nn::Linear,
+}
+
+impl Model for InstrumentedRowNorm {
+    #[nanhunt::instrument]
+    fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+        use candle_core::Module;
+        let h = self.fc1.forward(x)?.relu()?;
+        let norm = h.sqr()?.sum_keepdim(candle_core::D::Minus1)?.sqrt()?;
+        self.fc2.forward(&h.broadcast_div(&norm)?)
+    }
+}
+
+#[test]
+fn an_op_of_instrumented_code_is_the_same_finding_in_both_drivers() {
+    let mut case = planted_patterns().remove(0).case;
+    case.data.pathologies = vec![nanhunt::spec::Pathology::AllZero {
+        fraction: 0.1,
+        from_step: 0,
+    }];
+    let factory = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(InstrumentedRowNorm {
+            fc1: candle_nn::linear_no_bias(8, 16, vb.pp("fc1"))?,
+            fc2: candle_nn::linear(16, 4, vb.pp("fc2"))?,
+        }))
+    };
+    let ran = match run_model(&case, &factory, &RunOptions::default()).unwrap() {
+        Outcome::Unstable { finding } => *finding,
+        other => panic!("run_model found nothing: {}", other.verdict()),
+    };
+    let guarded = guarded(&case, &factory);
+    assert_eq!(
+        (&guarded.signature, &guarded.stage, &guarded.site),
+        (&ran.signature, &ran.stage, &ran.site)
+    );
+    let site = ran.site.as_ref().expect("the op");
+    assert_eq!(site.text, "h.broadcast_div(&norm)");
+    assert_eq!(ran.explanation, guarded.explanation);
+    assert_eq!(
+        ran.explanation.unwrap().pattern,
+        nanhunt::explain::Pattern::ZeroNormRow
+    );
+}

@@ -250,6 +250,32 @@ fn lse_pool_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     n.fc2.forward(&lse)
 }
 
+// 17. Two copies of one block, each normalizing its rows without an eps:
+// the first copy's division is named (its ops are numbered, not lined).
+#[nanhunt::instrument]
+fn normalized(h: &Tensor) -> candle_core::Result<Tensor> {
+    let norm = h.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
+    h.broadcast_div(&norm) // BUG: blocks
+}
+
+#[nanhunt::instrument]
+fn blocks(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = normalized(&relu1(n, x)?)?;
+    let h = normalized(&(h * 2.0)?.relu()?)?;
+    n.fc2.forward(&h)
+}
+
+#[nanhunt::instrument]
+fn blocks_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let eps = |h: Tensor| -> candle_core::Result<Tensor> {
+        let norm = (h.sqr()?.sum_keepdim(D::Minus1)? + 1e-8)?.sqrt()?;
+        h.broadcast_div(&norm)
+    };
+    let h = eps(relu1(n, x)?)?;
+    let h = eps((h * 2.0)?.relu()?)?;
+    n.fc2.forward(&h)
+}
+
 /// Sharp logits: a softmax of them underflows to exact zeros in f32.
 #[nanhunt::instrument]
 fn sharp(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -497,6 +523,13 @@ fn suite() -> Vec<Bug> {
                 P::MaskInsideSoftmax,
                 "adds a mask",
             ),
+        ),
+        bug(
+            all_zero(vector("blocks")),
+            bias_free,
+            blocks,
+            blocks_fixed,
+            expect(F, K::Div, "blocks", P::ZeroNormRow, "is a ReLU"),
         ),
         bug(
             vector("log_rate"),
