@@ -35,22 +35,23 @@ fn kinds(records: &[Record]) -> Vec<(OpKind, String)> {
 
 // ---- method chains with `?`, operators on references and on values ----
 
-#[nanhunt::instrument]
-fn chain(x: &Tensor) -> candle_core::Result<Tensor> {
-    let e = x.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let scaled = (&e * 2.0)?;
-    let shifted = (scaled - 1.0)?;
-    let ratio = (&shifted / &e)?;
-    ratio.broadcast_add(&x.mean_keepdim(1)?)
+/// Defines `$name` with `#[nanhunt::instrument]` and `$plain` without it,
+/// from one body.
+macro_rules! twins {
+    ($name:ident, $plain:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        #[nanhunt::instrument]
+        fn $name($($arg: $ty),*) -> $ret $body
+        fn $plain($($arg: $ty),*) -> $ret $body
+    };
 }
 
-fn chain_plain(x: &Tensor) -> candle_core::Result<Tensor> {
+twins!(chain, chain_plain, (x: &Tensor) -> candle_core::Result<Tensor> {
     let e = x.exp()?.sum_keepdim(D::Minus1)?.log()?;
     let scaled = (&e * 2.0)?;
     let shifted = (scaled - 1.0)?;
     let ratio = (&shifted / &e)?;
     ratio.broadcast_add(&x.mean_keepdim(1)?)
-}
+});
 
 #[test]
 fn method_chains_and_operators_on_references_and_values() {
@@ -96,8 +97,7 @@ fn method_chains_and_operators_on_references_and_values() {
 
 // ---- closures, loops, early returns, `Vec<Tensor>`, indexing ----
 
-#[nanhunt::instrument]
-fn closures_and_loops(x: &Tensor, early: bool) -> candle_core::Result<Tensor> {
+twins!(closures_and_loops, closures_and_loops_plain, (x: &Tensor, early: bool) -> candle_core::Result<Tensor> {
     let softplus = |t: &Tensor| (t.exp()? + 1.0)?.log();
     if early {
         return softplus(x);
@@ -111,23 +111,7 @@ fn closures_and_loops(x: &Tensor, early: bool) -> candle_core::Result<Tensor> {
     let first = (&parts[0] + 1.0)?;
     let total: f64 = (0..3).map(|i| i as f64 * 0.5).sum();
     (stacked.broadcast_mul(&first)? + total)?.tanh()
-}
-
-fn closures_and_loops_plain(x: &Tensor, early: bool) -> candle_core::Result<Tensor> {
-    let softplus = |t: &Tensor| (t.exp()? + 1.0)?.log();
-    if early {
-        return softplus(x);
-    }
-    let mut parts = Vec::new();
-    for j in 0..x.dim(1)? {
-        let col = x.narrow(1, j, 1)?;
-        parts.push((col * (j as f64 + 1.0))?);
-    }
-    let stacked = Tensor::cat(&parts, 1)?;
-    let first = (&parts[0] + 1.0)?;
-    let total: f64 = (0..3).map(|i| i as f64 * 0.5).sum();
-    (stacked.broadcast_mul(&first)? + total)?.tanh()
-}
+});
 
 #[test]
 fn closures_loops_early_returns_and_lists_of_tensors() {

@@ -305,17 +305,6 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
         weight_decay: 0.0,
     };
     case.data.pathologies.clear();
-    let gated = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
-        struct Gated(candle_nn::Linear, Tensor);
-        impl Model for Gated {
-            fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
-                let y = candle_core::Module::forward(&self.0, x)?;
-                y.broadcast_add(&self.1.broadcast_mul(&self.1.zeros_like()?)?)
-            }
-        }
-        let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
-        Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
-    };
     let dir_root = crate::support::scratch("scene-diagnose-eps");
     let dir = dir_root.join("scene");
     let found = guarded_scene(&case, &gated, &dir);
@@ -353,17 +342,6 @@ fn an_update_failure_is_named_at_the_optimizers_op_by_both_drivers() {
         weight_decay: 0.0,
     };
     case.data.pathologies.clear();
-    let gated = |vb: candle_nn::VarBuilder| -> candle_core::Result<Box<dyn Model>> {
-        struct Gated(candle_nn::Linear, Tensor);
-        impl Model for Gated {
-            fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
-                let y = candle_core::Module::forward(&self.0, x)?;
-                y.broadcast_add(&self.1.broadcast_mul(&self.1.zeros_like()?)?)
-            }
-        }
-        let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
-        Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
-    };
     let ran = match run_model(&case, &gated, &RunOptions::default()).unwrap() {
         Outcome::Unstable { finding } => *finding,
         other => panic!("run_model found nothing: {}", other.verdict()),
@@ -448,4 +426,18 @@ fn an_op_of_instrumented_code_is_the_same_finding_in_both_drivers() {
         ran.explanation.unwrap().pattern,
         nanhunt::explain::Pattern::ZeroNormRow
     );
+}
+
+/// A linear layer and a gate whose gradient is exactly 0 (it is
+/// multiplied by 0): Adam with eps 0 divides 0 by 0 on it.
+fn gated(vb: candle_nn::VarBuilder) -> candle_core::Result<Box<dyn Model>> {
+    struct Gated(candle_nn::Linear, Tensor);
+    impl Model for Gated {
+        fn forward(&self, x: &Tensor, _: &mut Tracer) -> candle_core::Result<Tensor> {
+            let y = candle_core::Module::forward(&self.0, x)?;
+            y.broadcast_add(&self.1.broadcast_mul(&self.1.zeros_like()?)?)
+        }
+    }
+    let gate = vb.get_with_hints(4, "gate", candle_nn::Init::Const(0.5))?;
+    Ok(Box::new(Gated(candle_nn::linear(8, 4, vb.pp("fc"))?, gate)))
 }

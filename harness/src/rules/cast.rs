@@ -24,7 +24,7 @@ impl OpRule for Cast {
 
     /// Only a cast into a half precision narrows the range.
     fn risky(&self, dtype: DType) -> bool {
-        matches!(dtype, DType::F16 | DType::BF16)
+        super::half(dtype)
     }
 
     fn margin(&self, v: &View) -> Result<Option<f64>> {

@@ -106,12 +106,18 @@ pub trait OpRule: Sync {
     }
 
     /// How far the op stayed from its unsafe domain, in decades (0: it
-    /// reached it); `None` when it cannot be read.
-    fn margin(&self, v: &View) -> Result<Option<f64>>;
+    /// reached it); `None` when it cannot be read. By default the distance
+    /// of its largest magnitude from the dtype's largest value.
+    fn margin(&self, v: &View) -> Result<Option<f64>> {
+        overflow_margin(v.output)
+    }
 
     /// The scalar (in f32, differentiable) that grows as the op nears its
-    /// unsafe domain; `None` when it cannot be read.
-    fn pressure(&self, v: &View) -> Result<Option<Tensor>>;
+    /// unsafe domain; `None` when it cannot be read. By default its
+    /// largest magnitude.
+    fn pressure(&self, v: &View) -> Result<Option<Tensor>> {
+        overflow_pressure(v.output)
+    }
 
     /// For a stage recorded by name that declares this kind (`record_as`):
     /// the pattern its non-finite outputs `out` make when the values it
@@ -263,6 +269,11 @@ fn unexplained(cx: &Cx, i: usize, backward_of: Option<usize>) -> Result<Explanat
         sentence,
         "keep this op's inputs inside its safe domain".into(),
     )
+}
+
+/// A half precision: where products, sums and casts leave the range.
+fn half(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
 }
 
 /// Decades from `ratio` (at least 0).

@@ -3,10 +3,10 @@
 
 use super::product::overflowed;
 use super::walk::{counted, values, Cx};
-use super::{overflow_margin, overflow_pressure, OpRule, View};
+use super::OpRule;
 use crate::error::Result;
 use crate::finding::{Explanation, OpKind, Pattern};
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 
 pub(super) struct Sum;
 
@@ -24,15 +24,7 @@ impl OpRule for Sum {
     }
 
     fn risky(&self, dtype: DType) -> bool {
-        matches!(dtype, DType::F16 | DType::BF16)
-    }
-
-    fn margin(&self, v: &View) -> Result<Option<f64>> {
-        overflow_margin(v.output)
-    }
-
-    fn pressure(&self, v: &View) -> Result<Option<Tensor>> {
-        overflow_pressure(v.output)
+        super::half(dtype)
     }
 
     fn forward(&self, cx: &Cx, i: usize) -> Result<Option<Explanation>> {

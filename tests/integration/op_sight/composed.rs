@@ -486,21 +486,7 @@ fn check(b: &Bug) -> Option<String> {
         return mishunted(&b.case, &buggy, &run_bug, &b.want, FILE)
             .or_else(|| quiet_hunt(&b.case, &fixed, &run_fixed));
     }
-    let f = match finding(&b.case, &buggy, &run_bug) {
-        Ok(f) => f,
-        Err(e) => return Some(e),
-    };
-    let wrong = misnamed(&f, &b.want, FILE);
-    if wrong.is_none() {
-        let e = f.explanation.as_deref().unwrap();
-        println!(
-            "{}: {} — {}",
-            b.want.marker,
-            f.site.as_ref().unwrap(),
-            e.sentence
-        );
-    }
-    wrong
+    fires_as(&b.case, &buggy, &run_bug, &b.want, FILE)
 }
 
 #[test]

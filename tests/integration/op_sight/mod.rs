@@ -184,6 +184,27 @@ pub fn misnamed(f: &Finding, want: &Expect, file: &str) -> Option<String> {
     })
 }
 
+/// What is wrong with a bug that must fire on its data: its finding must
+/// name the op of `want` at its line, explained (`None`: it does; the
+/// finding is printed for `-- --nocapture`).
+pub fn fires_as(
+    case: &Case,
+    factory: &dyn ModelFactory,
+    run: &RunOptions,
+    want: &Expect,
+    file: &str,
+) -> Option<String> {
+    let f = match finding(case, factory, run) {
+        Ok(f) => f,
+        Err(e) => return Some(e),
+    };
+    let wrong = misnamed(&f, want, file);
+    if let (None, Some(site), Some(e)) = (&wrong, &f.site, &f.explanation) {
+        println!("{}: {site} — {}", want.marker, e.sentence);
+    }
+    wrong
+}
+
 /// The finding of a run that must fail.
 pub fn finding(
     case: &Case,

@@ -632,21 +632,13 @@ fn check(b: &Bug) -> Option<String> {
     if let Some(e) = stable(&b.case, &net(b.shape, b.fixed), &opts(fixed_loss)) {
         return Some(e);
     }
-    let f = match finding(&b.case, &net(b.shape, b.bug), &opts(bug_loss)) {
-        Ok(f) => f,
-        Err(e) => return Some(e),
-    };
-    let wrong = misnamed(&f, &b.want, FILE);
-    if wrong.is_none() {
-        let e = f.explanation.as_deref().unwrap();
-        println!(
-            "{}: {} — {}",
-            b.want.marker,
-            f.site.as_ref().unwrap(),
-            e.sentence
-        );
-    }
-    wrong
+    fires_as(
+        &b.case,
+        &net(b.shape, b.bug),
+        &opts(bug_loss),
+        &b.want,
+        FILE,
+    )
 }
 
 #[test]
@@ -684,10 +676,13 @@ fn attention_bugs_are_named_at_the_matmul_in_f16_and_the_softmax_of_a_token_mask
         P::AccumulationOverflow,
         "past f16's largest value",
     );
-    match finding(&f16, &factory, &RunOptions::default()) {
-        Ok(f) => failures.extend(misnamed(&f, &want, FILE)),
-        Err(e) => failures.push(e),
-    }
+    failures.extend(fires_as(
+        &f16,
+        &factory,
+        &RunOptions::default(),
+        &want,
+        FILE,
+    ));
     let mut tokens = vector("masked_attention");
     tokens.model = ModelSpec::Custom(CustomSpec::new(
         "masked_attention",
@@ -712,10 +707,13 @@ fn attention_bugs_are_named_at_the_matmul_in_f16_and_the_softmax_of_a_token_mask
         P::MaskedRow,
         "fills every position",
     );
-    match finding(&tokens, &factory, &RunOptions::default()) {
-        Ok(f) => failures.extend(misnamed(&f, &want, FILE)),
-        Err(e) => failures.push(e),
-    }
+    failures.extend(fires_as(
+        &tokens,
+        &factory,
+        &RunOptions::default(),
+        &want,
+        FILE,
+    ));
     let _ = DType::F16;
     all_hold("attention bugs", 2, failures);
 }
