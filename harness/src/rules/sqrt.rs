@@ -96,16 +96,29 @@ pub(super) fn negative(cx: &Cx, i: usize, what: &str) -> Result<Option<Explanati
         n,
         Some(&x),
         format!(
-            "{} takes the {what} of {} of {} that {} negative (down to {}): NaN",
+            "{} takes the {what} of {} of {} that {} negative (down to {}): NaN{}",
             cx.subject(i),
             counted(n, "value"),
-            super::walk::are(n),
             cx.name(&x)?,
-            num(lo)
+            super::walk::are(n),
+            num(lo),
+            cancellation(cx, &x)?
         ),
         "make what it reads non-negative by construction (a square, softplus, relu plus an eps), or clamp it: `x.maximum(0.0)?`".into(),
     )
     .map(Some)
+}
+
+/// Why a difference can be negative where it should not: two nearly
+/// equal terms (E[x²] − E[x]², a variance by hand) round below 0.
+pub(super) fn cancellation(cx: &Cx, x: &Read) -> Result<String> {
+    Ok(match cx.maker_through_views(x)? {
+        Some((j, OpKind::Sub)) => format!(
+            "; {} is a difference of two terms, which rounding takes below 0 where they nearly cancel (as E[x²] − E[x]² does for a variance)",
+            cx.name_of(j)
+        ),
+        _ => String::new(),
+    })
 }
 
 /// The backward pass of a root (or a power below 1) at exactly 0: the

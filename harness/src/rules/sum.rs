@@ -47,12 +47,24 @@ impl OpRule for Sum {
             for a in &args {
                 names.push(cx.arg_name(a)?);
             }
-            let sentence = format!(
+            let mut sentence = format!(
                 "{} combines {} with infinities that cancel in {}: inf − inf = NaN",
                 cx.subject(i),
                 names.join(" and "),
                 counted(opposed, "value")
             );
+            // x − max(x) over a row that is entirely −inf (a masked row).
+            let max_of_row = cx.reads(i).iter().any(|r| {
+                cx.maker(r)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|j| cx.kind(j) == Some(OpKind::Extremum))
+            });
+            if max_of_row && cx.kind(i) == Some(OpKind::Sub) {
+                sentence.push_str(
+                    ": it subtracts a row's max from rows that are entirely −inf (every position masked), whose max is −inf too",
+                );
+            }
             let read = cx.reads(i).first().copied();
             return cx
                 .explained(

@@ -366,9 +366,42 @@ impl<'g, 'r> Cx<'g, 'r> {
                 why: format!("{name} scales what is 0 there{}", inner(0)?),
                 cause: ZeroCause::Other,
             },
-            OpKind::Mul => Zero {
-                why: format!("{name} is a product that underflowed to 0 or has a zero factor"),
+            OpKind::Mul => {
+                // The factor that is 0 there, followed back; else an underflow.
+                let zero_factor = reads
+                    .iter()
+                    .position(|r| values(r.tensor).is_ok_and(|v| v.contains(&0.0)));
+                match zero_factor {
+                    Some(k) => Zero {
+                        why: format!("{name} multiplies by a factor that is 0 there{}", inner(k)?),
+                        cause: ZeroCause::Other,
+                    },
+                    None => Zero {
+                        why: format!("{name} is a product that underflowed to 0"),
+                        cause: ZeroCause::Other,
+                    },
+                }
+            }
+            OpKind::Pow if self.g.scalars(j).first().is_some_and(|p| *p > 0.0) => Zero {
+                why: format!(
+                    "{name} raises what is 0 there to a positive power{}",
+                    inner(0)?
+                ),
                 cause: ZeroCause::Other,
+            },
+            OpKind::Abs => Zero {
+                why: format!("{name} is the magnitude of what is 0 there{}", inner(0)?),
+                cause: ZeroCause::Other,
+            },
+            OpKind::Variance => match reads.first() {
+                Some(x) => match constant_lines(self, x)? {
+                    Some(words) => Zero {
+                        why: format!("{name} is a variance: {words}"),
+                        cause: ZeroCause::Constant,
+                    },
+                    None => return Ok(None),
+                },
+                None => return Ok(None),
             },
             OpKind::Div if !reads.is_empty() && self.site(j).is_some_and(|s| s.op != "recip") => {
                 Zero {
@@ -466,7 +499,7 @@ fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> 
         return Ok(None);
     };
     let hand_written = kind == OpKind::Div && cx.site(k).is_some_and(|s| s.op == "recip");
-    if kind != OpKind::Sigmoid && !hand_written {
+    if !matches!(kind, OpKind::Sigmoid | OpKind::Softmax) && !hand_written {
         return Ok(None);
     }
     let ones = values(g.tensor)?.iter().filter(|&&v| v == 1.0).count();
@@ -480,12 +513,21 @@ fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> 
         .first()
         .and_then(|r| r.from)
         .filter(|_| kind == OpKind::Sigmoid);
+    let gate = match kind {
+        OpKind::Softmax => {
+            "a softmax, which rounds to exactly 1 where one logit leads the others by enough"
+                .to_string()
+        }
+        _ => format!(
+            "a sigmoid that rounds to exactly 1 in {} for logits above {edge:.1}",
+            dt.name()
+        ),
+    };
     Ok(Some((
         format!(
-            "{} is 1 − {}, a sigmoid that rounds to exactly 1 in {} for logits above {edge:.1}: it is exactly 1 in {}, so 1 − it is 0 there",
+            "{} is 1 − {}, {gate}: it is exactly 1 in {}, so 1 − it is 0 there",
             cx.name_of(j),
             cx.name_of(k),
-            dt.name(),
             counted(ones, "value")
         ),
         logits,

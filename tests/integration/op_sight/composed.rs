@@ -1,7 +1,7 @@
 //! Bugs nobody in the other suites has, each a whole statement that
 //! composes several ops, written with `#[nanhunt::instrument]` and nothing
-//! declared: four inside custom losses, three in half precision, two that
-//! fire only in the backward pass, four latent (their training data never
+//! declared: four inside custom losses, three in half precision, three
+//! that fire only in the backward pass, four latent (their training data never
 //! fires them: the hunt must). Each must be named at its op and line and
 //! explained; each fixed version gives no finding and no trigger.
 
@@ -265,6 +265,84 @@ fn batch_standardize_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     n.fc2.forward(&c.broadcast_div(&(var + 1e-5)?.sqrt()?)?)
 }
 
+// 14. A cosine similarity by hand, a·b / (‖a‖·‖b‖), of ReLU features
+// without bias: an all-zero sample makes both norms 0.
+#[nanhunt::instrument]
+fn cosine(n: &Net, x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let a = n.fc1.forward(x)?.relu()?;
+    let b = (n.fc1.forward(x)? * 2.0)?.relu()?;
+    // The fix's eps goes under the roots too: their slope at 0 is infinite.
+    let na = (a.sqr()?.sum_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    let nb = (b.sqr()?.sum_keepdim(D::Minus1)? + eps)?.sqrt()?;
+    let cos = ((&a * &b)?.sum_keepdim(D::Minus1)? / ((na * nb)? + eps)?)?; // BUG: cosine
+    n.fc2.forward(&a.broadcast_mul(&cos)?)
+}
+
+fn cosine_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    cosine(n, x, 0.0)
+}
+
+fn cosine_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    cosine(n, x, 1e-8)
+}
+
+// 15. A "not this class" log-probability, log(1 − p), of a softmax on
+// sharp logits: the leading class's p rounds to exactly 1.
+#[nanhunt::instrument]
+fn not_class(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let p = candle_nn::ops::softmax(&sharp_logits(n, x)?, D::Minus1)?;
+    (1.0 - p)?.log() // BUG: not_class
+}
+
+#[nanhunt::instrument]
+fn not_class_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let p = candle_nn::ops::softmax(&sharp_logits(n, x)?, D::Minus1)?;
+    (1.0 - p)?.maximum(1e-7)?.log()
+}
+
+// 16. A standard deviation as the root of candle's variance over the
+// batch, on a dead unit's constant column: finite forward, an infinite
+// slope backward.
+#[nanhunt::instrument]
+fn std_of_var(n: &Net, x: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.relu()?;
+    let keep: Vec<f32> = (0..h.dim(1)?).map(|j| f32::from(j != 0)).collect();
+    let h = h.broadcast_mul(&Tensor::new(keep, x.device())?)?;
+    let std = (h.var_keepdim(0)? + eps)?.sqrt()?; // BUG: std_of_var
+    n.fc2.forward(&h.broadcast_div(&(std + 1e-3)?)?)
+}
+
+fn std_of_var_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    std_of_var(n, x, 0.0)
+}
+
+fn std_of_var_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    std_of_var(n, x, 1e-5)
+}
+
+// 17. A softmax by hand with its max subtracted, over scores with the
+// off-by-one −inf mask: the first position's row is all −inf, and so is
+// its max: −inf − (−inf) = NaN.
+#[nanhunt::instrument]
+fn max_softmax(n: &Net, x: &Tensor, fill: f32) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { fill } else { 0.0 })
+        .collect();
+    let s = h.broadcast_add(&Tensor::from_vec(m, (4, 4), x.device())?)?;
+    let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?; // BUG: max_softmax
+    let w = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    n.fc2.forward(&w.mean(1)?)
+}
+
+fn max_softmax_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    max_softmax(n, x, f32::NEG_INFINITY)
+}
+
+fn max_softmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    max_softmax(n, x, -1e9)
+}
+
 /// One composed bug: its case, its model (and loss) as written and
 /// fixed, what its finding must name, and whether its data fires it.
 struct Bug {
@@ -462,6 +540,56 @@ fn suite() -> Vec<Bug> {
                 "holds 1 value",
             ),
         ),
+        Bug {
+            shape: Shape { bias: false, ..MLP },
+            ..bug(
+                all_zero(vector("cosine")),
+                (cosine_bug, cosine_fixed),
+                want(
+                    F,
+                    K::Div,
+                    "cosine",
+                    P::ZeroOverZero,
+                    "multiplies by a factor that is 0",
+                ),
+            )
+        },
+        bug(
+            vector("not_class"),
+            (not_class, not_class_fixed),
+            want(
+                F,
+                K::Log,
+                "not_class",
+                P::SaturatedGate,
+                "a softmax, which rounds to exactly 1",
+            ),
+        ),
+        bug(
+            vector("std_of_var"),
+            (std_of_var_bug, std_of_var_fixed),
+            want(
+                B,
+                K::Sqrt,
+                "std_of_var",
+                P::InfiniteSlopeAtZero,
+                "is a variance: column 0",
+            ),
+        ),
+        Bug {
+            shape: Shape { head_in: 4, ..MLP },
+            ..bug(
+                vector("max_softmax"),
+                (max_softmax_bug, max_softmax_fixed),
+                want(
+                    F,
+                    K::Sub,
+                    "max_softmax",
+                    P::InfMinusInf,
+                    "whose max is −inf too",
+                ),
+            )
+        },
     ]
 }
 
