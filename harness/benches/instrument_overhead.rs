@@ -11,7 +11,9 @@
 //! every pair once, the rounds one after another. With `same` both models
 //! are plain: the bench's own bias, the noise the figures are read against.
 
+// Its batches and loss; the plain (unguarded) step is the guard bench's.
 #[path = "shared/guard_loop.rs"]
+#[allow(dead_code)]
 mod guard_loop;
 
 use candle_core::{DType, Device, Module, Tensor, D};
