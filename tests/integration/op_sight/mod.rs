@@ -303,6 +303,45 @@ pub fn quiet_hunt(case: &Case, factory: &dyn ModelFactory, run: &RunOptions) -> 
     })
 }
 
+/// The fixed version's hunt finds no trigger at its repaired statement:
+/// the line marked `// FIX: <marker>`, or the bug's own line when the fix
+/// shares it (another constant given to the same function).
+pub fn quiet_at(
+    case: &Case,
+    factory: &dyn ModelFactory,
+    run: &RunOptions,
+    marker: &str,
+    file: &str,
+) -> Option<String> {
+    let tag = format!("// FIX: {marker}");
+    let fix_line = source(file)
+        .lines()
+        .position(|l| l.trim_end().ends_with(&tag))
+        .map(|i| i as u32 + 1);
+    let lines: Vec<u32> = fix_line
+        .into_iter()
+        .chain(marked_line(file, marker))
+        .collect();
+    let (report, _out) = hunted(case, factory, run);
+    let fired = report.stages.iter().find(|s| {
+        matches!(
+            s.status,
+            RiskStatus::Triggered(_) | RiskStatus::FiredOnData { .. }
+        ) && s
+            .site
+            .as_ref()
+            .is_some_and(|site| site.file == file && lines.contains(&site.line))
+    });
+    fired.map(|s| {
+        format!(
+            "{}, fixed: the hunt fired its repaired statement at `{}`:\n{}",
+            case.family(),
+            s.stage,
+            report.to_markdown()
+        )
+    })
+}
+
 /// Fails with every message, when there is one.
 pub fn all_hold(what: &str, total: usize, failures: Vec<String>) {
     assert!(
