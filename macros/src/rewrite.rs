@@ -31,6 +31,7 @@ pub fn function(f: &mut ItemFn) {
         function: f.sig.ident.to_string(),
         in_impl,
         next: 0,
+        places: Vec::new(),
     };
     r.visit_block_mut(&mut f.block);
     let stmts = &f.block.stmts;
@@ -49,6 +50,9 @@ struct Rewriter {
     in_impl: bool,
     /// A counter for the generated bindings' names.
     next: usize,
+    /// Of the op being rewritten, which operands (receiver first) were
+    /// places as written.
+    places: Vec<bool>,
 }
 
 impl VisitMut for Rewriter {
@@ -62,12 +66,15 @@ impl VisitMut for Rewriter {
             }
             _ => {}
         }
-        // The op's text as written, before its operands are rewritten.
+        // The op's text as written, and which operands are places, read
+        // before the operands are rewritten.
         let text = op_kind(e).map(|_| tidy(&e.to_token_stream().to_string()));
+        let places = operand_places(e);
         visit_mut::visit_expr_mut(self, e);
         let Some(text) = text else {
             return;
         };
+        self.places = places;
         let rewritten = match e {
             Expr::MethodCall(m) => self.method(m, &text),
             Expr::Call(c) => self.call(c, &text),
@@ -107,8 +114,13 @@ impl Rewriter {
     fn method(&mut self, m: &ExprMethodCall, text: &str) -> Option<Expr> {
         let name = m.method.to_string();
         let kind = ops::method(&name, m.args.len())?;
-        let receiver = self.operand(&m.receiver, true);
-        let args: Vec<Operand> = m.args.iter().map(|a| self.operand(a, false)).collect();
+        let receiver = self.operand(&m.receiver, true, 0);
+        let args: Vec<Operand> = m
+            .args
+            .iter()
+            .enumerate()
+            .map(|(k, a)| self.operand(a, false, k + 1))
+            .collect();
         let recv = receiver.as_receiver();
         let passed = args.iter().map(Operand::passed);
         let method = &m.method;
@@ -126,7 +138,12 @@ impl Rewriter {
         let last = p.path.segments.last()?;
         let name = last.ident.to_string();
         let kind = ops::function(&name, c.args.len())?;
-        let args: Vec<Operand> = c.args.iter().map(|a| self.operand(a, false)).collect();
+        let args: Vec<Operand> = c
+            .args
+            .iter()
+            .enumerate()
+            .map(|(k, a)| self.operand(a, false, k))
+            .collect();
         let passed = args.iter().map(Operand::passed);
         let func = &c.func;
         let call = quote_spanned!(last.ident.span()=> #func(#(#passed),*));
@@ -144,19 +161,20 @@ impl Rewriter {
     }
 
     /// How a method's receiver or argument is taken.
-    fn operand(&mut self, e: &Expr, receiver: bool) -> Operand {
+    /// How operand `at` (0: a method's receiver, or a function's first
+    /// argument) is taken; whether it was a place is read from the code as
+    /// written (its rewritten form may hold generated blocks).
+    fn operand(&mut self, e: &Expr, receiver: bool, at: usize) -> Operand {
         if let Some(scalar) = literal(e) {
             return Operand::Passed(e.clone(), scalar);
         }
-        if is_place(e) {
+        let place = self.places.get(at).copied().unwrap_or(false);
+        if place {
             return Operand::Place(e.clone());
         }
         match e {
-            // A reference to a place is observed through the place; to a
-            // value, bound (the borrow of a temporary lives as long).
-            Expr::Reference(r) if r.mutability.is_none() && is_place(&r.expr) => {
-                Operand::Place(e.clone())
-            }
+            // A reference to a value is bound (the borrow of a temporary
+            // lives as long as the statement's would).
             Expr::Reference(r) if r.mutability.is_none() && tensor_like(&r.expr) => {
                 Operand::Bound(e.clone(), self.fresh("a"))
             }
@@ -289,16 +307,59 @@ fn unparenthesized(e: &Expr) -> &Expr {
 }
 
 /// A place expression whose second evaluation reads the same thing: a
-/// path, a field of one, an index of one by a path or a literal, a deref.
+/// path, a field of one, an index of one by an expression without calls
+/// (`xs[i]`, `states[self.layer + 1]`), a deref.
 fn is_place(e: &Expr) -> bool {
     match e {
         Expr::Path(_) => true,
         Expr::Field(f) => is_place(&f.base),
-        Expr::Index(i) => is_place(&i.expr) && matches!(&*i.index, Expr::Path(_) | Expr::Lit(_)),
+        Expr::Index(i) => is_place(&i.expr) && without_calls(&i.index),
         Expr::Paren(p) => is_place(&p.expr),
         Expr::Unary(u) => matches!(u.op, syn::UnOp::Deref(_)) && is_place(&u.expr),
         _ => false,
     }
+}
+
+/// An operand that is a place, or a shared reference to one: read twice.
+fn place_operand(e: &Expr) -> bool {
+    match e {
+        Expr::Reference(r) => r.mutability.is_none() && is_place(&r.expr),
+        _ => is_place(e),
+    }
+}
+
+/// Which operands of op `e` (receiver first) are places, as written.
+fn operand_places(e: &Expr) -> Vec<bool> {
+    match e {
+        Expr::MethodCall(m) => std::iter::once(&*m.receiver)
+            .chain(m.args.iter())
+            .map(place_operand)
+            .collect(),
+        Expr::Call(c) => c.args.iter().map(place_operand).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether evaluating `e` twice is harmless: no calls, method calls,
+/// macros, assignments or blocks in it.
+fn without_calls(e: &Expr) -> bool {
+    struct Calls(bool);
+    impl<'a> syn::visit::Visit<'a> for Calls {
+        fn visit_expr(&mut self, e: &'a Expr) {
+            match e {
+                Expr::Call(_)
+                | Expr::MethodCall(_)
+                | Expr::Macro(_)
+                | Expr::Assign(_)
+                | Expr::Block(_)
+                | Expr::Closure(_) => self.0 = true,
+                _ => syn::visit::visit_expr(self, e),
+            }
+        }
+    }
+    let mut c = Calls(false);
+    syn::visit::Visit::visit_expr(&mut c, e);
+    !c.0
 }
 
 /// An argument that may hold a tensor made on the spot (a `?`, a call, a

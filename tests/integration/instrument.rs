@@ -276,3 +276,45 @@ fn a_traced_stage_names_the_ops_before_it_and_repeats_are_numbered() {
         ]
     );
 }
+
+// ---- indexed receivers, views ----
+
+struct Layers {
+    states: Vec<Tensor>,
+    layer: usize,
+}
+
+impl Layers {
+    #[nanhunt::instrument]
+    fn step(&mut self, x: &Tensor) -> candle_core::Result<Tensor> {
+        // An indexed receiver and an indexed assignment, by a field and by
+        // arithmetic: read as places, not moved out of the vector.
+        let shifted = self.states[self.layer].broadcast_sub(x)?;
+        self.states[self.layer + 1 - 1] = (&shifted * 0.5)?;
+        self.states[self.layer].matmul(&x.t()?)
+    }
+}
+
+#[test]
+fn indexed_receivers_are_places_and_views_keep_their_layout() {
+    let x = x();
+    let mut layers = Layers {
+        states: vec![x.clone(), x.clone()],
+        layer: 1,
+    };
+    let (out, tracer) = nanhunt::traced(|| layers.step(&x).unwrap());
+    let want: Vec<f32> = {
+        let s = ((&x - &x).unwrap() * 0.5).unwrap();
+        values(&s.matmul(&x.t().unwrap()).unwrap())
+    };
+    assert_eq!(values(&out), want);
+    let records = tracer.into_records();
+    // The transpose is recorded as the very tensor candle made (strided,
+    // no probe added), so the matmul reads it as the untraced run does.
+    let t = records
+        .iter()
+        .find(|r| r.site.as_ref().is_some_and(|s| s.op == "t"))
+        .unwrap();
+    assert!(!t.output.is_contiguous(), "a view keeps its layout");
+    assert_eq!(t.site.as_ref().unwrap().kind, OpKind::View);
+}

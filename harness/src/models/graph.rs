@@ -153,9 +153,19 @@ impl<'r> OpGraph<'r> {
         Ok(j)
     }
 
-    /// The gradient of record `j`'s output, where the backward pass reached it.
+    /// The gradient of record `j`'s output, where the backward pass reached
+    /// it. A view carries no probe: its input's gradient stands for its own
+    /// (a view moves values, and their gradients, without computing any).
     pub fn grad<'g>(&self, grads: &'g GradStore, j: usize) -> Option<&'g Tensor> {
-        grads.get(self.records[j].grad_probe.as_tensor())
+        let r = &self.records[j];
+        if r.site
+            .as_ref()
+            .is_some_and(|s| s.kind == crate::finding::OpKind::View)
+        {
+            let read = self.reads(j).into_iter().next()?;
+            return self.grad_of_read(grads, &read);
+        }
+        grads.get(r.grad_probe.as_tensor())
     }
 
     /// The gradient of a tensor an op read: a record's output's, or a

@@ -282,9 +282,12 @@ impl Tracer {
         if !self.enabled {
             return guarded(t);
         }
-        let float = t.dtype().is_float();
-        let z = probe_like(&t, float)?;
-        let out = if float { (&t + z.as_tensor())? } else { t };
+        // A view computes nothing and keeps its layout (a transpose read
+        // by a matmul sums in its own order): no probe on it, so a traced
+        // re-run computes the same bits. Its gradient is its input's.
+        let probed = t.dtype().is_float() && site.kind != OpKind::View;
+        let z = probe_like(&t, probed)?;
+        let out = if probed { (&t + z.as_tensor())? } else { t };
         // Guarded after the probe, as a stage is.
         let out = guarded(out)?;
         self.records.borrow_mut().push_op(Record {
