@@ -33,6 +33,8 @@ pub struct Site {
     pub column: u32,
     /// The op's expression as written (spacing normalized).
     pub text: &'static str,
+    /// Each operand's text as written, receiver first (spacing normalized).
+    pub operands: &'static [&'static str],
     /// The method, function or operator: `log`, `softmax`, `/`.
     pub op: &'static str,
     /// The instrumented function the op is in.

@@ -32,6 +32,7 @@ pub fn function(f: &mut ItemFn) {
         in_impl,
         next: 0,
         places: Vec::new(),
+        texts: Vec::new(),
     };
     r.visit_block_mut(&mut f.block);
     let stmts = &f.block.stmts;
@@ -53,6 +54,9 @@ struct Rewriter {
     /// Of the op being rewritten, which operands (receiver first) were
     /// places as written.
     places: Vec<bool>,
+    /// Of the op being rewritten, each operand's text as written
+    /// (receiver first): what a repair of the op rewrites.
+    texts: Vec<String>,
 }
 
 impl VisitMut for Rewriter {
@@ -70,11 +74,13 @@ impl VisitMut for Rewriter {
         // before the operands are rewritten.
         let text = op_kind(e).map(|_| tidy(&e.to_token_stream().to_string()));
         let places = operand_places(e);
+        let texts = operand_texts(e);
         visit_mut::visit_expr_mut(self, e);
         let Some(text) = text else {
             return;
         };
         self.places = places;
+        self.texts = texts;
         let rewritten = match e {
             Expr::MethodCall(m) => self.method(m, &text),
             Expr::Call(c) => self.call(c, &text),
@@ -217,6 +223,7 @@ impl Rewriter {
         let looks = operands.iter().map(Operand::look);
         let out = self.fresh("out");
         let site = format_ident!("__NH_SITE{}", self.next);
+        let texts = &self.texts;
         let mut body = quote! {
             let __nh_in = [#(#looks),*];
             let #out = #call;
@@ -241,6 +248,7 @@ impl Rewriter {
                     line: #line,
                     column: #column,
                     text: #text,
+                    operands: &[#(#texts),*],
                     op: #name,
                     function: #function,
                     kind: ::nanhunt::OpKind::#kind,
@@ -336,6 +344,20 @@ fn operand_places(e: &Expr) -> Vec<bool> {
             .map(place_operand)
             .collect(),
         Expr::Call(c) => c.args.iter().map(place_operand).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The text of each operand of op `e` (receiver first), as written.
+fn operand_texts(e: &Expr) -> Vec<String> {
+    let text = |e: &Expr| tidy(&e.to_token_stream().to_string());
+    match e {
+        Expr::MethodCall(m) => std::iter::once(&*m.receiver)
+            .chain(m.args.iter())
+            .map(text)
+            .collect(),
+        Expr::Call(c) => c.args.iter().map(text).collect(),
+        Expr::Binary(b) => vec![text(&b.left), text(&b.right)],
         _ => Vec::new(),
     }
 }

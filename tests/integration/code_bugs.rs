@@ -53,6 +53,9 @@ fn assert_explained(
     );
     assert!(e.sentence.contains(&format!("`{stage}`")), "{}", e.sentence);
     let d = diagnose(case, factory, &RunOptions::default()).unwrap();
+    if e.formulation.is_none() && e.rewrite.is_none() {
+        return unrepaired(d, stage);
+    }
     let top = &d.causes[0];
     let ranked: Vec<(&str, i32, bool)> = d
         .causes
@@ -79,6 +82,35 @@ fn assert_explained(
         "{:?}",
         top.evidence
     );
+    d
+}
+
+/// A code bug with no stable form to substitute (an accumulation past
+/// f16's range: the repair is a scale or f32, a choice of the model's):
+/// its cause carries the guard's diagnostic, which proves where the
+/// failure comes from, and no fix — zeroing is never offered as one.
+fn unrepaired(d: Diagnosis, stage: &str) -> Diagnosis {
+    let code = d
+        .causes
+        .iter()
+        .find(|c| c.kind == CauseKind::CodeBug)
+        .expect("the code's cause is listed");
+    assert!(code.fixes.is_empty(), "{:?}", code.fixes);
+    assert!(
+        code.evidence
+            .iter()
+            .any(|l| l.starts_with("diagnostic, not a repair")
+                && l.contains(stage)
+                && l.ends_with("the failure comes from there")),
+        "{:?}",
+        code.evidence
+    );
+    let zeroing = d
+        .causes
+        .iter()
+        .flat_map(|c| &c.fixes)
+        .any(|f| f.description.contains("set to 0"));
+    assert!(!zeroing, "{:?}", d.causes);
     d
 }
 

@@ -72,7 +72,7 @@ pub(crate) fn rnn_factory(vb: VarBuilder) -> candle_core::Result<Box<dyn Model>>
 }
 
 #[test]
-fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
+fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_keeps_it_stable() {
     let case = exploding_rnn();
     let f = match run_model(&case, &rnn_factory, &RunOptions::default()).unwrap() {
         Outcome::Unstable { finding } => *finding,
@@ -127,7 +127,16 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_fixes_it() {
         "{:?}",
         d.causes.iter().map(|c| &c.title).collect::<Vec<_>>()
     );
-    assert!(top.verified(), "{:?}", top.fixes);
+    // Clipping keeps it stable, but at 3e10 of gradient norm it does not
+    // learn within 50 steps: said so, not verified.
+    assert!(
+        !top.verified()
+            && top.fixes[0]
+                .result
+                .starts_with("stable over 50 steps, not learning"),
+        "{:?}",
+        top.fixes
+    );
 }
 
 /// The built-in RNN at gain 3, SGD at 1 and no clipping: its first update

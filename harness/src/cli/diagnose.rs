@@ -141,6 +141,11 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         for fix in &c.fixes {
             let mark = if fix.verified { "FIX" } else { "   " };
             println!("      {mark} {}: {}", fix.description, fix.result);
+            for diff in &fix.diffs {
+                for line in diff.to_string().lines() {
+                    println!("            {line}");
+                }
+            }
             if fix.verified {
                 for ch in &fix.changes {
                     println!("            {}: {} -> {}", ch.path, ch.before, ch.after);

@@ -113,6 +113,8 @@ impl Runs<'_> {
             intervention: None,
             learning,
             workaround: false,
+            diffs: Vec::new(),
+            passes_step: false,
         })
     }
 }

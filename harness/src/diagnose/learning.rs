@@ -1,21 +1,29 @@
 //! Verified means it trains: a fix whose run stayed stable is verified
-//! only when it also learns — its gradients are not zero at the end and
-//! its smoothed final loss comes within a tolerance of a reference, the
-//! best final loss any tried fix reached (a stable run that zeroes a stage
-//! trains nothing: loss and gradient norm 0.0 at every step). And a fix
-//! that only removes the trigger (a lower rate for a NaN the code makes,
-//! a smaller init, cleaning data that had nothing to clean, freezing the
-//! cut tensors) is a workaround: it ranks below a verified repair.
+//! only when it also learns, on its own numbers — at least [`MIN_STEPS`]
+//! steps, its smoothed final loss below its first by [`FALL`] of it, and
+//! its gradients not zero at the end — and when no fix from the same start
+//! trained to a final loss more than a tolerance below it (the best fix
+//! tried is the yardstick for the others, never the proof that one
+//! learns). A flat or rising loss is "stable, not learning", whatever any
+//! other run did. And a fix that only removes the trigger (a lower rate
+//! for a NaN the code makes, a smaller init, cleaning data that had
+//! nothing to clean, freezing the cut tensors) is a workaround: it ranks
+//! below a verified repair.
 
 use super::{Cause, CauseKind, Fix};
 use crate::finding::{Finding, FindingKind, Outcome, Trace};
 use serde::Serialize;
 
-/// The fraction of the reference's drop (its first loss to its final one)
-/// a fix's final loss may lie above the reference's final loss.
+/// The fewest steps a run must train for its learning to be judged.
+pub const MIN_STEPS: usize = 50;
+/// How far the smoothed final loss must fall below the first, as a
+/// fraction of the first's magnitude (final ≤ 0.9 × first for a positive
+/// loss).
+pub const FALL: f64 = 0.1;
+/// The fraction of the best fix's drop (its first loss to its final one)
+/// a fix's final loss may lie above the best's final loss.
 pub const DROP_TOLERANCE: f64 = 0.2;
-/// The tolerance's floor, as a fraction of the reference's final loss
-/// (runs too short, or at too low a rate, to drop).
+/// The tolerance's floor, as a fraction of the best fix's final loss.
 pub const FLOOR_TOLERANCE: f64 = 0.05;
 
 /// How a stable run of a fix trained.
@@ -26,6 +34,8 @@ pub struct Learning {
     pub final_loss: f64,
     /// The mean gradient norm over the same steps.
     pub final_grad_norm: f64,
+    /// The steps it trained.
+    pub steps: usize,
 }
 
 impl Learning {
@@ -48,6 +58,7 @@ impl Learning {
             first_loss,
             final_loss: mean(&t.losses),
             final_grad_norm: mean(&t.grad_norms),
+            steps: t.losses.len(),
         })
     }
 
@@ -56,64 +67,82 @@ impl Learning {
         self.final_grad_norm > 0.0
     }
 
-    /// Whether its final loss is above its first (by more than the floor).
-    fn rose(&self) -> bool {
-        self.final_loss > self.first_loss + FLOOR_TOLERANCE * self.first_loss.abs()
-    }
-
-    /// How this run trained against `reference`.
-    fn against(&self, reference: &Learning) -> Trained {
-        let drop = (reference.first_loss - reference.final_loss).max(0.0);
-        let tolerance = (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * reference.final_loss.abs());
-        if !self.moving() {
+    /// How this run trained on its own numbers.
+    fn trained(&self) -> Trained {
+        if self.steps < MIN_STEPS {
+            Trained::Short
+        } else if !self.moving() {
             Trained::Frozen
-        } else if self.final_loss > reference.final_loss + tolerance {
-            Trained::Behind
-        } else if self.rose() && !reference.rose() {
-            // A reference that rose too says the case does not train
-            // within its steps, fixed or not; this one is as good.
+        } else if self.final_loss > self.first_loss {
             Trained::Rose
+        } else if self.final_loss > self.first_loss - FALL * self.first_loss.abs() {
+            Trained::Flat
         } else {
             Trained::Learning
         }
     }
 
-    /// Whether this run learns as well as `reference` (a fixed model's
-    /// run, the best fix): moving, within the tolerance of its final loss,
-    /// and not risen where it did not.
-    pub fn learns(&self, reference: &Learning) -> bool {
-        self.against(reference) == Trained::Learning
+    /// How this run trained, and against `best` (the best fix from the
+    /// same start): a run that learns but ends far above it is behind.
+    fn against(&self, best: &Learning) -> Trained {
+        let own = self.trained();
+        let drop = (best.first_loss - best.final_loss).max(0.0);
+        let tolerance = (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * best.final_loss.abs());
+        if own == Trained::Learning && self.final_loss > best.final_loss + tolerance {
+            Trained::Behind
+        } else {
+            own
+        }
     }
 
-    /// "stable and learning: loss 2.31 -> 0.42 (reference 0.40)".
-    fn describe(&self, reference: &Learning) -> String {
+    /// Whether this run learns, on its own numbers, and as well as `best`.
+    pub fn learns(&self, best: &Learning) -> bool {
+        self.against(best) == Trained::Learning
+    }
+
+    /// "stable and learning over 60 steps: loss 2.3100 -> 0.4200 (the best
+    /// fix from the same start: 0.4000)".
+    fn describe(&self, best: &Learning) -> String {
         let losses = format!(
-            "loss {:.4} -> {:.4} (reference {:.4})",
-            self.first_loss, self.final_loss, reference.final_loss
+            "loss {:.4} -> {:.4}, smoothed over the last steps (the best fix from the same start: {:.4})",
+            self.first_loss, self.final_loss, best.final_loss
         );
-        match self.against(reference) {
-            Trained::Learning => format!("stable and learning: {losses}"),
+        let over = format!("over {} steps", self.steps);
+        match self.against(best) {
+            Trained::Learning => format!("stable and learning {over}: {losses}"),
+            Trained::Short => format!(
+                "stable {over}, learning not judged: fewer than {MIN_STEPS} steps; {losses}"
+            ),
             Trained::Frozen => {
-                format!("stable, not learning: the gradient is 0 at the end; {losses}")
+                format!("stable {over}, not learning: the gradient is 0 at the end; {losses}")
             }
-            Trained::Rose => format!("stable, not learning: the loss rose; {losses}"),
+            Trained::Rose => format!("stable {over}, not learning: the loss rose; {losses}"),
+            Trained::Flat => format!(
+                "stable {over}, not learning: the loss fell by less than {:.0}% of its first value; {losses}",
+                FALL * 100.0
+            ),
             Trained::Behind => format!(
-                "stable, not learning as well as the best fix: {losses}, more than the tolerance above it"
+                "stable {over}, but trains to a loss more than the tolerance above the best fix's: {losses}"
             ),
         }
     }
 }
 
-/// How a stable run trained against its reference.
+/// How a stable run trained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Trained {
-    /// Its final loss is within the tolerance of the reference's.
+    /// Its smoothed final loss fell by the margin, its gradient moving,
+    /// and it is within the tolerance of the best fix's.
     Learning,
+    /// Too few steps to judge.
+    Short,
     /// Its gradient is 0 at the end: nothing trains.
     Frozen,
-    /// Its final loss is above its first, where the reference's is not.
+    /// Its final loss is above its first.
     Rose,
-    /// It trains, to a final loss more than the tolerance above the reference's.
+    /// Its final loss fell by less than the margin.
+    Flat,
+    /// It learns, to a final loss more than the tolerance above the best's.
     Behind,
 }
 
@@ -185,22 +214,47 @@ mod tests {
             first_loss: first,
             final_loss: last,
             final_grad_norm: grad,
+            steps: 60,
         }
     }
 
     #[test]
-    fn a_fix_learns_within_a_fifth_of_the_reference_drop() {
-        let reference = learning(1.39, 0.779, 0.5);
-        assert!(learning(1.39, 0.80, 0.5).learns(&reference));
-        // Trained far worse than the real fix: 1.135 vs 0.779.
-        assert!(!learning(1.39, 1.135, 0.5).learns(&reference));
+    fn a_fix_learns_on_its_own_numbers_and_near_the_best() {
+        let best = learning(1.39, 0.779, 0.5);
+        assert!(learning(1.39, 0.80, 0.5).learns(&best));
+        // Trained far worse than the best fix: 1.135 vs 0.779.
+        assert!(!learning(1.39, 1.135, 0.5).learns(&best));
         // Loss 0 and gradient 0 at every step: nothing trained.
-        assert!(!learning(0.0, 0.0, 0.0).learns(&reference));
+        assert!(!learning(0.0, 0.0, 0.0).learns(&best));
         assert!(learning(1.39, 0.80, 0.5)
-            .describe(&reference)
-            .starts_with("stable and learning: loss 1.3900 -> 0.8000 (reference 0.7790)"));
-        // A run whose loss rose is not learning where the reference's fell.
-        assert!(!learning(1.39, 1.6, 0.5).learns(&reference));
+            .describe(&best)
+            .starts_with("stable and learning over 60 steps: loss 1.3900 -> 0.8000"));
+    }
+
+    #[test]
+    fn no_run_whose_smoothed_loss_did_not_fall_is_called_learning() {
+        let flat = learning(0.9852, 0.9852, 0.3);
+        let one_step = Learning { steps: 1, ..flat };
+        let rising = learning(1404.9, 2095.6, 10.0);
+        let barely = learning(1.0, 0.95, 0.3);
+        let short_but_falling = Learning {
+            steps: 20,
+            ..learning(1.0, 0.1, 0.3)
+        };
+        for run in [flat, one_step, rising, barely, short_but_falling] {
+            // Against itself, and against a worse run: never learning.
+            for best in [run, learning(run.first_loss, run.final_loss + 1.0, 0.1)] {
+                let said = run.describe(&best);
+                assert!(!run.learns(&best), "{said}");
+                assert!(!said.contains("and learning"), "{said}");
+                assert!(
+                    said.contains(&format!("over {} steps", run.steps)),
+                    "{said}"
+                );
+            }
+        }
+        assert!(rising.describe(&rising).contains("the loss rose"));
+        assert!(one_step.describe(&one_step).contains("not judged"));
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! 5. Re-run in f32, on CPU, with one thread (and on the other device when
 //!    built with CUDA).
 //!
-//! Every candidate cause comes with the changed cases that were run; a fix is
+//! Every candidate cause comes with the changed cases that were run, each
+//! trained over the case (at least [`MIN_STEPS`] steps); a fix is
 //! *verified* only when its case trained stably and learned (`learning.rs`:
-//! near the best fix from the same start, its gradients not zero), and a
+//! its smoothed loss fell by [`FALL`] of its first, its gradients not
+//! zero, and no fix from the same start trained far better), and a
 //! fix that only removes the trigger is a workaround. Each cause lives in a file
 //! of its own under `causes/` with its candidates, its evidence and its
 //! relevance; `rank.rs` orders them: a verified fix first, then how well
@@ -25,7 +27,7 @@ mod scene;
 pub use crate::spec::{case_diff, FieldChange};
 pub use batch::{BatchScan, EXTREME};
 pub use causes::{stable_loss, CauseKind, KNOB_CANDIDATES, LR_SEARCH_DECADES};
-pub use learning::{Learning, DROP_TOLERANCE, FLOOR_TOLERANCE};
+pub use learning::{Learning, DROP_TOLERANCE, FALL, FLOOR_TOLERANCE, MIN_STEPS};
 pub use scene::diagnose_scene;
 
 use crate::differential::{compare, Arms, Differential, Tolerance};
@@ -61,6 +63,13 @@ pub struct Fix {
     /// verified repair of the code.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub workaround: bool,
+    /// A rewrite's diffs of the user's source lines.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub diffs: Vec<crate::finding::LineDiff>,
+    /// The failing step replayed with it passed every check (a scene's
+    /// fix: one step, so whether it trains is not judged).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub passes_step: bool,
 }
 
 /// A candidate root cause with its evidence and the fixes that were tried.
@@ -106,6 +115,11 @@ impl Cause {
 
     pub fn verified(&self) -> bool {
         self.fixes.iter().any(|f| f.verified)
+    }
+
+    /// A fix with which the failing step passed every check.
+    pub fn passes_step(&self) -> bool {
+        self.fixes.iter().any(|f| f.passes_step)
     }
 
     /// A verified fix that repairs the code, not only its trigger.
@@ -165,8 +179,10 @@ pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> R
         Outcome::Rejected { reason } => return Err(crate::error::Error::Rejected(reason)),
         Outcome::Stable { .. } => return Ok(Diagnosis::stable()),
     };
-    let case = crate::data::pinned(&case.on(opts.device), opts.limits.max_memory_bytes)?;
+    let mut case = crate::data::pinned(&case.on(opts.device), opts.limits.max_memory_bytes)?;
     let evidence = Evidence::gather(&case, &finding, opts)?;
+    // Every fix trains long enough for its learning to be judged.
+    case.steps = case.steps.max(learning::MIN_STEPS);
     let run_opts = RunOptions {
         dump: None,
         dump_at: None,
@@ -366,6 +382,8 @@ mod tests {
                 intervention: None,
                 learning: None,
                 workaround: false,
+                diffs: Vec::new(),
+                passes_step: false,
             }],
             score,
             relevance: Relevance::Unrelated,

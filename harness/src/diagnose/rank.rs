@@ -50,14 +50,17 @@ impl Relevance {
 
 /// Best explanation first: causes with a verified fix or evidence at the
 /// failure's site (a score of at least [`SUPPORTED`]) before the rest, then
-/// by score, then by the article's order. Returns how many lead the list
+/// a repair of the code before a workaround, then a fix with which the
+/// failing step passed (a scene's), then by score, then by the article's
+/// order. Returns how many lead the list
 /// supported.
 pub fn rank(causes: &mut [Cause]) -> usize {
-    let supported = |c: &Cause| c.verified() || c.score >= SUPPORTED;
+    let supported = |c: &Cause| c.verified() || c.passes_step() || c.score >= SUPPORTED;
     causes.sort_by(|a, b| {
         supported(b)
             .cmp(&supported(a))
             .then(b.repaired().cmp(&a.repaired()))
+            .then(b.passes_step().cmp(&a.passes_step()))
             .then(b.score.cmp(&a.score))
             .then(a.article_step.cmp(&b.article_step))
     });

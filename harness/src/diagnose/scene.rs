@@ -5,8 +5,9 @@
 //! tried on the failing step itself: the step replayed from the scene with
 //! the change (a guarded stage, the flagged batch rows left out, a larger
 //! optimizer eps, a lower learning rate, the tensors without a gradient
-//! declared frozen), and "verified" means that the step then passes every
-//! check. The precision cause reads the finding's precision check. The
+//! declared frozen). One step says nothing of training: a fix with which
+//! the step passes every check is marked so ([`Fix::passes_step`]) and
+//! never "verified" — that takes a run over a case. The precision cause reads the finding's precision check. The
 //! causes' relevance, titles and evidence are the case diagnosis's own
 //! ([`super::causes`]), and they are ranked by the same rule.
 
@@ -17,6 +18,7 @@ use crate::checks;
 use crate::error::{Error, Result};
 use crate::finding::{Finding, FindingKind, Phase, ReplayVerdict, Robustness};
 use crate::guard::{replay_changed, Batch, Changes};
+use crate::intervention::Intervention;
 use crate::probe::scan_all;
 use crate::scene::{OptimizerRecord, SavedScene};
 use candle_core::Tensor;
@@ -41,20 +43,26 @@ pub fn diagnose_scene(
     let mut try_fix = |description: String, changes: Changes| -> Result<Fix> {
         runs += 1;
         let report = replay_changed(dir, varmap, &changes, &mut loss_of)?;
-        let verified = report.verdict == ReplayVerdict::Fixed;
+        let passes_step = report.verdict == ReplayVerdict::Fixed;
         let result = match &report.actual {
-            None => "the step passes every check".to_string(),
+            None => "the failing step passes every check with it (one step replayed: whether it trains is not judged)".to_string(),
             Some(f) => format!("unstable: {}", f.signature.slug()),
         };
         let intervention = changes.intervention.clone();
         Ok(Fix {
             description,
             changes: Vec::new(),
-            verified,
+            verified: false,
             result,
+            diffs: intervention
+                .iter()
+                .flat_map(|i| &i.rewrites)
+                .filter_map(|r| r.diff())
+                .collect(),
             intervention,
             learning: None,
             workaround: false,
+            passes_step,
         })
     };
     let mut all = Vec::new();
@@ -79,23 +87,43 @@ pub fn diagnose_scene(
 
 type TryFix<'a> = dyn FnMut(String, Changes) -> Result<Fix> + 'a;
 
-/// The explained stage guarded (the code's own bug).
+/// The explained op rewritten, or its stage's formulation substituted
+/// (the code's own bug); the guard of it as evidence of where the
+/// failure comes from.
 fn code_bug(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
     let Some(e) = f.explanation.as_deref() else {
         return Ok(None);
     };
-    let intervention = causes::code::intervention(e);
-    let description = format!(
-        "{} (an intervention standing in for the repair: {}), on the failing step",
-        intervention.describe(),
-        e.repair
-    );
-    let changes = Changes {
-        intervention: Some(intervention),
-        ..Changes::default()
-    };
-    let fix = try_fix(description, changes)?;
-    let evidence = causes::code_evidence(f);
+    let rewrite = e
+        .rewrite
+        .as_ref()
+        .map(|r| Intervention::rewrite(&e.stage, vec![r.clone()]));
+    let mut fixes = Vec::new();
+    for iv in rewrite.into_iter().chain(causes::code::substituted(e)) {
+        let description = format!("{}, on the failing step", iv.describe());
+        let changes = Changes {
+            intervention: Some(iv),
+            ..Changes::default()
+        };
+        fixes.push(try_fix(description, changes)?);
+    }
+    let guard = causes::code::guard(e);
+    let guarded = try_fix(
+        String::new(),
+        Changes {
+            intervention: Some(guard.clone()),
+            ..Changes::default()
+        },
+    )?;
+    let mut evidence = causes::code_evidence(f);
+    evidence.push(format!(
+        "diagnostic, not a repair: {} — on the failing step, {}",
+        guard.describe(),
+        match guarded.passes_step {
+            true => "every check passes: the failure comes from there",
+            false => "the step still fails: the failure does not come from there alone",
+        }
+    ));
     let relevance = causes::code::relevance(e);
     let title = causes::code::title(e);
     Ok(Some(Cause::new(
@@ -103,7 +131,7 @@ fn code_bug(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
         title,
         None,
         evidence,
-        vec![fix],
+        fixes,
         relevance,
     )))
 }
@@ -257,6 +285,8 @@ fn precision(f: &Finding) -> Option<Cause> {
             intervention: None,
             learning: None,
             workaround: false,
+            diffs: Vec::new(),
+            passes_step: false,
         })
         .collect();
     let evidence = vec![

@@ -79,6 +79,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         formulation: None,
         site: None,
         input_site: None,
+        rewrite: None,
     };
     let read = match before {
         Some(p) => Some(&p.output),
@@ -265,6 +266,7 @@ pub fn backward(
         formulation: None,
         site: None,
         input_site: None,
+        rewrite: None,
     };
     if out.len() == g.len() {
         let at_zero = out

@@ -134,6 +134,10 @@ pub struct Explanation {
     /// The op that made what that op read, where an instrumented op did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_site: Option<super::OpSite>,
+    /// The repair as a rewrite of that op's expression (instrumented
+    /// code): what diagnose substitutes at the op and shows as a diff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<super::Rewrite>,
 }
 
 impl Explanation {

@@ -14,6 +14,9 @@ pub struct OpSite {
     pub column: u32,
     /// The op's expression as written.
     pub text: String,
+    /// Each operand's text as written, receiver first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operands: Vec<String>,
     /// The method, function or operator (`log`, `softmax`, `/`).
     pub op: String,
     /// The function it is in, with its type for a method (`Net::forward`).
@@ -30,6 +33,7 @@ impl OpSite {
             line: site.line,
             column: site.column,
             text: site.text.to_string(),
+            operands: site.operands.iter().map(|s| s.to_string()).collect(),
             op: site.op.to_string(),
             function: match owner {
                 Some(o) => format!("{o}::{}", site.function),
@@ -97,6 +101,7 @@ mod tests {
             line: 3,
             column: 9,
             text: "a.exp()?.sum_keepdim(D::Minus1)?.log()".into(),
+            operands: vec!["a.exp()?.sum_keepdim(D::Minus1)?".into()],
             op: "log".into(),
             function: "forward".into(),
             kind: OpKind::Log,

@@ -15,9 +15,11 @@
 //! record it reads) is recorded, with its gradient flowing through the
 //! repaired op; the guard stays for the patterns no formulation fits.
 
+pub mod rewrite;
 pub mod substitute;
 
-use crate::finding::{OpSite, Substitute};
+use crate::finding::{OpSite, Rewrite, Substitute};
+use crate::instrument::Operand;
 use crate::spec::HalfType;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use serde::{Deserialize, Serialize};
@@ -58,6 +60,10 @@ pub struct Intervention {
     /// a run computed in f32 (the framework check of [`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<HalfType>,
+    /// Ops of instrumented code rewritten in their stable forms (the
+    /// repair itself, as the edited lines would compute it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewrites: Vec<Rewrite>,
 }
 
 /// Whether record `name` is an instance of `stage`: the same name, or the
@@ -97,6 +103,7 @@ impl Intervention {
             site: None,
             input_site: None,
             storage: None,
+            rewrites: Vec::new(),
         }
     }
 
@@ -116,14 +123,40 @@ impl Intervention {
         }
     }
 
-    /// The tensor an instrumented op at `site` hands on: its guard where
-    /// this intervention guards that op or the op it read.
-    pub fn apply_op(&self, site: &OpSite, t: Tensor) -> Result<Tensor> {
+    /// The ops at the rewrites' sites rewritten, in every call of them.
+    pub fn rewrite(stage: &str, rewrites: Vec<Rewrite>) -> Intervention {
+        Intervention {
+            rewrites,
+            ..Intervention::guard(stage, None, false)
+        }
+    }
+
+    /// The tensor an instrumented op at `site` hands on: its rewrite, or
+    /// its guard where this intervention guards that op or the op it
+    /// read. `inputs` are what it read; `read` keeps the operand of the
+    /// op a rewrite reads from, between that op and the rewritten one.
+    pub fn apply_op(
+        &self,
+        site: &OpSite,
+        inputs: &[Operand],
+        t: Tensor,
+        read: &RefCell<Option<Tensor>>,
+    ) -> Result<Tensor> {
         let same = |s: &Option<OpSite>| {
             s.as_ref().is_some_and(|s| {
                 (&s.file, s.line, s.column) == (&site.file, site.line, site.column)
             })
         };
+        if !self.rewrites.is_empty() {
+            if self.rewrites.iter().any(|r| same(&r.from)) {
+                *read.borrow_mut() = Operand::tensors(inputs).next().cloned();
+            }
+            let Some(r) = self.rewrites.iter().find(|r| same(&Some(r.site.clone()))) else {
+                return Ok(t);
+            };
+            let from = read.borrow().clone();
+            return rewrite::rewritten(r.form, &site.op, inputs, from.as_ref(), &t);
+        }
         let t = match same(&self.input_site) && t.dtype().is_float() {
             true => t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?,
             false => t,
@@ -230,6 +263,22 @@ impl Intervention {
                 "every stage's output and gradient stored in {} between stages computed in f32",
                 half.dtype().as_str()
             );
+        }
+        if !self.rewrites.is_empty() {
+            let each: Vec<String> = self
+                .rewrites
+                .iter()
+                .map(|r| {
+                    format!(
+                        "`{}` at {} rewritten as `{}` ({})",
+                        r.site.short_text(60),
+                        r.site.location(),
+                        r.code().unwrap_or_default(),
+                        r.describe()
+                    )
+                })
+                .collect();
+            return format!("{}, for a whole run", each.join("; and "));
         }
         if let Some(s) = self.substitute {
             let formulation = crate::finding::Formulation {

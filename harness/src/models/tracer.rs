@@ -276,7 +276,7 @@ impl Tracer {
     ) -> Result<Tensor> {
         let op_site = OpSite::of(site, owner.map(short_type_name));
         let guarded = |t: Tensor| match (&self.intervention, t.dtype().is_float()) {
-            (Some(iv), true) => iv.apply_op(&op_site, t),
+            (Some(iv), true) => iv.apply_op(&op_site, &inputs, t, &self.read),
             _ => Ok(t),
         };
         if !self.enabled {

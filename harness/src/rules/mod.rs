@@ -29,6 +29,7 @@ mod log;
 mod norm;
 mod pow;
 mod product;
+pub mod rewrite;
 mod softmax;
 mod sqrt;
 mod sum;
@@ -141,6 +142,12 @@ pub trait OpRule: Sync {
     }
 }
 
+/// `e` with the rewrite of op `i` it calls for, where one fits.
+fn with_rewrite(cx: &Cx, i: usize, mut e: Explanation) -> Result<Explanation> {
+    e.rewrite = rewrite::choose(cx, i, &e)?;
+    Ok(e)
+}
+
 /// Every rule.
 pub static RULES: &[&dyn OpRule] = &[
     &log::Log,
@@ -178,7 +185,7 @@ pub fn explain_forward(g: &OpGraph, i: usize, inputs: &[&Tensor]) -> Result<Expl
     let cx = Cx { g, inputs };
     if let Some(kind) = cx.kind(i) {
         if let Some(e) = rule(kind).map(|r| r.forward(&cx, i)).transpose()?.flatten() {
-            return Ok(e);
+            return with_rewrite(&cx, i, e);
         }
     }
     unexplained(&cx, i, None)
@@ -200,7 +207,7 @@ pub fn explain_backward(
             .transpose()?
             .flatten()
         {
-            return Ok(e);
+            return with_rewrite(&cx, i, e);
         }
     }
     let g_values = walk::values(grad)?;

@@ -202,6 +202,7 @@ impl<'g, 'r> Cx<'g, 'r> {
             repair,
             formulation: None,
             site: r.site.clone(),
+            rewrite: None,
         })
     }
 

@@ -7,6 +7,7 @@
 
 use super::*;
 use candle_core::{DType, Module, D};
+use nanhunt::diagnose::{CauseKind, Learning, MIN_STEPS};
 use nanhunt::explain::Pattern as P;
 
 const FILE: &str = "tests/integration/op_sight/composed.rs";
@@ -33,9 +34,10 @@ fn focal(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
 
 #[nanhunt::instrument]
 fn focal_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
-    let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
-    let w = (1.0 - logp.exp()?)?.sqr()?;
-    ((t * &w)? * logp)?.sum(D::Minus1)?.neg()?.mean_all() // FIX: focal
+    let p = candle_nn::ops::softmax(z, D::Minus1)?;
+    let w = (1.0 - &p)?.sqr()?;
+    let terms = ((t * &w)? * candle_nn::ops::log_softmax(z, D::Minus1)?)?; // FIX: focal
+    terms.sum(D::Minus1)?.neg()?.mean_all()
 }
 
 // 2. A cross-entropy with an entropy bonus, −Σ p·log p, by hand: latent
@@ -69,7 +71,7 @@ fn kl_one_hot(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
 #[nanhunt::instrument]
 fn kl_one_hot_fixed(z: &Tensor, t: &Tensor) -> candle_core::Result<Tensor> {
     let logp = candle_nn::ops::log_softmax(z, D::Minus1)?;
-    let terms = (t * ((t + 1e-12)?.log()? - logp)?)?; // FIX: kl_one_hot
+    let terms = (t * (t.maximum(1e-8)?.log()? - logp)?)?; // FIX: kl_one_hot
     terms.sum(D::Minus1)?.mean_all()
 }
 
@@ -171,7 +173,7 @@ fn root_activation(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
 #[nanhunt::instrument]
 fn root_activation_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     let h = n.fc1.forward(x)?;
-    let a = ((h.relu()? + 1e-6)?.powf(0.5)? * 2.0)?; // FIX: root_activation
+    let a = ((h.relu()? + 1e-5)?.powf(0.5)? * 2.0)?; // FIX: root_activation
     n.fc2.forward(&a)
 }
 
@@ -271,15 +273,19 @@ fn batch_standardize(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     let z = h
         .broadcast_sub(&h.mean_keepdim(0)?)?
         .broadcast_div(&(h.var_keepdim(0)? + 1e-5)?.sqrt()?)?; // BUG: one_sample_var
-    n.fc2.forward(&z)
+                                                               // The standardized activations beside the raw ones (a residual).
+    n.fc2.forward(&(&h + z)?)
 }
 
 #[nanhunt::instrument]
+#[rustfmt::skip]
 fn batch_standardize_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     let h = n.fc1.forward(x)?;
-    let c = h.broadcast_sub(&h.mean_keepdim(0)?)?;
-    let var = c.sqr()?.mean_keepdim(0)?; // FIX: one_sample_var
-    n.fc2.forward(&c.broadcast_div(&(var + 1e-5)?.sqrt()?)?)
+    // The biased variance: 0, not 0/0, over one value.
+    let z = h
+        .broadcast_sub(&h.mean_keepdim(0)?)?
+        .broadcast_div(&(h.broadcast_sub(&h.mean_keepdim(0)?)?.sqr()?.mean_keepdim(0)? + 1e-5)?.sqrt()?)?; // FIX: one_sample_var
+    n.fc2.forward(&(&h + z)?)
 }
 
 // 14. A cosine similarity by hand, a·b / (‖a‖·‖b‖), of ReLU features
@@ -314,7 +320,7 @@ fn not_class(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
 #[nanhunt::instrument]
 fn not_class_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     let p = candle_nn::ops::softmax(&sharp_logits(n, x)?, D::Minus1)?;
-    (1.0 - p)?.maximum(1e-7)?.log() // FIX: not_class
+    (1.0 - p)?.maximum(1e-8)?.log() // FIX: not_class
 }
 
 // 16. A standard deviation as the root of candle's variance over the
@@ -349,7 +355,8 @@ fn max_softmax(n: &Net, x: &Tensor, fill: f32) -> candle_core::Result<Tensor> {
     let s = h.broadcast_add(&Tensor::from_vec(m, (4, 4), x.device())?)?;
     let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?; // BUG: max_softmax
     let w = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-    n.fc2.forward(&w.mean(1)?)
+    // The attention weights beside the scores they came from (a residual).
+    n.fc2.forward(&(w + &h)?.mean(1)?)
 }
 
 fn max_softmax_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -358,6 +365,81 @@ fn max_softmax_bug(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
 
 fn max_softmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     max_softmax(n, x, -1e9)
+}
+
+// Where a bug's fix by hand is not at its line (another constant given
+// to its function, a computation moved to f32), its code as diagnose's
+// rewrite edits it, line for line (`// REWRITE: <marker>`): it must
+// compile, and train as the substituted run did.
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn soft_argmax_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let e = { let x = (h * 100.0)?; x.broadcast_sub(&x.max_keepdim(candle_core::D::Minus1)?)?.exp() }?; // REWRITE: soft_argmax
+    let w = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    n.fc2.forward(&w)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn half_mask_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let q = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let scores = (q.matmul(&q.t()?)? / 2.0)?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { -1e9 } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(m, (4, 4), x.device())?.clamp(-1e4, 1e4)?.to_dtype(scores.dtype())?; // REWRITE: half_mask
+    let w = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
+    n.fc2.forward(&w.matmul(&q)?.mean(1)?)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn masked_lse_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { f32::NEG_INFINITY } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(m, (4, 4), x.device())?;
+    let pooled = (h.broadcast_add(&mask)?.exp()?.sum(D::Minus1)? + 1e-8)?.log()?; // REWRITE: masked_lse
+    n.fc2.forward(&pooled)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn cosine_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let eps = 0.0;
+    let a = n.fc1.forward(x)?.relu()?;
+    let b = (n.fc1.forward(x)? * 2.0)?.relu()?;
+    let na = ((a.sqr()?.sum_keepdim(D::Minus1)? + eps)? + 1e-5)?.sqrt()?; // REWRITE: cosine
+    let nb = ((b.sqr()?.sum_keepdim(D::Minus1)? + eps)? + 1e-5)?.sqrt()?; // REWRITE: cosine
+    let cos = ((&a * &b)?.sum_keepdim(D::Minus1)? / ((na * nb)? + eps)?.maximum(1e-8)?)?; // REWRITE: cosine
+    n.fc2.forward(&a.broadcast_mul(&cos)?)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn std_of_var_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let eps = 0.0;
+    let h = n.fc1.forward(x)?.relu()?;
+    let keep: Vec<f32> = (0..h.dim(1)?).map(|j| f32::from(j != 0)).collect();
+    let h = h.broadcast_mul(&Tensor::new(keep, x.device())?)?;
+    let std = ((h.var_keepdim(0)? + eps)? + 1e-5)?.sqrt()?; // REWRITE: std_of_var
+    n.fc2.forward(&h.broadcast_div(&(std + 1e-3)?)?)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn max_softmax_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?.reshape(((), 4, 4))?;
+    let m: Vec<f32> = (0..16)
+        .map(|k| if k % 4 >= k / 4 { f32::NEG_INFINITY } else { 0.0 })
+        .collect();
+    let s = h.broadcast_add(&Tensor::from_vec(m, (4, 4), x.device())?)?;
+    let e = s.clamp(-1e9, 1e9)?.broadcast_sub(&s.max_keepdim(D::Minus1)?.clamp(-1e9, 1e9)?)?.exp()?; // REWRITE: max_softmax
+    let w = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    n.fc2.forward(&(w + &h)?.mean(1)?)
 }
 
 /// One composed bug: its case, its model (and loss) as written and
@@ -369,6 +451,9 @@ struct Bug {
     loss: Option<(LossFn, LossFn)>,
     want: Expect,
     latent: bool,
+    /// Its code as diagnose's rewrite edits it, where the fix by hand is
+    /// elsewhere (`None`: the fixed version is that edit).
+    rewritten: Option<Fwd>,
 }
 
 fn bug(case: Case, fwd: (Fwd, Fwd), want: Expect) -> Bug {
@@ -379,6 +464,7 @@ fn bug(case: Case, fwd: (Fwd, Fwd), want: Expect) -> Bug {
         loss: None,
         want,
         latent: false,
+        rewritten: None,
     }
 }
 
@@ -430,7 +516,7 @@ fn suite() -> Vec<Bug> {
     };
     let mut one_sample = vector("one_sample_var");
     one_sample.batch_size = 1;
-    vec![
+    let mut bugs = vec![
         sharp(in_loss(
             "focal",
             TargetKind::Labels,
@@ -607,7 +693,26 @@ fn suite() -> Vec<Bug> {
                 ),
             )
         },
-    ]
+    ];
+    for b in &mut bugs {
+        b.rewritten = rewritten(b.want.marker);
+    }
+    bugs
+}
+
+/// The code of bug `marker` as its rewrite edits it, where its fix by
+/// hand is elsewhere.
+fn rewritten(marker: &str) -> Option<Fwd> {
+    let f: Fwd = match marker {
+        "soft_argmax" => soft_argmax_rewritten,
+        "half_mask" => half_mask_rewritten,
+        "masked_lse" => masked_lse_rewritten,
+        "cosine" => cosine_rewritten,
+        "std_of_var" => std_of_var_rewritten,
+        "max_softmax" => max_softmax_rewritten,
+        _ => return None,
+    };
+    Some(f)
 }
 
 /// What is wrong with one composed bug, or `None`.
@@ -656,4 +761,131 @@ fn composed_bugs_are_named_at_their_op_and_line_explained_and_the_latent_ones_tr
     let failures: Vec<String> = bugs.iter().filter_map(check).collect();
     let _ = DType::F16;
     all_hold("composed bugs", bugs.len(), failures);
+}
+
+/// The lines of FILE marked `// <tag>: <marker>`, as code (the marker
+/// comment dropped, spacing removed).
+fn marked_code(tag: &str, marker: &str) -> Vec<String> {
+    let mark = format!("// {tag}: {marker}");
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(FILE),
+    )
+    .unwrap()
+    .lines()
+    .filter(|l| l.trim_end().ends_with(&mark))
+    .map(code_of)
+    .collect()
+}
+
+/// A line of code without its trailing comment and spacing.
+fn code_of(line: &str) -> String {
+    let code = line.split(" // ").next().unwrap_or(line);
+    code.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// How a model trained over `case` (at least 50 steps).
+fn trained(case: &Case, factory: &dyn ModelFactory, run: &RunOptions) -> Result<Learning, String> {
+    let mut long = case.clone();
+    long.steps = long.steps.max(MIN_STEPS);
+    let outcome = run_model(&long, factory, run).map_err(|e| e.to_string())?;
+    Learning::of(&outcome).ok_or_else(|| format!("it did not train stably: {}", outcome.verdict()))
+}
+
+/// What is wrong with the diagnosis of a bug that fires on its data: its
+/// top cause must be the code's, repaired by a rewrite of the bug's line
+/// (and of any line the failure passed through next) that is the fix by
+/// hand's line or its code as rewritten, verified "stable and learning"
+/// over at least 50 steps, and within 10% of the hand fix's final loss;
+/// the code as rewritten must train as the substituted run did.
+fn misrepaired(b: &Bug) -> Option<String> {
+    let arc = |l: LossFn| -> Arc<dyn UserLoss> { Arc::new(l) };
+    let (run_bug, run_fixed) = match b.loss {
+        Some((bug, fixed)) => (opts(Some(&arc(bug))), opts(Some(&arc(fixed)))),
+        None => (RunOptions::default(), RunOptions::default()),
+    };
+    let m = b.want.marker;
+    let buggy = net(b.shape, b.fwd.0);
+    let d = match nanhunt::diagnose::diagnose(&b.case, &buggy, &run_bug) {
+        Ok(d) => d,
+        Err(e) => return Some(format!("{m}: diagnose failed: {e}")),
+    };
+    let top = d.causes.first()?;
+    let fix = top.fixes.first()?;
+    let shown = format!(
+        "{m}: top cause {} — {}: {}\n{}",
+        top.title,
+        fix.description,
+        fix.result,
+        fix.diffs
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!("{shown}");
+    if top.kind != CauseKind::CodeBug || !top.repaired() || fix.diffs.is_empty() {
+        return Some(format!("not repaired by a rewrite: {shown}"));
+    }
+    let line = marked_line(FILE, m)?;
+    if fix.diffs[0].line != line || !fix.diffs.iter().all(|d| d.file == FILE && d.whole_line) {
+        return Some(format!("the rewrite is not of line {line}: {shown}"));
+    }
+    let learning = fix.learning?;
+    if !fix.result.starts_with("stable and learning over") || learning.steps < MIN_STEPS {
+        return Some(format!("not verified over {MIN_STEPS} steps: {shown}"));
+    }
+    let (tag, written) = match b.rewritten {
+        Some(f) => ("REWRITE", net(b.shape, f)),
+        None => ("FIX", net(b.shape, b.fwd.1)),
+    };
+    let mut want = marked_code(tag, m);
+    let mut got: Vec<String> = fix.diffs.iter().map(|d| code_of(&d.after)).collect();
+    want.sort();
+    got.sort();
+    if want != got {
+        return Some(format!(
+            "the rewrite is not the {tag} line(s) {want:?}: {shown}"
+        ));
+    }
+    let hand = match trained(&b.case, &net(b.shape, b.fwd.1), &run_fixed) {
+        Ok(l) => l,
+        Err(e) => return Some(format!("{m}: the fix by hand: {e}")),
+    };
+    if learning.final_loss > hand.final_loss + 0.1 * hand.final_loss.abs() {
+        return Some(format!(
+            "{m}: trains to {:.4}, more than 10% above the fix by hand's {:.4}",
+            learning.final_loss, hand.final_loss
+        ));
+    }
+    let edited = match trained(&b.case, &written, &run_fixed) {
+        Ok(l) => l,
+        Err(e) => return Some(format!("{m}: the code as rewritten: {e}")),
+    };
+    let close =
+        (edited.final_loss - learning.final_loss).abs() <= 1e-4 * edited.final_loss.abs().max(1.0);
+    (!close).then(|| {
+        format!(
+            "{m}: the code as rewritten trains to {:.6}, the substituted run to {:.6}",
+            edited.final_loss, learning.final_loss
+        )
+    })
+}
+
+/// Composed bugs whose repair takes more than a rewrite of one op's
+/// expression: the centroid's statistics must move to f32 over three
+/// statements (each alone still overflows f16 or mixes dtypes).
+const NOT_ONE_REWRITE: &[&str] = &["centroid"];
+
+#[test]
+fn composed_bugs_are_repaired_by_a_rewrite_of_their_line_that_trains() {
+    let bugs = suite();
+    let fired: Vec<&Bug> = bugs
+        .iter()
+        .filter(|b| !b.latent && !NOT_ONE_REWRITE.contains(&b.want.marker))
+        .collect();
+    assert!(fired.len() >= 12, "{}", fired.len());
+    let failures: Vec<String> = fired.iter().filter_map(|b| misrepaired(b)).collect();
+    all_hold("composed bugs' repairs", fired.len(), failures);
 }

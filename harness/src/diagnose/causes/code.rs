@@ -1,14 +1,18 @@
 //! A numerical bug in a user's own model code (step 4): the finding's
-//! explanation at the producing stage ([`crate::explain`]), verified by an
-//! intervention that guards that stage for a whole run
-//! ([`crate::intervention`]). Built-in families' fixes are case fields, a
-//! finding without an explanation has no stage to guard, and a stage a
-//! declared knob acts on is the knob's to repair.
+//! explanation at the producing op or stage ([`crate::explain`]), repaired
+//! for a whole run through the tracer ([`crate::intervention`]): the op's
+//! expression rewritten in its stable form (instrumented code: the diff
+//! of the user's line), or the stage's stable formulation substituted.
+//! Either is trained over the case like every other fix. Setting the
+//! op's non-finite outputs to 0 is run too, as evidence of where the
+//! failure comes from — a diagnostic, never a fix. Built-in families'
+//! fixes are case fields, a finding without an explanation has no op to
+//! repair, and a stage a declared knob acts on is the knob's to repair.
 
 use super::{at_knob_stage, code_evidence, CauseKind, Context, Relevance, Rule, Runs};
 use crate::diagnose::{Cause, Fix};
 use crate::error::Result;
-use crate::finding::{Explanation, Outcome, Pattern};
+use crate::finding::{Explanation, Outcome, Pattern, Rewrite};
 use crate::intervention::Intervention;
 use crate::spec::ModelSpec;
 
@@ -29,18 +33,18 @@ impl Rule for CodeBug {
         if knob_at_stage {
             return Ok(Vec::new());
         }
-        let intervention = intervention(e);
-        let fix = guarded_run(ctx, runs, intervention, &e.repair);
+        let mut fixes = Vec::new();
+        if let Some(r) = &e.rewrite {
+            fixes.push(rewritten_run(ctx, runs, e, r));
+        }
+        if let Some(iv) = substituted(e) {
+            fixes.push(repaired_run(ctx, runs, iv));
+        }
+        let mut evidence = code_evidence(finding);
+        evidence.push(guarded_run(ctx, runs, guard(e)));
         let relevance = relevance(e);
         let title = title(e);
-        let cause = Cause::new(
-            CauseKind::CodeBug,
-            title,
-            None,
-            code_evidence(finding),
-            vec![fix],
-            relevance,
-        );
+        let cause = Cause::new(CauseKind::CodeBug, title, None, evidence, fixes, relevance);
         Ok(vec![cause])
     }
 }
@@ -62,73 +66,133 @@ pub(in crate::diagnose) fn title(e: &Explanation) -> String {
     )
 }
 
-/// The intervention that stands in for the repair of `e`'s stage.
-pub(in crate::diagnose) fn intervention(e: &Explanation) -> Intervention {
-    match &e.formulation {
-        Some(f) => Intervention {
-            substitute: Some(f.substitute),
-            at: f.replaces.clone(),
-            ..Intervention::guard(&e.stage, Some(&f.reads), false)
-        },
-        // Without a formulation that fits, an overflowing exp's stand-in
-        // is a clamp of its input: saturation. An op of instrumented code
-        // is guarded at its site.
-        None => {
-            let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
-            match &e.site {
-                Some(site) => {
-                    Intervention::guard_op(&e.stage, site.clone(), e.input_site.clone(), saturate)
-                }
-                None => Intervention::guard(&e.stage, e.input.as_deref(), saturate),
-            }
+/// The stage's stable formulation substituted, where one fits it.
+pub(in crate::diagnose) fn substituted(e: &Explanation) -> Option<Intervention> {
+    let f = e.formulation.as_ref()?;
+    Some(Intervention {
+        substitute: Some(f.substitute),
+        at: f.replaces.clone(),
+        ..Intervention::guard(&e.stage, Some(&f.reads), false)
+    })
+}
+
+/// The guard of `e`'s op or stage: its non-finite outputs set to 0 (an
+/// overflowing exp's saturated), and the non-finite gradients it passes
+/// back. A diagnostic of where the failure comes from, not a repair.
+pub(in crate::diagnose) fn guard(e: &Explanation) -> Intervention {
+    let saturate = matches!(e.pattern, Pattern::ExpOverflow | Pattern::ExpOfScaledInput);
+    match &e.site {
+        Some(site) => {
+            Intervention::guard_op(&e.stage, site.clone(), e.input_site.clone(), saturate)
         }
+        None => Intervention::guard(&e.stage, e.input.as_deref(), saturate),
     }
 }
 
-/// The case run with `intervention` guarding the stage: a fix standing in
-/// for `repair`. A run that cannot be guarded (the gradient guard is a CPU
-/// op) is reported, not an error of the whole diagnosis.
-fn guarded_run(ctx: &Context, runs: &mut Runs, intervention: Intervention, repair: &str) -> Fix {
-    let case = ctx.case;
-    let guarded = crate::runner::RunOptions {
+/// The case run with `intervention` in place: `Some(outcome)` or the
+/// reason it could not run (the gradient guard is a CPU op).
+fn run_with(
+    ctx: &Context,
+    runs: &mut Runs,
+    intervention: &Intervention,
+) -> std::result::Result<Outcome, String> {
+    let opts = crate::runner::RunOptions {
         intervention: Some(std::sync::Arc::new(intervention.clone())),
         ..runs.opts.clone()
     };
     runs.count += 1;
-    let outcome = crate::training::run_model(case, runs.factory, &guarded);
-    let (verified, result) = match &outcome {
-        Err(e) => (false, format!("could not run the intervention: {e}")),
-        Ok(Outcome::Stable { .. }) => (true, format!("stable over all {} steps", case.steps)),
-        Ok(Outcome::Unstable { finding: next }) => (
-            false,
-            format!(
-                "unstable: trained {} of {} steps, then {} in {} at `{}`",
-                next.step,
-                case.steps,
-                next.kind.as_str(),
-                next.phase.as_str(),
-                next.stage
-            ),
+    crate::training::run_model(ctx.case, runs.factory, &opts).map_err(|e| e.to_string())
+}
+
+/// "stable over all 60 steps", or where it failed.
+fn outcome_text(ctx: &Context, outcome: &std::result::Result<Outcome, String>) -> String {
+    let steps = ctx.case.steps;
+    match outcome {
+        Err(e) => format!("could not run it: {e}"),
+        Ok(Outcome::Stable { .. }) => format!("stable over all {steps} steps"),
+        Ok(Outcome::Unstable { finding: next }) => format!(
+            "unstable: trained {} of {steps} steps, then {} in {} at `{}`",
+            next.step,
+            next.kind.as_str(),
+            next.phase.as_str(),
+            next.stage
         ),
-        Ok(Outcome::Rejected { reason }) => (false, format!("rejected: {reason}")),
-    };
-    let description = match intervention.substitute {
-        Some(_) => intervention.describe(),
-        None => format!(
-            "{} (an intervention standing in for the repair: {repair})",
-            intervention.describe()
-        ),
-    };
+        Ok(Outcome::Rejected { reason }) => format!("rejected: {reason}"),
+    }
+}
+
+/// The most ops one repair rewrites.
+const MAX_REWRITES: usize = 4;
+
+/// The case trained with `first` (the rewrite of `e`'s op) in place, and
+/// with the rewrite of each op the run then fails at next added to it: a
+/// repair is every line the failure passes through (a cosine's roots at 0
+/// after its denominator). The fix with the set that trained stably, or
+/// the last one tried.
+fn rewritten_run(ctx: &Context, runs: &mut Runs, e: &Explanation, first: &Rewrite) -> Fix {
+    let mut set = vec![first.clone()];
+    loop {
+        let iv = Intervention::rewrite(&e.stage, set.clone());
+        let outcome = run_with(ctx, runs, &iv);
+        let next = match &outcome {
+            Ok(Outcome::Unstable { finding }) => finding
+                .explanation
+                .as_deref()
+                .and_then(|x| x.rewrite.clone()),
+            _ => None,
+        };
+        match next {
+            Some(r) if set.len() < MAX_REWRITES && set.iter().all(|s| s.site != r.site) => {
+                set.push(r)
+            }
+            _ => return fix_of(ctx, iv, outcome),
+        }
+    }
+}
+
+/// The case trained with a repair in place: a fix, verified when it
+/// trains ([`crate::diagnose::learning`] judges it with the others).
+fn repaired_run(ctx: &Context, runs: &mut Runs, intervention: Intervention) -> Fix {
+    let outcome = run_with(ctx, runs, &intervention);
+    fix_of(ctx, intervention, outcome)
+}
+
+/// The fix a run with `intervention` in place gave.
+fn fix_of(
+    ctx: &Context,
+    intervention: Intervention,
+    outcome: std::result::Result<Outcome, String>,
+) -> Fix {
     Fix {
-        description,
+        description: intervention.describe(),
         changes: Vec::new(),
-        verified,
-        result,
-        intervention: Some(intervention),
+        verified: matches!(outcome, Ok(Outcome::Stable { .. })),
+        result: outcome_text(ctx, &outcome),
+        diffs: intervention
+            .rewrites
+            .iter()
+            .filter_map(|r| r.diff())
+            .collect(),
         learning: outcome
             .as_ref()
             .ok()
             .and_then(crate::diagnose::Learning::of),
+        intervention: Some(intervention),
         workaround: false,
+        passes_step: false,
     }
+}
+
+/// The case trained with the op guarded: the evidence line it gives.
+fn guarded_run(ctx: &Context, runs: &mut Runs, intervention: Intervention) -> String {
+    let outcome = run_with(ctx, runs, &intervention);
+    let verdict = match &outcome {
+        Ok(Outcome::Stable { .. }) => "the failure comes from there",
+        _ => "the failure does not come from there alone",
+    };
+    format!(
+        "diagnostic, not a repair: {} — {}; {verdict}",
+        intervention.describe(),
+        outcome_text(ctx, &outcome)
+    )
 }

@@ -81,6 +81,8 @@ fn lr_search(ctx: &Context, runs: &mut Runs) -> Result<Vec<Fix>> {
             intervention: None,
             learning: crate::diagnose::Learning::of(&outcome),
             workaround: false,
+            diffs: Vec::new(),
+            passes_step: false,
         };
         tried.push((to, fix));
         Ok(verified)

@@ -1,0 +1,426 @@
+//! A repair of one op of the user's code as the developer would write it:
+//! the op's expression replaced by its stable form ([`RewriteForm`]), as data the
+//! tracer substitutes at the op for a whole run (the tensor arithmetic
+//! lives with the intervention) and as a diff of the user's source line
+//! ([`LineDiff`]) whose `+` line compiles in place.
+//!
+//! The code is built from the operands' text as the attribute recorded it
+//! ([`OpSite::operands`]), so it names the user's own variables; a form
+//! that needs what another op read (the logits of a softmax whose log is
+//! taken) is offered only where that op is in the same function.
+
+use super::OpSite;
+use serde::{Deserialize, Serialize};
+
+/// What replaces an op's expression.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "form", rename_all = "snake_case")]
+pub enum RewriteForm {
+    /// log(softmax(z)) → log_softmax(z): the log of the softmax at `from`.
+    LogSoftmax,
+    /// f(x) → f(x + eps): a root or a fractional power at 0 (its slope),
+    /// a log of exact zeros that a 0 multiplies (0·log(eps) is 0).
+    OperandPlusEps { eps: f64 },
+    /// f(x) → f(max(x, floor)): a log of a value that rounds to 0 (1 − a
+    /// gate saturated to exactly 1).
+    OperandFloor { floor: f64 },
+    /// a / b → a / max(b, floor): a count or a norm in the denominator.
+    DenominatorFloor { floor: f64 },
+    /// exp(x) → exp(x − max(x)) over the last dimension: an exp whose
+    /// output is normalized by its own sum (the ratio is unchanged).
+    MaxSubtracted,
+    /// x.to_dtype(half) → x clamped into ±limit first: a constant past
+    /// the half dtype's range (a −1e9 mask) becomes a finite one that
+    /// leaves room to add scores to it.
+    ClampBeforeCast { limit: f64 },
+    /// a − b → clamp(a) − clamp(b) into ±limit: infinities that cancel
+    /// (a row's max subtracted from a row entirely −inf) become finite
+    /// values that do (a finite mask value).
+    FiniteOperands { limit: f64 },
+    /// var(x) → mean((x − mean(x))²): the biased variance, 0 (not 0/0)
+    /// over one value.
+    BiasedVariance { dim: usize, keepdim: bool },
+}
+
+/// A rewrite of the op at `site`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rewrite {
+    pub site: OpSite,
+    pub form: RewriteForm,
+    /// The op whose operands the rewrite reads, when it is not `site`
+    /// (the softmax a log is taken of).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<OpSite>,
+}
+
+impl Rewrite {
+    /// The expression that replaces the op's (`site.text`), or `None`
+    /// when the operands' text is not on record.
+    pub fn code(&self) -> Option<String> {
+        let s = &self.site;
+        let recv = s.operands.first()?;
+        // A borrowed place is its own receiver (`p.log()` for `(&p).log()`).
+        let recv = match is_place(recv) {
+            true => recv.trim_start_matches('&'),
+            false => recv,
+        };
+        let rest = s.operands.get(1..).unwrap_or_default().join(", ");
+        let method = s.text.contains(&format!(".{}(", s.op));
+        let call = |x: &str| format!("{}.{}({rest})", receiver(x), s.op);
+        let code = match self.form {
+            RewriteForm::LogSoftmax => {
+                let from = self.from.as_ref()?;
+                let head = from.text.strip_suffix(')')?;
+                let at = head.rfind(&format!("{}(", from.op))?;
+                let args = &from.operands;
+                let dim = args.get(1).map_or("candle_core::D::Minus1", String::as_str);
+                format!("{}log_softmax({}, {dim})", &from.text[..at], args.first()?)
+            }
+            RewriteForm::OperandPlusEps { .. } | RewriteForm::OperandFloor { .. } if !method => {
+                return None
+            }
+            RewriteForm::OperandPlusEps { eps } => call(&format!("({recv} + {})?", lit(eps))),
+            RewriteForm::OperandFloor { floor } => {
+                call(&format!("{}.maximum({})?", receiver(recv), lit(floor)))
+            }
+            RewriteForm::DenominatorFloor { floor } => match (s.op.as_str(), s.operands.as_slice())
+            {
+                ("/", [l, r]) => format!("{l} / {}.maximum({})?", receiver(r), lit(floor)),
+                ("recip", _) => call(&format!("{}.maximum({})?", receiver(recv), lit(floor))),
+                (_, [a, b]) => {
+                    let b = b.strip_prefix('&').unwrap_or(b);
+                    format!(
+                        "{}.{}(&{}.maximum({})?)",
+                        receiver(a),
+                        s.op,
+                        receiver(b),
+                        lit(floor)
+                    )
+                }
+                _ => return None,
+            },
+            RewriteForm::MaxSubtracted => bound(recv, |x| {
+                format!("{x}.broadcast_sub(&{x}.max_keepdim(candle_core::D::Minus1)?)?.exp()")
+            }),
+            RewriteForm::ClampBeforeCast { limit } => format!(
+                "{}.clamp(-{l}, {l})?.to_dtype({rest})",
+                receiver(recv),
+                l = lit(limit)
+            ),
+            RewriteForm::FiniteOperands { limit } => {
+                let clamp = |x: &str| format!("{}.clamp(-{l}, {l})?", receiver(x), l = lit(limit));
+                match (s.op.as_str(), s.operands.as_slice()) {
+                    ("-" | "+", [a, b]) => format!("{} {} {}", clamp(a), s.op, clamp(b)),
+                    (_, [a, b]) if !method => return None,
+                    (_, [a, b]) => format!(
+                        "{}.{}(&{})",
+                        clamp(a),
+                        s.op,
+                        clamp(b.strip_prefix('&').unwrap_or(b))
+                    ),
+                    _ => return None,
+                }
+            }
+            RewriteForm::BiasedVariance { dim, keepdim } => {
+                let mean = if keepdim { "mean_keepdim" } else { "mean" };
+                bound(recv, |x| {
+                    format!("{x}.broadcast_sub(&{x}.mean_keepdim({dim})?)?.sqr()?.{mean}({dim})")
+                })
+            }
+        };
+        Some(code)
+    }
+
+    /// What the rewrite does, in words.
+    pub fn describe(&self) -> String {
+        match self.form {
+            RewriteForm::LogSoftmax => "the log of a softmax as log_softmax".into(),
+            RewriteForm::OperandPlusEps { eps } => {
+                format!("{} of its input plus {}", self.site.op, lit(eps))
+            }
+            RewriteForm::OperandFloor { floor } => {
+                format!("{} of its input floored at {}", self.site.op, lit(floor))
+            }
+            RewriteForm::DenominatorFloor { floor } => {
+                format!("the denominator floored at {}", lit(floor))
+            }
+            RewriteForm::MaxSubtracted => "the exp of its input less the row's max".into(),
+            RewriteForm::ClampBeforeCast { limit } => {
+                format!("the values clamped into ±{} before the cast", lit(limit))
+            }
+            RewriteForm::FiniteOperands { limit } => {
+                format!("both operands clamped into ±{}", lit(limit))
+            }
+            RewriteForm::BiasedVariance { .. } => "the biased variance (0 over one value)".into(),
+        }
+    }
+
+    /// The diff of the op's source line, read from `site.file` (relative
+    /// to the workspace the program runs in); where the file cannot be
+    /// read or the expression is not on that one line, the diff of the
+    /// expression alone.
+    pub fn diff(&self) -> Option<LineDiff> {
+        let code = self.code()?;
+        let s = &self.site;
+        let line = source_line(&s.file, s.line);
+        let (before, after, whole_line) = match line.as_deref().and_then(|l| locate(l, &s.text)) {
+            Some((a, b)) => {
+                let l = line.as_deref().unwrap_or_default();
+                let after = format!("{}{code}{}", &l[..a], &l[b..]);
+                (l.trim_end().to_string(), after.trim_end().to_string(), true)
+            }
+            None => (s.text.clone(), code, false),
+        };
+        Some(LineDiff {
+            file: s.file.clone(),
+            line: s.line,
+            before,
+            after,
+            whole_line,
+        })
+    }
+}
+
+/// Line `line` (1-based) of `file`, a path relative to the workspace
+/// root as `file!()` gives it: looked for from the directory the program
+/// runs in and the directories above it (a test runs in its crate's).
+fn source_line(file: &str, line: u32) -> Option<String> {
+    let here = std::env::current_dir().ok()?;
+    let text = here
+        .ancestors()
+        .take(4)
+        .find_map(|dir| std::fs::read_to_string(dir.join(file)).ok())?;
+    text.lines()
+        .nth(line.checked_sub(1)? as usize)
+        .map(str::to_string)
+}
+
+/// A source line as written and as repaired.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LineDiff {
+    pub file: String,
+    pub line: u32,
+    pub before: String,
+    pub after: String,
+    /// `before` is the whole line as the file holds it; otherwise the
+    /// op's expression alone (the file was not readable from here, or the
+    /// expression spans lines).
+    pub whole_line: bool,
+}
+
+impl std::fmt::Display for LineDiff {
+    /// `--- file:line`, then `- before` and `+ after`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.whole_line {
+            ""
+        } else {
+            " (the expression)"
+        };
+        writeln!(f, "--- {}:{}{what}", self.file, self.line)?;
+        writeln!(f, "- {}", self.before.trim_start())?;
+        write!(f, "+ {}", self.after.trim_start())
+    }
+}
+
+/// A number as a Rust literal a developer writes (`1e-8`, `0.5`, `1e4`).
+pub fn lit(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e4 {
+        return format!("{v:.1}");
+    }
+    let (plain, sci) = (format!("{v}"), format!("{v:e}"));
+    match (plain.len() <= sci.len(), plain.contains(['.', 'e'])) {
+        (true, true) => plain,
+        (true, false) => format!("{plain}.0"),
+        (false, _) => sci,
+    }
+}
+
+/// `x` as the receiver of a method call: parenthesized unless it is a
+/// path, a call, a field or a `?` (what a method binds no tighter than).
+fn receiver(x: &str) -> String {
+    let mut depth = 0i32;
+    let loose = x.starts_with(['&', '*', '-', '!'])
+        || x.chars().any(|c| {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth -= 1,
+                _ => {}
+            }
+            depth == 0 && c == ' '
+        });
+    if loose {
+        format!("({x})")
+    } else {
+        x.to_string()
+    }
+}
+
+/// Whether operand text `x` names a place (`x`, `self.w`, `&p`): read
+/// twice, it is the same tensor, and a method call on it borrows it.
+pub fn is_place(x: &str) -> bool {
+    let x = x.strip_prefix('&').unwrap_or(x);
+    !x.is_empty()
+        && x.starts_with(|c: char| c.is_alphabetic() || c == '_')
+        && x.chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+}
+
+/// `body` of operand `x`, which it reads twice: `x` itself where it is a
+/// place, otherwise bound once in a block (a value read twice would be
+/// computed, or moved, twice).
+fn bound(x: &str, body: impl Fn(&str) -> String) -> String {
+    match is_place(x) {
+        true => body(x.strip_prefix('&').unwrap_or(x)),
+        false => format!("{{ let x = {x}; {} }}", body("x")),
+    }
+}
+
+/// The byte range of `line` that holds `text`, spacing aside.
+fn locate(line: &str, text: &str) -> Option<(usize, usize)> {
+    let want: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let chars: Vec<(usize, char)> = line.char_indices().collect();
+    for start in 0..chars.len() {
+        if chars[start].1.is_whitespace() {
+            continue;
+        }
+        let (mut k, mut j) = (0, start);
+        while j < chars.len() && k < want.len() {
+            let c = chars[j].1;
+            if c.is_whitespace() {
+                j += 1;
+            } else if c == want[k] {
+                j += 1;
+                k += 1;
+            } else {
+                break;
+            }
+        }
+        if k == want.len() {
+            let end = chars.get(j).map_or(line.len(), |&(b, _)| b);
+            return Some((chars[start].0, end));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::finding::OpKind;
+
+    fn site(text: &str, op: &str, operands: &[&str], kind: OpKind) -> OpSite {
+        OpSite {
+            file: "nowhere.rs".into(),
+            line: 1,
+            column: 1,
+            text: text.into(),
+            operands: operands.iter().map(|s| s.to_string()).collect(),
+            op: op.into(),
+            function: "f".into(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn each_form_is_code_of_the_users_own_operands() {
+        let log = site("p.log()", "log", &["p"], OpKind::Log);
+        let softmax = site(
+            "candle_nn::ops::softmax(z, D::Minus1)",
+            "softmax",
+            &["z", "D::Minus1"],
+            OpKind::Softmax,
+        );
+        let r = |site: &OpSite, form| Rewrite {
+            site: site.clone(),
+            form,
+            from: Some(softmax.clone()),
+        };
+        assert_eq!(
+            r(&log, RewriteForm::LogSoftmax).code().unwrap(),
+            "candle_nn::ops::log_softmax(z, D::Minus1)"
+        );
+        let gate = site("(1.0 - p)?.log()", "log", &["(1.0 - p)?"], OpKind::Log);
+        assert_eq!(
+            r(&gate, RewriteForm::OperandFloor { floor: 1e-8 })
+                .code()
+                .unwrap(),
+            "(1.0 - p)?.maximum(1e-8)?.log()"
+        );
+        let pow = site(
+            "h.relu()?.powf(0.5)",
+            "powf",
+            &["h.relu()?", "0.5"],
+            OpKind::Pow,
+        );
+        assert_eq!(
+            r(&pow, RewriteForm::OperandPlusEps { eps: 1e-5 })
+                .code()
+                .unwrap(),
+            "(h.relu()? + 1e-5)?.powf(0.5)"
+        );
+        let div = site("a / (n + eps)?", "/", &["a", "(n + eps)?"], OpKind::Div);
+        assert_eq!(
+            r(&div, RewriteForm::DenominatorFloor { floor: 1e-8 })
+                .code()
+                .unwrap(),
+            "a / (n + eps)?.maximum(1e-8)?"
+        );
+        let var = site(
+            "h.var_keepdim(0)",
+            "var_keepdim",
+            &["h", "0"],
+            OpKind::Variance,
+        );
+        assert_eq!(
+            r(
+                &var,
+                RewriteForm::BiasedVariance {
+                    dim: 0,
+                    keepdim: true
+                }
+            )
+            .code()
+            .unwrap(),
+            "h.broadcast_sub(&h.mean_keepdim(0)?)?.sqr()?.mean_keepdim(0)"
+        );
+        let cast = site(
+            "m.to_dtype(s.dtype())",
+            "to_dtype",
+            &["m", "s.dtype()"],
+            OpKind::Cast,
+        );
+        assert_eq!(
+            r(&cast, RewriteForm::ClampBeforeCast { limit: 1e4 })
+                .code()
+                .unwrap(),
+            "m.clamp(-1e4, 1e4)?.to_dtype(s.dtype())"
+        );
+    }
+
+    #[test]
+    fn the_line_keeps_everything_but_the_expression() {
+        assert_eq!(
+            locate("    let y = (p . log()?)?;", "p.log()"),
+            Some((13, 22))
+        );
+        assert_eq!(locate("let y = q.exp()?;", "p.log()"), None);
+        assert_eq!(lit(1e-8), "1e-8");
+        assert_eq!(lit(0.5), "0.5");
+        assert_eq!(lit(1e4), "1e4");
+        assert_eq!(lit(2.0), "2.0");
+        let mut s = site("p.log()", "log", &["p"], OpKind::Log);
+        s.file = file!().into();
+        let d = Rewrite {
+            site: s,
+            form: RewriteForm::OperandPlusEps { eps: 1e-8 },
+            from: None,
+        }
+        .diff()
+        .unwrap();
+        // Not on that line of the file (nor readable from here): the expression.
+        assert_eq!(
+            (d.before.as_str(), d.after.as_str()),
+            ("p.log()", "(p + 1e-8)?.log()")
+        );
+    }
+}

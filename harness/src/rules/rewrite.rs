@@ -1,0 +1,114 @@
+//! The rewrite a developer would make of the op an explanation is about
+//! ([`Rewrite`]), chosen from its pattern and from the ops that made what
+//! it read: a log of a softmax becomes `log_softmax` of the softmax's
+//! logits; a log of exact zeros that a 0 multiplies, a root or a
+//! fractional power at 0 take an eps inside; a log of 1 − a saturated
+//! gate, a denominator that reaches 0 take a floor; an exp normalized by
+//! its own sum has the row's max subtracted; a constant cast past a half
+//! dtype's range is clamped to a finite mask value first; infinities that
+//! cancel are clamped to finite values that do; a variance of one value
+//! becomes the biased one. Where none fits (or the code cannot
+//! be written from the operands' text), the explanation's repair in words
+//! stands alone.
+
+use super::walk::Cx;
+use crate::error::Result;
+use crate::finding::{is_place, Explanation, OpKind, Pattern, Rewrite, RewriteForm};
+use crate::intervention::substitute::{eps, mask_fill, norm_eps};
+
+/// The rewrite of op `i` that `e` explains, if one fits.
+pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
+    use OpKind as K;
+    use Pattern as P;
+    use RewriteForm as F;
+    let Some(site) = cx.site(i) else {
+        return Ok(None);
+    };
+    let dtype = cx.output(i).dtype();
+    let mut from = None;
+    let form = match (site.kind, e.pattern) {
+        (K::Log, _) if softmax_read(cx, i)?.is_some() => {
+            from = softmax_read(cx, i)?.and_then(|j| cx.site(j).cloned());
+            F::LogSoftmax
+        }
+        (K::Log, P::ZeroTimesLogOfZero | P::LogOfZero) => moved(site, eps(dtype)),
+        (K::Log, P::SaturatedGate) => F::OperandFloor { floor: eps(dtype) },
+        (K::Sqrt | K::Pow, P::InfiniteSlopeAtZero | P::RootOfReducedZero) => {
+            moved(site, norm_eps(dtype))
+        }
+        (K::Div, P::DivisionByZero | P::ZeroOverZero) => F::DenominatorFloor { floor: eps(dtype) },
+        (K::Exp, P::ExpOverflow | P::ExpOfScaledInput) if normalized(cx, i) => F::MaxSubtracted,
+        (K::Cast, P::HalfCastOverflow) => F::ClampBeforeCast {
+            limit: -mask_fill(dtype),
+        },
+        (K::Sub | K::Add, P::InfMinusInf) => F::FiniteOperands {
+            limit: -mask_fill(dtype),
+        },
+        (K::Variance, P::VarianceOfOneValue) => {
+            let Some(dim) = site.operands.get(1).and_then(|d| d.parse().ok()) else {
+                return Ok(None);
+            };
+            F::BiasedVariance {
+                dim,
+                keepdim: site.op.ends_with("_keepdim"),
+            }
+        }
+        _ => return Ok(None),
+    };
+    let rewrite = Rewrite {
+        site: site.clone(),
+        form,
+        from,
+    };
+    Ok(rewrite.code().is_some().then_some(rewrite))
+}
+
+/// An op's input moved off 0 by `eps`: a value it makes on the spot takes
+/// `+ eps`; a variable is floored at it instead (`x.maximum(eps)` borrows
+/// it, where `x + eps` would move it).
+fn moved(site: &crate::finding::OpSite, eps: f64) -> RewriteForm {
+    match site.operands.first().is_some_and(|x| is_place(x)) {
+        true => RewriteForm::OperandFloor { floor: eps },
+        false => RewriteForm::OperandPlusEps { eps },
+    }
+}
+
+/// The softmax over the last dimension, in the same function, that made
+/// what log op `i` read.
+fn softmax_read(cx: &Cx, i: usize) -> Result<Option<usize>> {
+    let Some(read) = cx.reads(i).into_iter().next() else {
+        return Ok(None);
+    };
+    let Some((j, OpKind::Softmax)) = cx.maker_through_views(&read)? else {
+        return Ok(None);
+    };
+    let (Some(s), Some(at)) = (cx.site(j), cx.site(i)) else {
+        return Ok(None);
+    };
+    let last_dim = match s.op.as_str() {
+        "softmax_last_dim" => true,
+        "softmax" => s.operands.get(1).is_some_and(|d| {
+            d.ends_with("Minus1") || d.parse::<usize>().ok() == Some(cx.output(j).rank() - 1)
+        }),
+        _ => false,
+    };
+    Ok((last_dim && s.function == at.function).then_some(j))
+}
+
+/// Whether exp op `i`'s output is divided by its own sum over the last
+/// dimension (a softmax by hand): subtracting the row's max keeps the ratio.
+fn normalized(cx: &Cx, i: usize) -> bool {
+    let consumers = cx.g.consumers(i);
+    let summed = consumers.iter().any(|&c| {
+        cx.kind(c) == Some(OpKind::Reduce)
+            && cx.site(c).is_some_and(|s| {
+                s.op.starts_with("sum") && s.operands.get(1).is_some_and(|d| d.ends_with("Minus1"))
+            })
+            && cx
+                .g
+                .consumers(c)
+                .iter()
+                .any(|k| consumers.contains(k) && cx.kind(*k) == Some(OpKind::Div))
+    });
+    summed
+}
