@@ -264,6 +264,37 @@ fn a_users_example_binary_runs_every_command_over_its_model() {
         stdout(&o)
     );
 
+    // The trigger diagnosed from its reproducer: the repair as a diff of
+    // the division's line, verified on the trigger's step, over the case
+    // and by a re-hunt.
+    let o = run(&["diagnose", &repro]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
+    for want in [
+        "[verified fix]",
+        "--- harness/examples/user_model.rs:40",
+        "- x.broadcast_div(&rms)",
+        "+ x.broadcast_div(&rms.maximum(1e-8)?)",
+        "the trigger's step passes; on the case, stable and learning over 50 steps",
+        "re-hunted within 200× the data's scale: no trigger at the ops it rewrote",
+        "diagnostic, not a repair",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    assert!(
+        !out.contains("FIX `RmsNormMlp::forward.div` guarded"),
+        "{out}"
+    );
+    // A scene without its case (a guard's) is refused by name, exit 2.
+    let guard_scene = dir.join("guard-scene");
+    std::fs::create_dir_all(&guard_scene).unwrap();
+    for f in ["scene.json", "scene.safetensors"] {
+        std::fs::copy(dir.join(&repro).join(f), guard_scene.join(f)).unwrap();
+    }
+    let o = run(&["diagnose", "guard-scene"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("guard-scene"), "{}", stderr(&o));
+
     let o = run(&["fuzz", "--runs", "12", "--out", "fuzz", "--quiet"]);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
     let md = std::fs::read_to_string(dir.join("fuzz/report.md")).unwrap();

@@ -357,7 +357,7 @@ fn the_learning_rate_fix_searches_down_to_a_stable_rate() {
         assert!(!edge.verified, "{}", edge.result);
         assert!(
             edge.result
-                .contains("more than the tolerance above the best fix's"),
+                .contains("more than the tolerance above the best fix from the same start"),
             "{}",
             edge.result
         );

@@ -1,4 +1,6 @@
 //! `nanhunt diagnose CASE.json`: the five steps, with verified fixes.
+//! `nanhunt diagnose DIR`: a scene with its case (a hunt's reproducer, a
+//! run's dump), diagnosed over that case ([`crate::diagnose::diagnose_dir`]).
 
 use super::{case_arg, Exit, LimitArgs};
 use crate::diagnose::Diagnosis;
@@ -8,7 +10,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The case file.
+    /// The case file, or a scene directory that holds its case (a hunt's
+    /// reproducer, a run's `--dump`).
     /// (Optional in a binary built with `nanhunt::cli::main_with`: its model\'s own case.)
     case: Option<PathBuf>,
     /// Print the diagnosis as JSON.
@@ -26,13 +29,32 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
-    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
-    let factory = super::factory_of(&case)?;
-    let mut opts = RunOptions::default().with_limits(limits);
+    let mut opts = RunOptions::default().with_limits(limits.clone());
     opts.device = args.device;
-    opts.dump = args.dump.clone();
-    let d =
-        crate::diagnose::diagnose(&case, factory.get(), &opts).map_err(super::in_file(&path))?;
+    let d = match args.case.as_deref().filter(|p| p.is_dir()) {
+        Some(dir) => {
+            if args.dump.is_some() {
+                anyhow::bail!("--dump: a scene is diagnosed from its own dump; give a case file to dump a new one");
+            }
+            let saved = crate::scene::SavedScene::load(dir)?;
+            let Some(case) = saved.case else {
+                anyhow::bail!(
+                    "{}: a guard's scene has no case.json: diagnose it in the model's binary with nanhunt::diagnose::diagnose_scene",
+                    dir.display()
+                );
+            };
+            let factory = super::factory_of(&case)?;
+            let hunt = crate::hunt::HuntOptions::default();
+            crate::diagnose::diagnose_dir(dir, Some(factory.get()), &opts, &hunt)
+                .map_err(super::in_file(dir))?
+        }
+        None => {
+            let (case, path) = case_arg(args.case.as_deref(), &limits)?;
+            let factory = super::factory_of(&case)?;
+            opts.dump = args.dump.clone();
+            crate::diagnose::diagnose(&case, factory.get(), &opts).map_err(super::in_file(&path))?
+        }
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {
@@ -127,7 +149,9 @@ fn print(d: &Diagnosis, dump: Option<&PathBuf>) {
         println!("    none is supported: no tried fix helped and none has evidence at the failure's site");
     }
     for (i, c) in d.causes.iter().enumerate() {
-        let tag = if c.repaired() {
+        let tag = if c.fixes.is_empty() {
+            " [no repair to try: none is known for this op's pattern]"
+        } else if c.repaired() {
             " [verified fix]"
         } else if c.verified() {
             " [verified workaround: it removes the trigger, not the cause]"

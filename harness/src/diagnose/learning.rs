@@ -82,6 +82,11 @@ impl Learning {
         }
     }
 
+    /// Whether this run learns on its own numbers (whatever other runs did).
+    pub fn learns_on_its_own(&self) -> bool {
+        self.trained() == Trained::Learning
+    }
+
     /// How this run trained, and against `best` (the best fix from the
     /// same start): a run that learns but ends far above it is behind.
     fn against(&self, best: &Learning) -> Trained {
@@ -102,9 +107,14 @@ impl Learning {
 
     /// "stable and learning over 60 steps: loss 2.3100 -> 0.4200 (the best
     /// fix from the same start: 0.4000)".
-    fn describe(&self, best: &Learning) -> String {
+    pub fn describe(&self, best: &Learning) -> String {
+        self.describe_against(best, "the best fix from the same start")
+    }
+
+    /// [`Learning::describe`] against `best`, named `what`.
+    pub fn describe_against(&self, best: &Learning, what: &str) -> String {
         let losses = format!(
-            "loss {:.4} -> {:.4}, smoothed over the last steps (the best fix from the same start: {:.4})",
+            "loss {:.4} -> {:.4}, smoothed over the last steps ({what}: {:.4})",
             self.first_loss, self.final_loss, best.final_loss
         );
         let over = format!("over {} steps", self.steps);
@@ -122,7 +132,7 @@ impl Learning {
                 FALL * 100.0
             ),
             Trained::Behind => format!(
-                "stable {over}, but trains to a loss more than the tolerance above the best fix's: {losses}"
+                "stable {over}, but trains to a loss more than the tolerance above {what}: {losses}"
             ),
         }
     }

@@ -23,12 +23,14 @@ mod context;
 mod learning;
 mod rank;
 mod scene;
+mod trigger;
 
 pub use crate::spec::{case_diff, FieldChange};
 pub use batch::{BatchScan, EXTREME};
 pub use causes::{stable_loss, CauseKind, KNOB_CANDIDATES, LR_SEARCH_DECADES};
 pub use learning::{Learning, DROP_TOLERANCE, FALL, FLOOR_TOLERANCE, MIN_STEPS};
 pub use scene::diagnose_scene;
+pub use trigger::{diagnose_dir, NOT_JUDGED};
 
 use crate::differential::{compare, Arms, Differential, Tolerance};
 use crate::error::Result;

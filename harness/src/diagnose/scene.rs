@@ -55,10 +55,9 @@ pub fn diagnose_scene(
             verified: false,
             result,
             diffs: intervention
-                .iter()
-                .flat_map(|i| &i.rewrites)
-                .filter_map(|r| r.diff())
-                .collect(),
+                .as_ref()
+                .map(|i| crate::finding::line_diffs(&i.rewrites))
+                .unwrap_or_default(),
             intervention,
             learning: None,
             workaround: false,

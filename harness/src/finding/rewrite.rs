@@ -37,6 +37,9 @@ pub enum RewriteForm {
     /// (a row's max subtracted from a row entirely −inf) become finite
     /// values that do (a finite mask value).
     FiniteOperands { limit: f64 },
+    /// log(exp(x) + 1) → relu(x) + log(1 + exp(−|x|)): a softplus by hand
+    /// whose exp overflows; `x` is what the exp at `from` read.
+    Softplus,
     /// var(x) → mean((x − mean(x))²): the biased variance, 0 (not 0/0)
     /// over one value.
     BiasedVariance { dim: usize, keepdim: bool },
@@ -107,6 +110,12 @@ impl Rewrite {
                 receiver(recv),
                 l = lit(limit)
             ),
+            RewriteForm::Softplus => {
+                let x = self.from.as_ref()?.operands.first()?;
+                bound(x, |x| {
+                    format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)")
+                })
+            }
             RewriteForm::FiniteOperands { limit } => {
                 let clamp = |x: &str| format!("{}.clamp(-{l}, {l})?", receiver(x), l = lit(limit));
                 match (s.op.as_str(), s.operands.as_slice()) {
@@ -131,6 +140,27 @@ impl Rewrite {
         Some(code)
     }
 
+    /// This rewrite with its eps (or floor) raised to `eps`, for a form
+    /// that has one and a smaller one; `None` otherwise.
+    pub fn with_eps(&self, eps: f64) -> Option<Rewrite> {
+        let form = match self.form {
+            RewriteForm::OperandPlusEps { eps: e } if e < eps => {
+                RewriteForm::OperandPlusEps { eps }
+            }
+            RewriteForm::OperandFloor { floor } if floor < eps => {
+                RewriteForm::OperandFloor { floor: eps }
+            }
+            RewriteForm::DenominatorFloor { floor } if floor < eps => {
+                RewriteForm::DenominatorFloor { floor: eps }
+            }
+            _ => return None,
+        };
+        Some(Rewrite {
+            form,
+            ..self.clone()
+        })
+    }
+
     /// What the rewrite does, in words.
     pub fn describe(&self) -> String {
         match self.form {
@@ -148,6 +178,7 @@ impl Rewrite {
             RewriteForm::ClampBeforeCast { limit } => {
                 format!("the values clamped into ±{} before the cast", lit(limit))
             }
+            RewriteForm::Softplus => "a softplus that cannot overflow".into(),
             RewriteForm::FiniteOperands { limit } => {
                 format!("both operands clamped into ±{}", lit(limit))
             }
@@ -179,6 +210,34 @@ impl Rewrite {
             whole_line,
         })
     }
+}
+
+/// The diffs of a set of rewrites, one per source line: rewrites of
+/// ops on the same line are applied to it together (right to left, so
+/// each finds its expression where the line holds it).
+pub fn line_diffs(rewrites: &[Rewrite]) -> Vec<LineDiff> {
+    let mut out: Vec<LineDiff> = Vec::new();
+    let mut sorted: Vec<&Rewrite> = rewrites.iter().collect();
+    sorted.sort_by_key(|r| std::cmp::Reverse(r.site.column));
+    for r in sorted {
+        let Some(d) = r.diff() else {
+            continue;
+        };
+        match out.iter_mut().find(|o| {
+            (o.file.as_str(), o.line) == (d.file.as_str(), d.line) && o.whole_line && d.whole_line
+        }) {
+            Some(o) => {
+                // Apply this rewrite to the line as the others left it.
+                let code = r.code().unwrap_or_default();
+                if let Some((a, b)) = locate(&o.after, &r.site.text) {
+                    o.after = format!("{}{code}{}", &o.after[..a], &o.after[b..]);
+                }
+            }
+            None => out.push(d),
+        }
+    }
+    out.sort_by(|a, b| (a.file.as_str(), a.line).cmp(&(b.file.as_str(), b.line)));
+    out
 }
 
 /// Line `line` (1-based) of `file`, a path relative to the workspace
@@ -235,9 +294,14 @@ pub fn lit(v: f64) -> String {
     }
 }
 
-/// `x` as the receiver of a method call: parenthesized unless it is a
-/// path, a call, a field or a `?` (what a method binds no tighter than).
+/// `x` as the receiver of a method call: a borrowed place as the place
+/// (`p` for `&p`: the method borrows it), anything else parenthesized
+/// unless it is a path, a call, a field or a `?` (what a method binds no
+/// tighter than).
 fn receiver(x: &str) -> String {
+    if is_place(x) {
+        return x.trim_start_matches('&').to_string();
+    }
     let mut depth = 0i32;
     let loose = x.starts_with(['&', '*', '-', '!'])
         || x.chars().any(|c| {

@@ -61,12 +61,17 @@ pub(crate) fn replay_changed(
         .named(family)
         .frozen(changes.frozen.clone());
     let mut guard = Guard::new(varmap, opts)?;
-    let expected: Vec<&String> = scene
+    // Variables match by name, in any order (a model's VarMap lists them
+    // sorted; a scene, in the order its driver made them).
+    let mut expected: Vec<&String> = scene
         .vars
         .iter()
         .filter(|n| !crate::coverage::declared_frozen(n, &changes.frozen))
         .collect();
-    if guard.names().iter().collect::<Vec<_>>() != expected {
+    let mut names: Vec<&String> = guard.names().iter().collect();
+    expected.sort();
+    names.sort();
+    if names != expected {
         return Err(Error::option(
             "varmap",
             format!(

@@ -89,6 +89,11 @@ impl HuntOptions {
     }
 
     /// Reproducers written under `dir`.
+    /// The largest perturbation searched, as a multiple of the data's scale.
+    pub fn bound(&self) -> f64 {
+        self.bounds.last().copied().unwrap_or(0.0)
+    }
+
     pub fn out_to(mut self, dir: impl Into<PathBuf>) -> Self {
         self.out = Some(dir.into());
         self

@@ -39,6 +39,12 @@ pub fn rewritten(
         },
         RewriteForm::MaxSubtracted => x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?.exp()?,
         RewriteForm::ClampBeforeCast { limit } => x.clamp(-limit, limit)?.to_dtype(out.dtype())?,
+        RewriteForm::Softplus => {
+            let Some(z) = from else {
+                bail!("the rewrite of `{op}` reads an exp that did not run before it");
+            };
+            ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?
+        }
         RewriteForm::FiniteOperands { limit } => match (op, tensors.as_slice()) {
             ("-" | "broadcast_sub", [a, b]) => a
                 .clamp(-limit, limit)?

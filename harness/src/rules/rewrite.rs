@@ -4,7 +4,8 @@
 //! logits; a log of exact zeros that a 0 multiplies, a root or a
 //! fractional power at 0 take an eps inside; a log of 1 − a saturated
 //! gate, a denominator that reaches 0 take a floor; an exp normalized by
-//! its own sum has the row's max subtracted; a constant cast past a half
+//! its own sum has the row's max subtracted; a softplus by hand whose exp
+//! overflows becomes the one that cannot; a constant cast past a half
 //! dtype's range is clamped to a finite mask value first; infinities that
 //! cancel are clamped to finite values that do; a variance of one value
 //! becomes the biased one. Where none fits (or the code cannot
@@ -36,8 +37,21 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
         (K::Sqrt | K::Pow, P::InfiniteSlopeAtZero | P::RootOfReducedZero) => {
             moved(site, norm_eps(dtype))
         }
-        (K::Div, P::DivisionByZero | P::ZeroOverZero) => F::DenominatorFloor { floor: eps(dtype) },
+        (K::Div, P::DivisionByZero | P::ZeroOverZero | P::ZeroNormRow) => {
+            F::DenominatorFloor { floor: eps(dtype) }
+        }
         (K::Exp, P::ExpOverflow | P::ExpOfScaledInput) if normalized(cx, i) => F::MaxSubtracted,
+        (K::Exp, P::ExpOverflow) => {
+            let Some(log) = softplus_log(cx, i) else {
+                return Ok(None);
+            };
+            let rewrite = Rewrite {
+                site: cx.site(log).cloned().unwrap_or_else(|| site.clone()),
+                form: F::Softplus,
+                from: Some(site.clone()),
+            };
+            return Ok(rewrite.code().is_some().then_some(rewrite));
+        }
         (K::Cast, P::HalfCastOverflow) => F::ClampBeforeCast {
             limit: -mask_fill(dtype),
         },
@@ -93,6 +107,18 @@ fn softmax_read(cx: &Cx, i: usize) -> Result<Option<usize>> {
         _ => false,
     };
     Ok((last_dim && s.function == at.function).then_some(j))
+}
+
+/// The log op of a softplus by hand, log(exp(x) + 1), whose exp is op
+/// `i` (the rewrite replaces the log's expression).
+fn softplus_log(cx: &Cx, i: usize) -> Option<usize> {
+    let plus_one =
+        cx.g.consumers(i)
+            .into_iter()
+            .find(|&c| cx.kind(c) == Some(OpKind::Add) && cx.g.scalars(c) == [1.0])?;
+    cx.g.consumers(plus_one)
+        .into_iter()
+        .find(|&c| cx.kind(c) == Some(OpKind::Log) && cx.site(c).is_some())
 }
 
 /// Whether exp op `i`'s output is divided by its own sum over the last

@@ -35,7 +35,7 @@ impl Rule for CodeBug {
         }
         let mut fixes = Vec::new();
         if let Some(r) = &e.rewrite {
-            fixes.push(rewritten_run(ctx, runs, e, r));
+            fixes.push(rewritten_run(ctx, runs, e, r)?);
         }
         if let Some(iv) = substituted(e) {
             fixes.push(repaired_run(ctx, runs, iv));
@@ -124,30 +124,87 @@ fn outcome_text(ctx: &Context, outcome: &std::result::Result<Outcome, String>) -
 /// The most ops one repair rewrites.
 const MAX_REWRITES: usize = 4;
 
-/// The case trained with `first` (the rewrite of `e`'s op) in place, and
-/// with the rewrite of each op the run then fails at next added to it: a
-/// repair is every line the failure passes through (a cosine's roots at 0
-/// after its denominator). The fix with the set that trained stably, or
-/// the last one tried.
-fn rewritten_run(ctx: &Context, runs: &mut Runs, e: &Explanation, first: &Rewrite) -> Fix {
-    let mut set = vec![first.clone()];
-    loop {
-        let iv = Intervention::rewrite(&e.stage, set.clone());
-        let outcome = run_with(ctx, runs, &iv);
-        let next = match &outcome {
-            Ok(Outcome::Unstable { finding }) => finding
-                .explanation
-                .as_deref()
-                .and_then(|x| x.rewrite.clone()),
-            _ => None,
+/// The larger eps (or floors) a rewrite's is raised to when its own does
+/// not pass: the dtype's smallest safe value first, then what a developer
+/// would reach for next (a variance's 1/σ² floored at 1e-8 still diverges).
+const EPS_LADDER: [f64; 2] = [1e-5, 1e-3];
+
+/// What a run with a set of rewrites in place gave.
+pub(in crate::diagnose) struct Attempt<T> {
+    /// It passed (the caller's judgement: it trained, or the trigger's
+    /// step passed and the rest held).
+    pub passed: bool,
+    /// The rewrite of the op it failed at next, where it failed at one.
+    pub next: Option<Rewrite>,
+    pub result: T,
+}
+
+/// The rewrites that repair the failure `first` is the rewrite of: `first`
+/// and the rewrite of each op a run then fails at next (a repair is every
+/// line the failure passes through: a cosine's roots at 0 after its
+/// denominator), at the rewrite's own eps and then up the ladder. The set
+/// that passed with what its run gave, or the last one tried.
+pub(in crate::diagnose) fn search<T>(
+    first: &Rewrite,
+    mut attempt: impl FnMut(&[Rewrite]) -> Result<Attempt<T>>,
+) -> Result<(Vec<Rewrite>, T)> {
+    let mut last = None;
+    let rungs = std::iter::once(None).chain(EPS_LADDER.into_iter().map(Some));
+    for rung in rungs {
+        let at = |r: &Rewrite| match rung {
+            Some(eps) => r.with_eps(eps).unwrap_or_else(|| r.clone()),
+            None => r.clone(),
         };
-        match next {
-            Some(r) if set.len() < MAX_REWRITES && set.iter().all(|s| s.site != r.site) => {
-                set.push(r)
+        if rung.is_some_and(|eps| first.with_eps(eps).is_none()) {
+            continue;
+        }
+        let mut set = vec![at(first)];
+        loop {
+            let a = attempt(&set)?;
+            if a.passed {
+                return Ok((set, a.result));
             }
-            _ => return fix_of(ctx, iv, outcome),
+            match a.next {
+                Some(r) if set.len() < MAX_REWRITES && set.iter().all(|s| s.site != r.site) => {
+                    set.push(at(&r))
+                }
+                _ => {
+                    last = Some((set, a.result));
+                    break;
+                }
+            }
         }
     }
+    Ok(last.expect("the first rung always runs"))
+}
+
+/// The case trained with the rewrites that repair `first`'s failure in
+/// place ([`search`]): a fix, judged with the others.
+fn rewritten_run(ctx: &Context, runs: &mut Runs, e: &Explanation, first: &Rewrite) -> Result<Fix> {
+    let (set, outcome) = search(first, |set| {
+        let iv = Intervention::rewrite(&e.stage, set.to_vec());
+        let outcome = run_with(ctx, runs, &iv);
+        let (passed, next) = match &outcome {
+            Ok(o @ Outcome::Stable { .. }) => (
+                crate::diagnose::Learning::of(o).is_some_and(|l| l.learns_on_its_own()),
+                None,
+            ),
+            Ok(Outcome::Unstable { finding }) => (
+                false,
+                finding
+                    .explanation
+                    .as_deref()
+                    .and_then(|x| x.rewrite.clone()),
+            ),
+            _ => (false, None),
+        };
+        Ok(Attempt {
+            passed,
+            next,
+            result: outcome,
+        })
+    })?;
+    Ok(fix_of(ctx, Intervention::rewrite(&e.stage, set), outcome))
 }
 
 /// The case trained with a repair in place: a fix, verified when it
