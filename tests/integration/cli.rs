@@ -275,7 +275,7 @@ fn a_users_example_binary_runs_every_command_over_its_model() {
         "--- harness/examples/user_model.rs:40",
         "- x.broadcast_div(&rms)",
         "+ x.broadcast_div(&rms.maximum(1e-8)?)",
-        "the trigger's step passes; on the case, stable and learning over 50 steps",
+        "the trigger's step passes; on the case over 50 steps, stable and learning, as the model as written does",
         "re-hunted within 200× the data's scale: no trigger at the ops it rewrote",
         "diagnostic, not a repair",
     ] {
@@ -314,5 +314,38 @@ fn a_users_example_binary_runs_every_command_over_its_model() {
         let o = run(bad);
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
         assert!(!stderr(&o).contains("panicked"), "{bad:?}: {}", stderr(&o));
+    }
+}
+
+/// A minimized reproducer is diagnosed over the case it came from: its
+/// fixes train over that case's steps, never over the two the minimizer
+/// kept ("stable and learning" printed for one step was the bug).
+#[test]
+fn a_minimized_reproducer_is_diagnosed_over_the_case_it_came_from() {
+    let dir = scratch("diagnose-minimized");
+    let mut case = nanhunt::spec::Case::example("cnn").unwrap();
+    case.optimizer = sgd(50.0);
+    let path = dir.join("lr50.json");
+    std::fs::write(&path, case.to_json()).unwrap();
+    let repro = dir.join("repro.json");
+    let (p, r) = (path.to_str().unwrap(), repro.to_str().unwrap());
+    let o = nanhunt(&["minimize", p, "--out", r]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let kept = nanhunt::repro::Reproducer::load(&repro).unwrap();
+    assert!(kept.case.steps < 50, "{}", kept.case.steps);
+    let o = nanhunt(&["diagnose", r]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
+    assert!(
+        out.starts_with("diagnosed over the case it was minimized from"),
+        "{out}"
+    );
+    let verified: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("FIX"))
+        .collect();
+    assert!(!verified.is_empty(), "{out}");
+    for l in verified {
+        assert!(l.contains("stable and learning over 50 steps"), "{l}");
     }
 }

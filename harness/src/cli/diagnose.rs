@@ -31,6 +31,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let mut opts = RunOptions::default().with_limits(limits.clone());
     opts.device = args.device;
+    let mut origin = None;
     let d = match args.case.as_deref().filter(|p| p.is_dir()) {
         Some(dir) => {
             if args.dump.is_some() {
@@ -52,12 +53,30 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             let (case, path) = case_arg(args.case.as_deref(), &limits)?;
             let factory = super::factory_of(&case)?;
             opts.dump = args.dump.clone();
-            crate::diagnose::diagnose(&case, factory.get(), &opts).map_err(super::in_file(&path))?
+            // A minimized reproducer is diagnosed over the case it came
+            // from: its fixes train over that, never over the few steps
+            // the minimizer kept (unless that case no longer fails).
+            let original = super::minimized_from(&path, &limits)
+                .map(|o| crate::diagnose::diagnose(&o, factory.get(), &opts))
+                .transpose()
+                .map_err(super::in_file(&path))?
+                .filter(|d| d.finding.is_some());
+            match original {
+                Some(d) => {
+                    origin = Some("the case it was minimized from (its provenance)");
+                    d
+                }
+                None => crate::diagnose::diagnose(&case, factory.get(), &opts)
+                    .map_err(super::in_file(&path))?,
+            }
         }
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {
+        if let Some(origin) = origin {
+            println!("diagnosed over {origin}");
+        }
         print(&d, args.dump.as_ref());
     }
     Ok(if d.finding.is_some() {

@@ -309,6 +309,20 @@ pub(crate) fn load_case(path: &Path, limits: &Limits) -> anyhow::Result<Case> {
     })
 }
 
+/// The case a reproducer file was minimized from (its provenance), when
+/// it records one that is valid here.
+pub(crate) fn minimized_from(path: &Path, limits: &Limits) -> Option<Case> {
+    if !is_reproducer(path) {
+        return None;
+    }
+    let original = crate::repro::Reproducer::load(path)
+        .ok()?
+        .provenance
+        .original?;
+    original.validate(limits).ok()?;
+    Some(original)
+}
+
 /// Whether a JSON file is a reproducer (a case with the outcome it must keep).
 fn is_reproducer(path: &Path) -> bool {
     let Ok(text) = crate::files::read_text(path) else {

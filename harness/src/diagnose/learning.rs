@@ -87,6 +87,15 @@ impl Learning {
         self.trained() == Trained::Learning
     }
 
+    /// Whether this run trains as `before` did (the model as written, on
+    /// data that never fires its bug): its gradients moving, its smoothed
+    /// final loss within the tolerance of `before`'s either way.
+    pub fn unchanged_from(&self, before: &Learning) -> bool {
+        let drop = (before.first_loss - before.final_loss).abs();
+        let tolerance = (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * before.final_loss.abs());
+        self.moving() && (self.final_loss - before.final_loss).abs() <= tolerance
+    }
+
     /// How this run trained, and against `best` (the best fix from the
     /// same start): a run that learns but ends far above it is behind.
     fn against(&self, best: &Learning) -> Trained {

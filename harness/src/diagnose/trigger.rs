@@ -6,9 +6,10 @@
 //! it trains stably, the scene's step is a trigger (an input the hunt
 //! built): a repair of the code is verified only when it holds on all
 //! three counts — the trigger's step passes with it, the case trains with
-//! it (learning, and within noise of the model as written, which trains
-//! stably on its data), and the hunt re-run with it finds no trigger at
-//! the ops it rewrote within the same bound. Changes to the training (a
+//! it as the model as written does (within noise: the data never fires
+//! the bug, so the repair must not change what it learns), and the hunt
+//! re-run with it finds no trigger at the ops it rewrote within the same
+//! bound. Changes to the training (a
 //! rate, clipping, the data) are not judged against an input the hunt
 //! built: they are left out, and the diagnosis says so.
 
@@ -47,6 +48,15 @@ pub fn diagnose_dir(
             "missing: a guard's scene has no case; diagnose it in the model's binary with `nanhunt::diagnose::diagnose_scene`".to_string(),
         )
     })?;
+    // A hunt's trigger records the case it searched: the repair is
+    // verified over that, not over one step of a shrunk batch.
+    let case = match saved.scene.origin.clone() {
+        Some(mut origin) => {
+            origin.resolve_paths(dir);
+            origin
+        }
+        None => case,
+    };
     let builtin = BuiltinFactory::new(&case.model);
     let factory: &dyn ModelFactory = match (factory, &builtin) {
         (Some(f), _) => f,
@@ -65,7 +75,8 @@ pub fn diagnose_dir(
     long.steps = long.steps.max(MIN_STEPS);
     let runs = Counter::default();
     let baseline = match runs.run(&long, factory, opts)? {
-        Outcome::Unstable { .. } => return super::diagnose(&case, factory, opts),
+        // Over the steps a verdict needs, the data fires it on its own.
+        Outcome::Unstable { .. } => return super::diagnose(&long, factory, opts),
         Outcome::Rejected { reason } => return Err(Error::Rejected(reason)),
         stable => Learning::of(&stable),
     };
@@ -231,14 +242,28 @@ impl Trigger<'_> {
             return Ok(attempt(false, next, (false, true, None, said)));
         };
         let baseline = self.baseline.unwrap_or(learning);
-        let quiet = match learning.learns(&baseline) {
+        // The case never fires the bug: the repair must leave its
+        // training as it was, learning or not.
+        let unchanged = learning.unchanged_from(&baseline);
+        let quiet = match unchanged {
             true => self.quiet(&iv, set)?,
             false => Some("not re-hunted".to_string()),
         };
-        let verified = learning.learns(&baseline) && quiet.is_none();
+        let verified = unchanged && quiet.is_none();
+        let trains = match (unchanged, learning.learns_on_its_own()) {
+            (true, true) => "stable and learning, as the model as written does",
+            (true, false) => {
+                "stable, training as the model as written does (neither learns by the margin)"
+            }
+            (false, _) => "stable, but training otherwise than the model as written does",
+        };
         let said = format!(
-            "{step_said}; on the case, {}; {}",
-            learning.describe_against(&baseline, "the model as written"),
+            "{step_said}; on the case over {} steps, {trains}: loss {:.4} -> {:.4}, smoothed over the last steps (as written: {:.4} -> {:.4}); {}",
+            learning.steps,
+            learning.first_loss,
+            learning.final_loss,
+            baseline.first_loss,
+            baseline.final_loss,
             quiet.unwrap_or_else(|| format!(
                 "re-hunted within {}× the data's scale: no trigger at the ops it rewrote",
                 self.hunt.bound()

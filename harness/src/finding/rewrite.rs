@@ -40,6 +40,14 @@ pub enum RewriteForm {
     /// log(exp(x) + 1) → relu(x) + log(1 + exp(−|x|)): a softplus by hand
     /// whose exp overflows; `x` is what the exp at `from` read.
     Softplus,
+    /// log(sum(exp(x))) → logsumexp(x) over the last dimension (the max
+    /// subtracted inside); the log's expression is rewritten, `x` is what
+    /// the exp at `from` read, and a keepdim sum's dimension is put back at
+    /// `keepdim_at`.
+    LogSumExp { keepdim_at: Option<usize> },
+    /// exp(x) → exp(min(x, cap)): an exp that nothing normalizes, capped
+    /// below the dtype's range (its slope is 0 past the cap).
+    ClampedExp { cap: f64 },
     /// var(x) → mean((x − mean(x))²): the biased variance, 0 (not 0/0)
     /// over one value.
     BiasedVariance { dim: usize, keepdim: bool },
@@ -116,6 +124,20 @@ impl Rewrite {
                     format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)")
                 })
             }
+            RewriteForm::LogSumExp { keepdim_at } => {
+                let x = self.from.as_ref()?.operands.first()?;
+                // The sum's dimension, from the log's receiver `e.sum(D)?`.
+                let sum = recv.strip_suffix(")?")?;
+                let (_, dim) = sum
+                    .rsplit_once(".sum_keepdim(")
+                    .or_else(|| sum.rsplit_once(".sum("))?;
+                let back = keepdim_at.map_or(String::new(), |k| format!("?.unsqueeze({k})"));
+                format!("{}.log_sum_exp({dim}){back}", receiver(x))
+            }
+            RewriteForm::ClampedExp { cap } if method => {
+                call(&format!("{}.minimum({})?", receiver(recv), lit(cap)))
+            }
+            RewriteForm::ClampedExp { .. } => return None,
             RewriteForm::FiniteOperands { limit } => {
                 let clamp = |x: &str| format!("{}.clamp(-{l}, {l})?", receiver(x), l = lit(limit));
                 match (s.op.as_str(), s.operands.as_slice()) {
@@ -179,6 +201,8 @@ impl Rewrite {
                 format!("the values clamped into ±{} before the cast", lit(limit))
             }
             RewriteForm::Softplus => "a softplus that cannot overflow".into(),
+            RewriteForm::LogSumExp { .. } => "the log of a sum of exps as logsumexp".into(),
+            RewriteForm::ClampedExp { cap } => format!("the exp's input capped at {}", lit(cap)),
             RewriteForm::FiniteOperands { limit } => {
                 format!("both operands clamped into ±{}", lit(limit))
             }

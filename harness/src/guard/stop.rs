@@ -101,6 +101,7 @@ impl Guard {
             ),
         };
         let saved = crate::scene::SceneParts {
+            origin: None,
             case: None,
             step: finding.step,
             finding: Some(finding),

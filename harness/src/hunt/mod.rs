@@ -333,6 +333,7 @@ fn ground<'a>(
     replay.augment.clear();
     Ok(Ground {
         case: replay,
+        origin: case.clone(),
         factory,
         opts: opts.clone(),
         snapshot,

@@ -30,6 +30,8 @@ pub(super) struct Target {
 /// augmentations applied again).
 pub(super) struct Ground<'a> {
     pub case: Case,
+    /// The case the hunt searches (`case` is its replay of one step).
+    pub origin: Case,
     pub factory: &'a dyn ModelFactory,
     pub opts: RunOptions,
     pub snapshot: Snapshot,
@@ -57,7 +59,7 @@ impl Ground<'_> {
                 // An earlier hunt's reproducer of the same signature.
                 std::fs::remove_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
             }
-            session.write_dump(dir, f)?;
+            session.write_dump_from(dir, f, &self.origin)?;
         }
         Ok(found)
     }

@@ -45,6 +45,17 @@ pub fn rewritten(
             };
             ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?
         }
+        RewriteForm::LogSumExp { keepdim_at } => {
+            let Some(z) = from else {
+                bail!("the rewrite of `{op}` reads an exp that did not run before it");
+            };
+            let lse = z.log_sum_exp(D::Minus1)?;
+            match keepdim_at {
+                Some(k) => lse.unsqueeze(k)?,
+                None => lse,
+            }
+        }
+        RewriteForm::ClampedExp { cap } => x.minimum(cap)?.exp()?,
         RewriteForm::FiniteOperands { limit } => match (op, tensors.as_slice()) {
             ("-" | "broadcast_sub", [a, b]) => a
                 .clamp(-limit, limit)?

@@ -5,7 +5,8 @@
 //! fractional power at 0 take an eps inside; a log of 1 − a saturated
 //! gate, a denominator that reaches 0 take a floor; an exp normalized by
 //! its own sum has the row's max subtracted; a softplus by hand whose exp
-//! overflows becomes the one that cannot; a constant cast past a half
+//! overflows becomes the one that cannot, a logsumexp by hand candle's
+//! `log_sum_exp`, any other overflowing exp a capped one; a constant cast past a half
 //! dtype's range is clamped to a finite mask value first; infinities that
 //! cancel are clamped to finite values that do; a variance of one value
 //! becomes the biased one. Where none fits (or the code cannot
@@ -15,7 +16,7 @@
 use super::walk::Cx;
 use crate::error::Result;
 use crate::finding::{is_place, Explanation, OpKind, Pattern, Rewrite, RewriteForm};
-use crate::intervention::substitute::{eps, mask_fill, norm_eps};
+use crate::intervention::substitute::{eps, exp_cap, mask_fill, norm_eps};
 
 /// The rewrite of op `i` that `e` explains, if one fits.
 pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
@@ -41,13 +42,27 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
             F::DenominatorFloor { floor: eps(dtype) }
         }
         (K::Exp, P::ExpOverflow | P::ExpOfScaledInput) if normalized(cx, i) => F::MaxSubtracted,
-        (K::Exp, P::ExpOverflow) => {
-            let Some(log) = softplus_log(cx, i) else {
-                return Ok(None);
+        (K::Exp, P::ExpOverflow | P::ExpOfScaledInput | P::LogOfOverflowedExp) => {
+            // The log after it is rewritten where the exp is a softplus's
+            // or a logsumexp's by hand; otherwise the exp is capped.
+            let at_log = match (softplus_log(cx, i), summed_log(cx, i)) {
+                (Some(log), _) => Some((log, F::Softplus)),
+                (None, Some((log, keepdim_at))) => Some((log, F::LogSumExp { keepdim_at })),
+                (None, None) => None,
+            };
+            let Some((log, form)) = at_log else {
+                let rewrite = Rewrite {
+                    site: site.clone(),
+                    form: F::ClampedExp {
+                        cap: exp_cap(dtype),
+                    },
+                    from: None,
+                };
+                return Ok(rewrite.code().is_some().then_some(rewrite));
             };
             let rewrite = Rewrite {
                 site: cx.site(log).cloned().unwrap_or_else(|| site.clone()),
-                form: F::Softplus,
+                form,
                 from: Some(site.clone()),
             };
             return Ok(rewrite.code().is_some().then_some(rewrite));
@@ -119,6 +134,26 @@ fn softplus_log(cx: &Cx, i: usize) -> Option<usize> {
     cx.g.consumers(plus_one)
         .into_iter()
         .find(|&c| cx.kind(c) == Some(OpKind::Log) && cx.site(c).is_some())
+}
+
+/// The log op of a logsumexp by hand, log(sum(exp(x))) over the last
+/// dimension in the same function, whose exp is op `i`; with where a
+/// keepdim sum's dimension goes back.
+fn summed_log(cx: &Cx, i: usize) -> Option<(usize, Option<usize>)> {
+    let sum = cx.g.consumers(i).into_iter().find(|&c| {
+        cx.kind(c) == Some(OpKind::Reduce)
+            && cx.site(c).is_some_and(|s| {
+                s.op.starts_with("sum") && s.operands.get(1).is_some_and(|d| d.ends_with("Minus1"))
+            })
+    })?;
+    let log =
+        cx.g.consumers(sum)
+            .into_iter()
+            .find(|&c| cx.kind(c) == Some(OpKind::Log))?;
+    let same_fn = cx.site(log)?.function == cx.site(i)?.function;
+    let keepdim = cx.site(sum)?.op == "sum_keepdim";
+    let at = cx.output(sum).rank().checked_sub(1)?;
+    same_fn.then_some((log, keepdim.then_some(at)))
 }
 
 /// Whether exp op `i`'s output is divided by its own sum over the last

@@ -377,6 +377,22 @@ impl<'a> Session<'a> {
         self.write_step_dump(dir, finding.step, before, Some(finding))
     }
 
+    /// Writes the crash dump of the step that failed, recording `origin`:
+    /// the case this run's was cut from (a hunt's trigger: its batch
+    /// shrunk, its steps cut), which a diagnosis verifies over.
+    pub fn write_dump_from(
+        &self,
+        dir: &std::path::Path,
+        finding: &Finding,
+        origin: &Case,
+    ) -> Result<()> {
+        let before = self
+            .failed_before
+            .as_ref()
+            .ok_or_else(|| Error::invalid("dump", "the run has no failed step to dump"))?;
+        self.write_scene(dir, finding.step, before, Some(finding), Some(origin))
+    }
+
     /// Writes the scene of `step` (run from `before`), with its finding if
     /// it failed.
     pub fn write_step_dump(
@@ -386,6 +402,17 @@ impl<'a> Session<'a> {
         before: &Snapshot,
         finding: Option<&Finding>,
     ) -> Result<()> {
+        self.write_scene(dir, step, before, finding, None)
+    }
+
+    fn write_scene(
+        &self,
+        dir: &std::path::Path,
+        step: usize,
+        before: &Snapshot,
+        finding: Option<&Finding>,
+        origin: Option<&Case>,
+    ) -> Result<()> {
         let trace = finding.map_or(&self.trace, |f| &f.trace);
         let batch = self.batch_unchecked(step)?;
         let names = &self.names;
@@ -393,6 +420,7 @@ impl<'a> Session<'a> {
             dir,
             &crate::scene::SceneParts {
                 case: Some(&self.case),
+                origin,
                 step,
                 finding,
                 trace,

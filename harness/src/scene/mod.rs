@@ -81,6 +81,11 @@ pub struct Scene {
     /// scene was written; `None`: not checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deterministic: Option<bool>,
+    /// The case `case.json`'s was cut from, where it was: a hunt's
+    /// trigger runs one step of a shrunk batch; its repair is verified over
+    /// the case the hunt searched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Case>,
 }
 
 /// One of the batch's tensors.
@@ -153,6 +158,8 @@ impl Environment {
 pub struct SceneParts<'a> {
     /// The run's case, when a case was run (`case.json`).
     pub case: Option<&'a Case>,
+    /// The case that one was cut from, where it was (a hunt's trigger).
+    pub origin: Option<&'a Case>,
     pub step: usize,
     pub finding: Option<&'a Finding>,
     /// The history through the step (its loss and gradient norm, where it
@@ -260,6 +267,7 @@ pub fn write(dir: &Path, s: &SceneParts) -> Result<()> {
         environment: Environment::collect(&s.device),
         warnings: s.warnings.to_vec(),
         deterministic: s.deterministic,
+        origin: s.origin.map(|c| c.with_paths_relative_to(dir)),
     };
     let map: HashMap<String, Tensor> = kept
         .into_iter()

@@ -295,6 +295,7 @@ fn legacy_scene(dir: &Path, case: &Case) -> Result<(Scene, PathBuf)> {
         environment: stats.environment,
         warnings: Vec::new(),
         deterministic: None,
+        origin: None,
     };
     Ok((scene, path))
 }

@@ -345,3 +345,98 @@ fn the_hunt_triggers_each_latent_bug_at_its_op_with_nothing_declared() {
     failures.extend(check(&tokens, (&b, &f), (&run, &run), &want_tokens));
     all_hold("latent bugs", bugs.len() + losses.len() + 1, failures);
 }
+
+/// The repair `diagnose DIR` gives a latent bug from its hunt's
+/// reproducer: `None` when it is a rewrite of the bug's line, verified on
+/// the trigger's step, over the case and by a re-hunt; its diff printed.
+fn unrepaired(
+    case: &Case,
+    bug: &dyn ModelFactory,
+    run: &RunOptions,
+    marker: &str,
+) -> Option<String> {
+    let (report, out) = hunted(case, bug, run);
+    let line = marked_line(FILE, marker)?;
+    let trigger = report.stages.iter().find_map(|s| match &s.status {
+        RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => {
+            t.reproducer.clone()
+        }
+        _ => None,
+    });
+    let Some(trigger) = trigger else {
+        return Some(format!("{marker}: no trigger at line {line}"));
+    };
+    let hunt_opts = nanhunt::hunt::HuntOptions::default();
+    let d = match nanhunt::diagnose::diagnose_dir(&out.join(trigger), Some(bug), run, &hunt_opts) {
+        Ok(d) => d,
+        Err(e) => return Some(format!("{marker}: {e}")),
+    };
+    let top = d.causes.first()?;
+    let shown = match top.fixes.first() {
+        Some(f) => format!(
+            "{marker}: {}: {}\n{}",
+            f.description,
+            f.result,
+            f.diffs
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        None => format!("{marker}: no fix: {:?}", top.evidence),
+    };
+    // `cargo test op_sight -- --nocapture` prints each repair.
+    println!("{shown}");
+    let fix = top.fixes.first()?;
+    let ok = top.kind == nanhunt::diagnose::CauseKind::CodeBug
+        && fix.verified
+        && fix.diffs.iter().any(|d| d.line == line || d.file == FILE);
+    (!ok).then_some(shown)
+}
+
+#[test]
+fn each_latent_bug_is_repaired_from_its_reproducer_by_a_rewrite_that_trains() {
+    let shape = Shape { head_in: 16, ..MLP };
+    let run = RunOptions::default();
+    let models: Vec<(&str, Fwd)> = vec![
+        ("log_one_minus_sigmoid", log_one_minus_sigmoid),
+        ("log_of_softmax", log_of_softmax),
+        ("free_energy", free_energy),
+        ("pixel_softmax", pixel_softmax),
+        ("log_variance", log_variance_bug),
+        ("rms_without_eps", rms_bug),
+    ];
+    let mut failures = Vec::new();
+    for (name, bug) in &models {
+        failures.extend(unrepaired(&hunt_case(name), &net(shape, *bug), &run, name));
+    }
+    let losses: Vec<(&str, &str, LossFn, TargetKind)> = vec![
+        ("poisson", "poisson", poisson, TargetKind::Counts),
+        ("bce_by_hand", "bce", bce, TargetKind::Binary),
+    ];
+    for (name, marker, loss, targets) in &losses {
+        let case = custom_loss(hunt_case(name), name, *targets);
+        let run = opts(Some(&(Arc::new(*loss) as Arc<dyn UserLoss>)));
+        failures.extend(unrepaired(&case, &net(shape, plain), &run, marker));
+    }
+    let mut tokens = hunt_case("bag_of_tokens");
+    tokens.model = ModelSpec::Custom(CustomSpec::new(
+        "bag_of_tokens",
+        InputSpec::Tokens {
+            seq_len: 16,
+            vocab: 32,
+        },
+        4,
+    ));
+    failures.extend(unrepaired(
+        &tokens,
+        &bag_of_tokens(false),
+        &run,
+        "bag_of_tokens",
+    ));
+    all_hold(
+        "latent bugs' repairs",
+        models.len() + losses.len() + 1,
+        failures,
+    );
+}

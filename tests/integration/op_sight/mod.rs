@@ -236,14 +236,18 @@ pub fn stable(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Opt
     }
 }
 
-/// The hunt over `case` (writing reproducers under a scratch directory),
+/// The hunt over `case` (writing reproducers under a scratch directory of
+/// its own),
 /// and the status of the op its trigger must be credited to.
 pub fn hunted(
     case: &Case,
     factory: &dyn ModelFactory,
     run: &RunOptions,
 ) -> (RiskReport, crate::support::Scratch) {
-    let out = scratch(&format!("op-hunt-{}", case.family()));
+    // Tests hunt the same family at once: each hunt gets its own directory.
+    static HUNTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = HUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = scratch(&format!("op-hunt-{}-{n}", case.family()));
     let mut opts = HuntOptions::default().out_to(&*out);
     opts.run = run.clone();
     (hunt(case, factory, &opts).unwrap(), out)
