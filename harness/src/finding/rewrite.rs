@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "form", rename_all = "snake_case")]
 pub enum RewriteForm {
-    /// log(softmax(z)) → log_softmax(z): the log of the softmax at `from`.
+    /// log(softmax(z)) → log_softmax(z): the log of the softmax at `from`
+    /// (or of exp(z) / Σ exp(z), the exp at `from`).
     LogSoftmax,
     /// f(x) → f(x + eps): a root or a fractional power at 0 (its slope),
     /// a log of exact zeros that a 0 multiplies (0·log(eps) is 0).
@@ -79,6 +80,15 @@ impl Rewrite {
         let method = s.text.contains(&format!(".{}(", s.op));
         let call = |x: &str| format!("{}.{}({rest})", receiver(x), s.op);
         let code = match self.form {
+            // A softmax by hand: the log_softmax of what its exp read.
+            RewriteForm::LogSoftmax if self.from.as_ref()?.op == "exp" => {
+                let x = self.from.as_ref()?.operands.first()?;
+                let x = match is_place(x) {
+                    true => format!("&{}", x.trim_start_matches('&')),
+                    false => format!("&{}", receiver(x)),
+                };
+                format!("candle_nn::ops::log_softmax({x}, candle_core::D::Minus1)")
+            }
             RewriteForm::LogSoftmax => {
                 let from = self.from.as_ref()?;
                 let head = from.text.strip_suffix(')')?;
@@ -426,6 +436,16 @@ mod tests {
         assert_eq!(
             r(&log, RewriteForm::LogSoftmax).code().unwrap(),
             "candle_nn::ops::log_softmax(z, D::Minus1)"
+        );
+        // A softmax by hand, exp(z) / Σ exp(z): the log_softmax of `z`.
+        let exp = site("z.exp()", "exp", &["z"], OpKind::Exp);
+        let by_hand = Rewrite {
+            from: Some(exp),
+            ..r(&log, RewriteForm::LogSoftmax)
+        };
+        assert_eq!(
+            by_hand.code().unwrap(),
+            "candle_nn::ops::log_softmax(&z, candle_core::D::Minus1)"
         );
         let gate = site("(1.0 - p)?.log()", "log", &["(1.0 - p)?"], OpKind::Log);
         assert_eq!(

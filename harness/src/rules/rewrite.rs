@@ -1,7 +1,7 @@
 //! The rewrite a developer would make of the op an explanation is about
 //! ([`Rewrite`]), chosen from its pattern and from the ops that made what
-//! it read: a log of a softmax becomes `log_softmax` of the softmax's
-//! logits; a log of exact zeros that a 0 multiplies, a root or a
+//! it read: a log of a softmax (candle's or one by hand whose exp
+//! overflows) becomes `log_softmax` of the softmax's logits; a log of exact zeros that a 0 multiplies, a root or a
 //! fractional power at 0 take an eps inside; a log of 1 − a saturated
 //! gate, a denominator that reaches 0 take a floor; an exp normalized by
 //! its own sum has the row's max subtracted; a softplus by hand whose exp
@@ -41,7 +41,19 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
         (K::Div, P::DivisionByZero | P::ZeroOverZero | P::ZeroNormRow) => {
             F::DenominatorFloor { floor: eps(dtype) }
         }
-        (K::Exp, P::ExpOverflow | P::ExpOfScaledInput) if normalized(cx, i) => F::MaxSubtracted,
+        (K::Exp, P::ExpOverflow | P::ExpOfScaledInput) if normalized(cx, i) => {
+            // A softmax by hand whose log is taken: log_softmax of the
+            // exp's input, at the log.
+            if let Some(log) = logged_ratio(cx, i) {
+                let rewrite = Rewrite {
+                    site: cx.site(log).cloned().unwrap_or_else(|| site.clone()),
+                    form: F::LogSoftmax,
+                    from: Some(site.clone()),
+                };
+                return Ok(rewrite.code().is_some().then_some(rewrite));
+            }
+            F::MaxSubtracted
+        }
         (K::Exp, P::ExpOverflow | P::ExpOfScaledInput | P::LogOfOverflowedExp) => {
             // The log after it is rewritten where the exp is a softplus's
             // or a logsumexp's by hand; otherwise the exp is capped.
@@ -122,6 +134,19 @@ fn softmax_read(cx: &Cx, i: usize) -> Result<Option<usize>> {
         _ => false,
     };
     Ok((last_dim && s.function == at.function).then_some(j))
+}
+
+/// The log op, in the same function, of exp op `i`'s output divided by
+/// its own sum (the log of a softmax by hand).
+fn logged_ratio(cx: &Cx, i: usize) -> Option<usize> {
+    cx.g.consumers(i)
+        .into_iter()
+        .filter(|&d| cx.kind(d) == Some(OpKind::Div))
+        .flat_map(|d| cx.g.consumers(d))
+        .find(|&c| {
+            cx.kind(c) == Some(OpKind::Log)
+                && cx.site(c).map(|s| &s.function) == cx.site(i).map(|s| &s.function)
+        })
 }
 
 /// The log op of a softplus by hand, log(exp(x) + 1), whose exp is op
