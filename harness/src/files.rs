@@ -277,6 +277,114 @@ pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
     written
 }
 
+/// Writes directory `dir` whole, replacing any earlier one: `fill` makes a
+/// temp sibling (the path it is given, which does not exist), which then
+/// takes `dir`'s place ([`replace_dir`]).
+/// At every instant `dir` is the earlier complete directory or the new one.
+pub fn replace_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    remove_stale_temps(parent, None);
+    let tmp = temp_path(dir);
+    let _ = std::fs::remove_dir_all(&tmp);
+    let written = (|| -> Result<()> {
+        fill(&tmp)?;
+        abort_at(ReplacePoint::Filled);
+        replace_dir(&tmp, dir)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written
+}
+
+/// Fault injection for the kill tests: the process aborts at this point
+/// of a directory's replacement (`filled`, `exchanged`, `removing`).
+pub const ABORT_IN_REPLACE_ENV: &str = "NANHUNT_ABORT_IN_REPLACE";
+
+/// Where a replacement can be killed between its writes.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum ReplacePoint {
+    /// The new directory complete under its temp name.
+    Filled,
+    /// The two exchanged: the old one under the temp name.
+    Exchanged,
+    /// The old one half removed.
+    Removing,
+}
+
+fn abort_at(point: ReplacePoint) {
+    let name = match point {
+        ReplacePoint::Filled => "filled",
+        ReplacePoint::Exchanged => "exchanged",
+        ReplacePoint::Removing => "removing",
+    };
+    if std::env::var(ABORT_IN_REPLACE_ENV).is_ok_and(|v| v == name) {
+        std::process::abort();
+    }
+}
+
+/// Removes the directory `dir` (an earlier copy under a temp name).
+fn remove_old(dir: &Path) -> Result<()> {
+    if std::env::var(ABORT_IN_REPLACE_ENV).is_ok_and(|v| v == "removing") {
+        // Half removed: its first file gone.
+        if let Some(Ok(first)) = std::fs::read_dir(dir).ok().and_then(|mut r| r.next()) {
+            let _ = std::fs::remove_file(first.path());
+        }
+        abort_at(ReplacePoint::Removing);
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Puts the complete directory `from` (on `dir`'s file system) in `dir`'s
+/// place. An earlier `dir` is exchanged with it in one rename (Linux's
+/// `RENAME_EXCHANGE`) and then removed from `from`'s name; elsewhere it is
+/// moved aside to a temp name first. A kill at any point leaves `dir`
+/// complete, old or new, and at most a temp name that the next writer
+/// removes.
+pub fn replace_dir(from: &Path, dir: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(dir).is_err() {
+        return std::fs::rename(from, dir).map_err(|e| Error::io(dir, e));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
+        let (Ok(a), Ok(b)) = (c(from), c(dir)) else {
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the path"),
+            ));
+        };
+        // SAFETY: two NUL-terminated paths that outlive the call.
+        let swapped = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        } == 0;
+        if swapped {
+            // `from` now names the earlier directory.
+            abort_at(ReplacePoint::Exchanged);
+            return remove_old(from);
+        }
+        // A file system without the exchange: the rename below.
+    }
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let aside = temp_path(&dir.with_file_name(format!("{name}.old")));
+    let _ = std::fs::remove_dir_all(&aside);
+    std::fs::rename(dir, &aside).map_err(|e| Error::io(dir, e))?;
+    std::fs::rename(from, dir).map_err(|e| Error::io(dir, e))?;
+    abort_at(ReplacePoint::Exchanged);
+    remove_old(&aside)
+}
+
 #[cfg(test)]
 mod tests {
     #[cfg(target_os = "linux")]
@@ -297,6 +405,42 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_directory_is_replaced_whole_or_not_at_all() {
+        let root = std::env::temp_dir().join(format!("nanhunt-replace-{}", std::process::id()));
+        let dir = root.join("repro.a-b");
+        let _ = std::fs::remove_dir_all(&root);
+        let fill = |text: &'static str| {
+            move |d: &Path| {
+                std::fs::create_dir(d).unwrap();
+                write_synced(&d.join("scene.json"), text.as_bytes())
+            }
+        };
+        replace_dir_atomic(&dir, fill("old")).unwrap();
+        replace_dir_atomic(&dir, fill("new")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("scene.json")).unwrap(),
+            "new"
+        );
+        // A fill that fails leaves the earlier directory as it was.
+        let failed = replace_dir_atomic(&dir, |d| {
+            std::fs::create_dir(d).unwrap();
+            write_synced(&d.join("scene.json"), b"half")?;
+            Err(Error::invalid("fill", "killed half way"))
+        });
+        assert!(failed.is_err());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("scene.json")).unwrap(),
+            "new"
+        );
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["repro.a-b"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn paths_are_rebased_between_documents() {

@@ -206,6 +206,28 @@ pub struct Journal {
     file: File,
     /// Held while the journal is open.
     _lock: File,
+    /// The journal's and the lock's identities as opened, checked before
+    /// each append: a directory deleted or replaced under the campaign
+    /// stops it instead of taking appends into an unlinked file.
+    identity: [Option<FileId>; 2],
+}
+
+/// A file's device and inode.
+type FileId = (u64, u64);
+
+/// The identity of the file at `path` (`None` where there is none, or
+/// off Unix, where nothing is checked).
+fn file_id(path: &Path) -> Option<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
 }
 
 impl Journal {
@@ -214,7 +236,7 @@ impl Journal {
     /// left unfinished is cut off; a malformed line before the last is an error.
     pub fn open(dir: &Path) -> Result<(Journal, Vec<Entry>)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let lock = Journal::lock(dir)?;
+        let lock = lock_dir(dir)?;
         let path = dir.join(JOURNAL_FILE);
         let entries = if path.exists() {
             read_repaired(&path)?
@@ -226,41 +248,16 @@ impl Journal {
             .append(true)
             .open(&path)
             .map_err(|e| Error::io(&path, e))?;
+        let identity = [file_id(&path), file_id(&dir.join(LOCK_FILE))];
         Ok((
             Journal {
                 path,
                 file,
                 _lock: lock,
+                identity,
             },
             entries,
         ))
-    }
-
-    /// Takes the journal's lock, so that one process at a time writes a
-    /// campaign directory (released when the process ends, however it ends).
-    fn lock(dir: &Path) -> Result<File> {
-        let path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::io::AsRawFd;
-            // SAFETY: flock on a file descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                return Err(Error::io(
-                    dir,
-                    std::io::Error::new(
-                        std::io::ErrorKind::WouldBlock,
-                        "another nanhunt process is writing this campaign directory",
-                    ),
-                ));
-            }
-        }
-        Ok(file)
     }
 
     /// Appends one entry and syncs it to disk.
@@ -268,8 +265,27 @@ impl Journal {
         self.append_group(std::slice::from_ref(entry))
     }
 
+    /// Checks that the journal and its lock are still the files this
+    /// process opened: an error (the directory was deleted or replaced)
+    /// means the campaign must stop and write nothing more.
+    pub fn check_in_place(&self) -> Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let now = [file_id(&self.path), file_id(&dir.join(LOCK_FILE))];
+        if now == self.identity {
+            return Ok(());
+        }
+        Err(Error::io(
+            dir,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the campaign directory was deleted or replaced while the campaign ran: it stopped, writing nothing more",
+            ),
+        ))
+    }
+
     /// Appends entries that belong together in one write, then syncs.
     pub fn append_group(&mut self, entries: &[Entry]) -> Result<()> {
+        self.check_in_place()?;
         let mut text = String::new();
         for entry in entries {
             text.push_str(&serde_json::to_string(entry).expect("journal entries serialize"));
@@ -280,6 +296,34 @@ impl Journal {
             .and_then(|_| self.file.sync_data())
             .map_err(|e| Error::io(&self.path, e))
     }
+}
+
+/// Takes the lock of an output directory (`.lock`), so that one process
+/// at a time writes it — a campaign, a merge or a hunt; released when the
+/// process ends, however it ends.
+pub fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a file descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "another nanhunt process is writing this output directory",
+                ),
+            ));
+        }
+    }
+    Ok(file)
 }
 
 /// The largest journal read back (a 2-hour campaign writes a few MB).

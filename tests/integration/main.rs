@@ -13,6 +13,7 @@
 //! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
 //! - `one_engine`: the runner and the guard give the same finding for the same bug.
+//! - `nothing_lost`: a campaign's directory deleted under it; a hunt's reproducer replaced whole, its lock and budget.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
 //! - `planted`: one planted fault per phase; the producer must be named.
@@ -35,6 +36,7 @@ mod hostile_input;
 mod hunt;
 mod instrument;
 mod lrtable;
+mod nothing_lost;
 mod one_engine;
 mod op_sight;
 mod planted;

@@ -165,9 +165,13 @@ pub fn run_campaign_then(opts: &CampaignOptions, report: impl FnOnce(&Summary)) 
         unstable: 0,
     });
     let started = Instant::now();
-    finish_pending(opts, &state, resumed.pending, started)?;
-    let session_runs = run_workers(opts, &state, started)?;
+    let finished = finish_pending(opts, &state, resumed.pending, started);
+    in_place(&state, finished)?;
+    let ran = run_workers(opts, &state, started);
+    let session_runs = in_place(&state, ran)?;
     let mut st = state.into_inner().expect("campaign state poisoned");
+    // Nothing is written where the campaign's directory was.
+    st.journal.check_in_place()?;
     let summary = conclude(opts, &st, session_runs, started)?;
     report(&summary);
     if std::env::var_os(ABORT_BEFORE_REPORTED_ENV).is_some() {
@@ -283,6 +287,18 @@ fn run_workers(opts: &CampaignOptions, state: &Mutex<State>, started: Instant) -
     });
     progress.finish();
     ran.map(|()| session_runs.load(Ordering::SeqCst))
+}
+
+/// `result`, unless the campaign's directory was deleted or replaced under
+/// it: then that error, the cause of whatever else failed (a worker that
+/// found its reproducer directory gone).
+fn in_place<T>(state: &Mutex<State>, result: Result<T>) -> Result<T> {
+    state
+        .lock()
+        .expect("campaign state poisoned")
+        .journal
+        .check_in_place()?;
+    result
 }
 
 /// Writes the summary and the reports.

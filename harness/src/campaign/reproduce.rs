@@ -74,7 +74,16 @@ pub fn reproduce(job: &ReproduceJob) -> Result<Entry> {
     let provenance = format!("campaign seed {} run {}", job.campaign_seed, job.index);
     let repro = m.reproducer(&job.case, provenance);
     let file = reproducer_name(&m.signature, &m.case);
-    repro.write(&job.out.join(REPRO_DIR).join(&file))?;
+    // Inside the campaign's directory only: one deleted under the campaign
+    // is not made again here (its journal check stops the campaign).
+    let dir = job.out.join(REPRO_DIR);
+    match std::fs::create_dir(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::io(&dir, e));
+        }
+        _ => {}
+    }
+    repro.write(&dir.join(&file))?;
     Ok(Entry::Reproducer {
         signature: m.signature,
         file,

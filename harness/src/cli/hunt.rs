@@ -5,10 +5,12 @@
 //! or was triggered.
 
 use super::{case_arg, Exit, LimitArgs};
+use crate::campaign::parse_duration;
 use crate::hunt::{hunt, HuntOptions};
 use crate::spec::DeviceSpec;
 use crate::RunOptions;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Where a hunt writes its report and reproducers by default.
 const DEFAULT_OUT: &str = "nanhunt-out/hunt";
@@ -42,6 +44,14 @@ pub struct Args {
     /// Run on this device instead of the case's (`cpu`, `cuda`, `cuda:N`).
     #[arg(long)]
     device: Option<DeviceSpec>,
+    /// Stop searching after this long (90s, 15m, 2h): the stages left are
+    /// reported as not searched.
+    #[arg(long, value_parser = parse_duration)]
+    budget: Option<Duration>,
+    /// The longest one stage's search may take (90s, 15m): one cut off is
+    /// reported as not searched to the bound.
+    #[arg(long, value_parser = parse_duration)]
+    case_timeout: Option<Duration>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -61,14 +71,30 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     let limits = args.limits.limits();
     let (case, path) = case_arg(args.case.as_deref(), &limits)?;
     let factory = super::factory_of(&case)?;
+    if args.case_timeout.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!("--case-timeout: must be longer than 0 s");
+    }
+    if std::fs::canonicalize(&args.out).is_ok_and(|p| p.parent().is_none()) {
+        anyhow::bail!(
+            "--out {}: the file system's root is no output directory",
+            args.out.display()
+        );
+    }
     let reproducers = args.out.join("reproducers");
     std::fs::create_dir_all(&reproducers).map_err(|e| crate::Error::io(&reproducers, e))?;
+    // One writer at a time, as campaigns: a second hunt (or a campaign)
+    // on this directory is refused, and what a killed one left is ours.
+    let _lock = crate::journal::lock_dir(&args.out)?;
+    for dir in [&args.out, &reproducers] {
+        crate::files::remove_foreign_temps(dir);
+    }
     crate::files::check_writable(&args.out.join("risk.md"))?;
     let mut run = RunOptions::default().with_limits(limits);
     run.device = args.device;
     let mut opts = HuntOptions::default()
         .up_to(args.bound)
-        .out_to(&reproducers);
+        .out_to(&reproducers)
+        .within(args.budget, args.case_timeout);
     opts.pgd_steps = args.pgd_steps as usize;
     opts.token_swaps = args.token_swaps as usize;
     opts.run = run;

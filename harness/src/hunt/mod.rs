@@ -39,6 +39,7 @@ use crate::spec::{Case, SourceSpec};
 use search::{Found, Ground, Search, Target};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tokens::TokenSearch;
 
 /// How a hunt searches. Built from `HuntOptions::default()`; fields may be
@@ -63,6 +64,12 @@ pub struct HuntOptions {
     /// Write each trigger's reproducer (a scene) under this directory.
     pub out: Option<PathBuf>,
     pub run: RunOptions,
+    /// The whole hunt's wall-clock budget: stages not searched when it
+    /// runs out are reported as such.
+    pub budget: Option<Duration>,
+    /// The longest one stage's search (or one drift) may take: one cut
+    /// off is reported as not searched to the bound.
+    pub stage_timeout: Option<Duration>,
 }
 
 impl Default for HuntOptions {
@@ -76,6 +83,8 @@ impl Default for HuntOptions {
             checkpoints: 4,
             out: None,
             run: RunOptions::default(),
+            budget: None,
+            stage_timeout: None,
         }
     }
 }
@@ -88,12 +97,20 @@ impl HuntOptions {
         self
     }
 
-    /// Reproducers written under `dir`.
     /// The largest perturbation searched, as a multiple of the data's scale.
     pub fn bound(&self) -> f64 {
         self.bounds.last().copied().unwrap_or(0.0)
     }
 
+    /// The hunt stops searching after `budget`, and each stage's search
+    /// after `stage` (see the fields).
+    pub fn within(mut self, budget: Option<Duration>, stage: Option<Duration>) -> Self {
+        self.budget = budget;
+        self.stage_timeout = stage;
+        self
+    }
+
+    /// Reproducers written under `dir`.
     pub fn out_to(mut self, dir: impl Into<PathBuf>) -> Self {
         self.out = Some(dir.into());
         self
@@ -137,11 +154,14 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
     let (seen, fired, read) = train(&mut session, opts.checkpoints)?;
     let ground = ground(case, factory, &quiet, &session, fired.as_ref())?;
     session.restore(&ground.snapshot)?;
+    let end = opts.budget.map(|b| Instant::now() + b);
     let mut search = Search {
         session: &session,
         ground: &ground,
         evaluations: read,
         pgd_steps: opts.pgd_steps,
+        deadline: None,
+        cut: false,
     };
     let mut status: BTreeMap<String, RiskStatus> = BTreeMap::new();
     // What each credited finding names (for a stage that was no target).
@@ -163,6 +183,11 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
             continue;
         }
         let not_searched = |why: &str| RiskStatus::NotSearched { why: why.into() };
+        if end.is_some_and(|e| Instant::now() >= e) {
+            status.insert(t.stage.clone(), not_searched(BUDGET_SPENT));
+            continue;
+        }
+        search.time_box(end, opts.stage_timeout);
         let found = if tokens_in(&ground) {
             match search.tokens(t, opts.token_swaps)? {
                 TokenSearch::Found(found) => Some(*found),
@@ -180,6 +205,9 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
             search.input(t, &opts.bounds)?
         };
         let Some(mut found) = found else {
+            if search.cut {
+                status.insert(t.stage.clone(), not_searched(SEARCH_CUT));
+            }
             continue;
         };
         // The data itself fires first: no perturbation is needed, and the
@@ -205,7 +233,9 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
             status.insert(t.stage.clone(), RiskStatus::FiredElsewhere { first: at });
         }
     }
-    drift(case, &ground, opts, &targets, &mut status)?;
+    if end.is_none_or(|e| Instant::now() < e) {
+        drift(case, &ground, opts, &targets, &mut status)?;
+    }
     let unsafe_free = seen.safe.clone();
     let stages = report_stages(seen, status, &owners, bound, opts.token_swaps, &ground);
     Ok(RiskReport {
@@ -224,6 +254,12 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
     }
     .rounded())
 }
+
+/// Why a stage the budget left no time for was not searched.
+const BUDGET_SPENT: &str = "the hunt's time budget ran out before its search";
+/// Why a stage whose search ran out of time was not searched to the bound.
+const SEARCH_CUT: &str =
+    "its search ran out of time (the hunt's budget or the stage's timeout) before the bound";
 
 /// The op a credited finding names.
 struct Owner {
@@ -418,9 +454,10 @@ fn drift(
     targets: &[Target],
     status: &mut BTreeMap<String, RiskStatus>,
 ) -> Result<()> {
-    // Written beside the reproducers (one file system: a rename moves it).
+    // Written beside the reproducers (one file system: a rename moves it),
+    // under a temp name that the next hunt removes if this one is killed.
     let scratch = match &opts.out {
-        Some(out) => out.join(format!(".drift-{}", std::process::id())),
+        Some(out) => crate::files::temp_path(&out.join("drift")),
         None => std::env::temp_dir().join(format!("nanhunt-drift-{}", std::process::id())),
     };
     for &factor in &opts.drift_factors {
@@ -438,10 +475,7 @@ fn drift(
         let reproducer = match &opts.out {
             Some(out) => {
                 let to = reproducer_dir(out, &f);
-                if to.join(crate::scene::SCENE_FILE).is_file() {
-                    std::fs::remove_dir_all(&to).map_err(|e| crate::Error::io(&to, e))?;
-                }
-                std::fs::rename(&dir, &to).map_err(|e| crate::Error::io(&to, e))?;
+                crate::files::replace_dir(&dir, &to)?;
                 Some(file_name(&to))
             }
             None => None,

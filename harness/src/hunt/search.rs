@@ -16,6 +16,7 @@ use crate::runner::{RunOptions, Session, Snapshot};
 use crate::spec::{Case, ScheduleSpec};
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// A stage (or an op) to hunt, and the rule of its kind.
 #[derive(Clone)]
@@ -55,11 +56,11 @@ impl Ground<'_> {
         session.restore(&self.snapshot)?;
         let found = session.step(self.step)?;
         if let (Some(f), Some(dir)) = (&found, dir) {
-            if dir.join(crate::scene::SCENE_FILE).is_file() {
-                // An earlier hunt's reproducer of the same signature.
-                std::fs::remove_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-            }
-            session.write_dump_from(dir, f, &self.origin)?;
+            // An earlier hunt's reproducer of the same signature is replaced
+            // only by a complete new one.
+            crate::files::replace_dir_atomic(dir, |tmp| {
+                session.write_dump_from(tmp, f, &self.origin)
+            })?;
         }
         Ok(found)
     }
@@ -107,9 +108,31 @@ pub(super) struct Search<'a> {
     pub ground: &'a Ground<'a>,
     pub evaluations: usize,
     pub pgd_steps: usize,
+    /// When the current stage's search must stop.
+    pub deadline: Option<Instant>,
+    /// Whether the current stage's search stopped at the deadline.
+    pub cut: bool,
 }
 
 impl Search<'_> {
+    /// Starts a stage's search: it stops at `end` (the hunt's) or after
+    /// `per_stage`, whichever comes first.
+    pub fn time_box(&mut self, end: Option<Instant>, per_stage: Option<Duration>) {
+        let own = per_stage.map(|d| Instant::now() + d);
+        self.deadline = match (end, own) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.cut = false;
+    }
+
+    /// Whether the search must stop now (and remembers that it did).
+    pub fn out_of_time(&mut self) -> bool {
+        let over = self.deadline.is_some_and(|d| Instant::now() >= d);
+        self.cut |= over;
+        over
+    }
+
     /// The first input within the bounds (multiples of the data's scale)
     /// whose step the engine confirms fails; `None` when none does, or
     /// when the inputs are not real-valued.
@@ -146,6 +169,9 @@ impl Search<'_> {
     ) -> Result<Option<Found>> {
         let alpha = (radius / 4.0) as f32;
         for _ in 0..=self.pgd_steps {
+            if self.out_of_time() {
+                return Ok(None);
+            }
             let (reached, grad) = self.evaluate(target, &x)?;
             if reached {
                 if let Some(found) = self.confirm(&x, x0, scale)? {
@@ -383,9 +409,8 @@ pub(super) fn drift(
     session.restore(&ground.snapshot)?;
     for step in ground.step..case.steps {
         if let Some(f) = session.step(step)? {
-            if dir.join(crate::scene::SCENE_FILE).is_file() {
-                std::fs::remove_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-            }
+            // `dir` is the hunt's own scratch.
+            let _ = std::fs::remove_dir_all(dir);
             session.write_dump(dir, &f)?;
             return Ok(Some(f));
         }

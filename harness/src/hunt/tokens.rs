@@ -51,6 +51,9 @@ impl Search<'_> {
         };
         let mut embedding = None;
         for round in 0..=swaps {
+            if self.out_of_time() {
+                return Ok(TokenSearch::NotFound);
+            }
             let input = Tensor::from_slice(&ids, dims.as_slice(), &Device::Cpu)?;
             let pass = self.pass(target, &input)?;
             if pass.reached {

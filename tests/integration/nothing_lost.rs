@@ -1,0 +1,167 @@
+//! Nothing lost, part 3: a campaign whose directory is deleted under it
+//! stops with exit 2 and writes nothing where it was; a hunt replaces a
+//! reproducer only by a complete new one, whatever write a kill stops,
+//! and takes its output directory's lock as campaigns do.
+
+use crate::support::*;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The names in `dir` that a writer's temp file or directory has.
+fn temps(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_campaign_whose_directory_is_deleted_under_it_stops_with_exit_2_and_writes_nothing_there() {
+    let root = scratch("deleted-under");
+    let out = root.join("campaign");
+    let child = Command::new(binary())
+        .args([
+            "fuzz", "--runs", "100000", "--jobs", "1", "--quiet", "--out",
+        ])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Deleted once the campaign has journaled some runs.
+    let journal = out.join(nanhunt::journal::JOURNAL_FILE);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(&journal).map_or(0, |t| t.lines().count()) < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the campaign journaled nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // A worker may add a reproducer while the directory is removed: retry.
+    while out.exists() {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("the campaign directory was deleted or replaced while the campaign ran"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists(), "the campaign wrote where its directory was");
+}
+
+/// The `user_model` example's hunt into `dir/hunt`, with `env`.
+fn hunt_in(exe: &Path, dir: &Path, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(exe);
+    cmd.args(["hunt", "--out", "hunt", "--no-drift"])
+        .current_dir(dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The reproducers under `dir/hunt/reproducers`, temp names aside.
+fn reproducers(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("hunt/reproducers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_hunt_killed_at_any_write_of_a_reproducers_replacement_leaves_one_that_replays() {
+    let exe = example_binary("user_model");
+    let dir = scratch("hunt-kills");
+    let o = hunt_in(&exe, &dir, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let names = reproducers(&dir);
+    assert_eq!(names.len(), 1, "{names:?}");
+    let repro = format!("hunt/reproducers/{}", names[0]);
+    for point in ["filled", "exchanged", "removing"] {
+        let o = hunt_in(&exe, &dir, &[(nanhunt::files::ABORT_IN_REPLACE_ENV, point)]);
+        assert_eq!(o.status.code(), None, "{point}: not killed: {}", stderr(&o));
+        // Whatever write the kill stopped, the reproducer is whole.
+        assert_eq!(reproducers(&dir), names, "{point}");
+        let o = Command::new(&exe)
+            .args(["replay", &repro])
+            .current_dir(&*dir)
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{point}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert!(stdout(&o).contains("reproduced"), "{point}: {}", stdout(&o));
+    }
+    // The next hunt removes what the killed ones left, and replaces it.
+    let o = hunt_in(&exe, &dir, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(reproducers(&dir), names);
+    for sub in ["hunt", "hunt/reproducers"] {
+        assert!(
+            temps(&dir.join(sub)).is_empty(),
+            "{sub}: {:?}",
+            temps(&dir.join(sub))
+        );
+    }
+}
+
+#[test]
+fn a_hunt_is_refused_an_output_directory_another_process_writes() {
+    let exe = example_binary("user_model");
+    let dir = scratch("hunt-locked");
+    std::fs::create_dir_all(dir.join("hunt")).unwrap();
+    // Another hunt, or a campaign, holds the directory's lock.
+    let lock = nanhunt::journal::lock_dir(&dir.join("hunt")).unwrap();
+    let o = hunt_in(&exe, &dir, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("another nanhunt process is writing this output directory"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("hunt/risk.md").exists());
+    drop(lock);
+    let o = hunt_in(&exe, &dir, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+#[test]
+fn a_hunt_past_its_budget_reports_the_stages_it_did_not_search() {
+    let exe = example_binary("user_model");
+    let dir = scratch("hunt-budget");
+    let o = Command::new(&exe)
+        .args(["hunt", "--out", "hunt", "--budget", "0s", "--json"])
+        .current_dir(&*dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let stages = report["stages"].as_array().unwrap();
+    assert!(!stages.is_empty());
+    for s in stages {
+        assert_eq!(s["status"], "not_searched", "{s}");
+        assert!(
+            s["why"].as_str().unwrap().contains("time budget ran out"),
+            "{s}"
+        );
+    }
+    let o = Command::new(&exe)
+        .args(["hunt", "--out", "hunt", "--case-timeout", "0s"])
+        .current_dir(&*dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--case-timeout"), "{}", stderr(&o));
+}
