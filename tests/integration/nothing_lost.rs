@@ -165,3 +165,46 @@ fn a_hunt_past_its_budget_reports_the_stages_it_did_not_search() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--case-timeout"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_case_that_does_not_fit_a_users_model_is_refused_naming_the_field() {
+    let exe = example_binary("user_model");
+    let dir = scratch("unfit-case");
+    let own: serde_json::Value =
+        serde_json::from_slice(&Command::new(&exe).arg("example").output().unwrap().stdout)
+            .unwrap();
+    let variants = [
+        (
+            "input",
+            serde_json::json!({"kind": "tokens", "seq_len": 8, "vocab": 32}),
+            "model.input.kind",
+        ),
+        (
+            "input",
+            serde_json::json!({"kind": "vector", "features": 12}),
+            "model.input",
+        ),
+        ("outputs", serde_json::json!(7), "model.outputs"),
+        ("per_token", serde_json::json!(true), "model.per_token"),
+    ];
+    for (key, value, field) in variants {
+        let mut case = own.clone();
+        case["model"][key] = value;
+        let path = dir.join(format!("{}.json", field.replace('.', "_")));
+        std::fs::write(&path, serde_json::to_string(&case).unwrap()).unwrap();
+        for command in ["run", "hunt"] {
+            let o = Command::new(&exe)
+                .arg(command)
+                .arg(&path)
+                .current_dir(&*dir)
+                .env("RUST_BACKTRACE", "0")
+                .output()
+                .unwrap();
+            let all = format!("{}{}", stdout(&o), stderr(&o));
+            assert_eq!(o.status.code(), Some(2), "{command} {field}: {all}");
+            let said = format!("field `{field}`:");
+            assert_eq!(all.matches(&said).count(), 1, "{command} {field}: {all}");
+            assert!(!all.contains("panicked"), "{command} {field}: {all}");
+        }
+    }
+}

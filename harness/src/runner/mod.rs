@@ -20,6 +20,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 mod batch;
 mod crossing;
+mod fit;
 mod jumps;
 mod naming;
 mod options;
@@ -104,7 +105,9 @@ impl<'a> Session<'a> {
         let registered = crate::models::registered_for(&case).and_then(|m| m.dataset.clone());
         let dataset = opts.dataset.clone().or(registered);
         let source = crate::data::open_source(&case, dataset.as_ref(), max)?;
-        Session::build(case, factory, opts, source)
+        let session = Session::build(case, factory, opts, source)?;
+        fit::check(&session)?;
+        Ok(session)
     }
 
     /// Like [`Session::new`], with batches from `source` (a dump's saved batch).
