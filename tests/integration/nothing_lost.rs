@@ -208,3 +208,85 @@ fn a_case_that_does_not_fit_a_users_model_is_refused_naming_the_field() {
         }
     }
 }
+
+#[test]
+fn replay_refuses_a_scene_whose_batch_dtypes_or_case_were_changed() {
+    let exe = example_binary("user_model");
+    let dir = scratch("replay-tampered");
+    let o = hunt_in(&exe, &dir, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let name = reproducers(&dir).remove(0);
+    let original = dir.join("hunt/reproducers").join(&name);
+    let replay = |scene: &Path| {
+        Command::new(&exe)
+            .arg("replay")
+            .arg(scene)
+            .current_dir(&*dir)
+            .output()
+            .unwrap()
+    };
+    let o = replay(&original);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // A copy of the scene with one thing changed.
+    let tampered = |label: &str, change: &dyn Fn(&Path)| {
+        let copy = dir.join(label);
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in std::fs::read_dir(&original).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+        }
+        change(&copy);
+        copy
+    };
+    let case_edit = |edit: fn(&mut serde_json::Value)| {
+        move |d: &Path| {
+            let path = d.join("case.json");
+            let mut case: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            edit(&mut case);
+            std::fs::write(&path, serde_json::to_string(&case).unwrap()).unwrap();
+        }
+    };
+    let recast = |tensor: &'static str, dtype: candle_core::DType| {
+        move |d: &Path| {
+            let path = d.join("scene.safetensors");
+            let mut all = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+            let t = all[tensor].to_dtype(dtype).unwrap();
+            all.insert(tensor.to_string(), t);
+            candle_core::safetensors::save(&all, &path).unwrap();
+        }
+    };
+    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+        (
+            "batch-size",
+            Box::new(case_edit(|c| c["batch_size"] = serde_json::json!(8))),
+            "field `batch_size`",
+        ),
+        (
+            "optimizer",
+            Box::new(case_edit(|c| c["optimizer"]["lr"] = serde_json::json!(0.1))),
+            "field `optimizer`",
+        ),
+        (
+            "u8-labels",
+            Box::new(recast("source/labels", candle_core::DType::U8)),
+            "tensor `source/labels`: dtype U8",
+        ),
+        (
+            "f64-inputs",
+            Box::new(recast("source/inputs", candle_core::DType::F64)),
+            "tensor `source/inputs`: dtype F64",
+        ),
+    ];
+    for (label, change, said) in cases {
+        let o = replay(&tampered(label, &*change));
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{label}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(said), "{label}: {}", stderr(&o));
+    }
+}

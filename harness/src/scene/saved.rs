@@ -87,6 +87,9 @@ impl SavedScene {
             check_step(&scene, case, &json_path)?;
         }
         let tensors = load_tensors(&tensors_path, &scene, legacy)?;
+        if let Some(case) = &case {
+            check_case(&scene, case, &tensors, &dir.join(CASE_FILE))?;
+        }
         Ok(SavedScene {
             dir: dir.to_path_buf(),
             scene,
@@ -318,6 +321,61 @@ fn check_step(scene: &Scene, case: &Case, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The case beside a scene is the one its step ran: the same optimizer,
+/// and a batch of its batch size, in the dtypes its input kind has.
+fn check_case(
+    scene: &Scene,
+    case: &Case,
+    tensors: &HashMap<String, Tensor>,
+    path: &Path,
+) -> Result<()> {
+    if let OptimizerRecord::Saved { spec, .. } = &scene.optimizer {
+        if spec != &case.optimizer {
+            return Err(malformed(
+                path,
+                format!(
+                    "field `optimizer`: {} with lr {}, where the scene's step ran {} with lr {}",
+                    case.optimizer.name(),
+                    case.optimizer.lr(),
+                    spec.name(),
+                    spec.lr()
+                ),
+            ));
+        }
+    }
+    let Some(inputs) = tensors.get("source/inputs") else {
+        return Ok(());
+    };
+    let rows = inputs.dims().first().copied().unwrap_or(0);
+    if rows != case.batch_size {
+        return Err(malformed(
+            path,
+            format!(
+                "field `batch_size`: {}, where the scene's batch has {rows} rows",
+                case.batch_size
+            ),
+        ));
+    }
+    let input = match case.model.input() {
+        crate::spec::InputSpec::Tokens { .. } => DType::U32,
+        _ => DType::F32,
+    };
+    for (name, want) in [
+        ("source/inputs", input),
+        ("source/targets", DType::F32),
+        ("source/labels", DType::I64),
+        ("source/samples", DType::I64),
+    ] {
+        if let Some(t) = tensors.get(name).filter(|t| t.dtype() != want) {
+            return Err(malformed(
+                &path.with_file_name(SCENE_TENSORS),
+                format!("tensor `{name}`: dtype {:?}, expected {want:?}", t.dtype()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The scene's tensors: exactly the ones its record lists.
 fn load_tensors(path: &Path, scene: &Scene, legacy: bool) -> Result<HashMap<String, Tensor>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
@@ -355,6 +413,23 @@ fn check_batch(path: &Path, scene: &Scene, tensors: &HashMap<String, Tensor>) ->
             continue;
         }
         let want = &scene.tensors[name];
+        // A batch part keeps its dtype (the same values in another dtype
+        // are another batch).
+        if let Some(part) = name
+            .strip_prefix("batch/")
+            .and_then(|n| scene.batch.iter().find(|p| p.name == n))
+        {
+            let dtype = format!("{:?}", t.dtype());
+            if !part.dtype.is_empty() && dtype != part.dtype {
+                return Err(malformed(
+                    path,
+                    format!(
+                        "tensor `{name}`: dtype {dtype}, where {SCENE_FILE} records {}",
+                        part.dtype
+                    ),
+                ));
+            }
+        }
         let have = TensorStats::of_tensor(t)?;
         if !have.same_bits(want) {
             return Err(malformed(
