@@ -209,6 +209,9 @@ fn a_case_that_does_not_fit_a_users_model_is_refused_naming_the_field() {
     }
 }
 
+/// A change made to a copy of a scene.
+type Change = Box<dyn Fn(&Path)>;
+
 #[test]
 fn replay_refuses_a_scene_whose_batch_dtypes_or_case_were_changed() {
     let exe = example_binary("user_model");
@@ -256,7 +259,7 @@ fn replay_refuses_a_scene_whose_batch_dtypes_or_case_were_changed() {
             candle_core::safetensors::save(&all, &path).unwrap();
         }
     };
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+    let cases: Vec<(&str, Change, &str)> = vec![
         (
             "batch-size",
             Box::new(case_edit(|c| c["batch_size"] = serde_json::json!(8))),
