@@ -201,6 +201,91 @@ pub fn reproducers(entries: &[Entry]) -> BTreeMap<String, String> {
     best
 }
 
+/// What identifies a campaign in its start line: a journal resumed, or
+/// shards merged, must agree on all of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CampaignId {
+    pub seed: u64,
+    pub families: Vec<String>,
+    pub clean_data: bool,
+    pub data: Option<String>,
+    pub mutation_rate: f64,
+    /// (index, count).
+    pub shard: (u64, u64),
+}
+
+impl CampaignId {
+    /// The campaign a start line names; `None` for any other entry.
+    pub fn of(entry: &Entry) -> Option<CampaignId> {
+        match entry {
+            Entry::Start {
+                seed,
+                families,
+                clean_data,
+                shard,
+                data,
+                mutation_rate,
+                ..
+            } => Some(CampaignId {
+                seed: *seed,
+                families: families.clone(),
+                clean_data: *clean_data,
+                data: data.clone(),
+                mutation_rate: *mutation_rate,
+                shard: *shard,
+            }),
+            _ => None,
+        }
+    }
+
+    /// How `other` differs from this campaign, in words ("seed 6 (not
+    /// 2)"); the shard index is compared only with `index`.
+    pub fn differences(&self, other: &CampaignId, index: bool) -> Vec<String> {
+        let mut said = Vec::new();
+        let mut differ = |same: bool, text: String| {
+            if !same {
+                said.push(text);
+            }
+        };
+        differ(
+            self.seed == other.seed,
+            format!("seed {} (not {})", other.seed, self.seed),
+        );
+        differ(
+            self.families == other.families,
+            format!(
+                "families or model {:?} (not {:?})",
+                other.families, self.families
+            ),
+        );
+        differ(
+            self.clean_data == other.clean_data,
+            format!("clean data {} (not {})", other.clean_data, self.clean_data),
+        );
+        let data = |d: &Option<String>| d.clone().unwrap_or_else(|| "generated".into());
+        differ(
+            self.data == other.data,
+            format!("data {} (not {})", data(&other.data), data(&self.data)),
+        );
+        differ(
+            self.mutation_rate == other.mutation_rate,
+            format!(
+                "mutation rate {} (not {})",
+                other.mutation_rate, self.mutation_rate
+            ),
+        );
+        let (i, n) = other.shard;
+        differ(
+            self.shard.1 == n && (!index || self.shard.0 == i),
+            format!(
+                "shard {i} of {n} (not {} of {})",
+                self.shard.0, self.shard.1
+            ),
+        );
+        said
+    }
+}
+
 pub struct Journal {
     path: PathBuf,
     file: File,

@@ -218,7 +218,11 @@ fn an_existing_campaign_needs_resume_and_matching_options() {
         dir.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("another seed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another campaign: seed"),
+        "{}",
+        stderr(&out)
+    );
     for bad in [["--shard", "2/2"], ["--budget", "5x"]] {
         let out = nanhunt(&["fuzz", bad[0], bad[1], "--out", dir.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");

@@ -178,7 +178,11 @@ fn corrupt_journals_are_journal_errors_with_the_line() {
         &[
             "fuzz", "--runs", "3", "--seed", "6", "--quiet", "--resume", "--out", d,
         ],
-        &["invalid option `resume`", "journal.jsonl", "another seed"],
+        &[
+            "invalid option `resume`",
+            "journal.jsonl",
+            "another campaign: seed 5 (not 6)",
+        ],
     );
     let path = dir.join(JOURNAL_FILE);
     let text = std::fs::read_to_string(&path).unwrap();
@@ -327,8 +331,11 @@ fn data_files_that_declare_more_than_they_hold_are_refused_before_they_allocate(
 /// output with its peak resident memory in MiB (`getrusage` of the
 /// parent's children: only this process counts).
 fn with_peak_memory(args: &[&str]) -> (std::process::Output, f64) {
-    let dir = scratch("peak-memory");
-    let rss = dir.join(format!("rss-{}", std::process::id()));
+    // Tests measure at once: each call gets a directory of its own.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = scratch(&format!("peak-memory-{n}"));
+    let rss = dir.join("rss");
     let script = "import resource, subprocess, sys\n\
                   r = subprocess.run(sys.argv[2:])\n\
                   open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n\

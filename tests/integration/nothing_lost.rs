@@ -4,6 +4,7 @@
 //! and takes its output directory's lock as campaigns do.
 
 use crate::support::*;
+use nanhunt::journal::JOURNAL_FILE as JOURNAL;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -291,5 +292,133 @@ fn replay_refuses_a_scene_whose_batch_dtypes_or_case_were_changed() {
             stderr(&o)
         );
         assert!(stderr(&o).contains(said), "{label}: {}", stderr(&o));
+    }
+}
+
+/// A shard of a 2-shard campaign of `seed` in `dir`.
+fn shard(dir: &Path, index: usize, seed: u64) {
+    let o = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "12",
+        "--shard",
+        &format!("{index}/2"),
+        "--seed",
+        &seed.to_string(),
+        "--quiet",
+        "--minimize-runs",
+        "20",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+}
+
+/// A copy of directory `from` at `to`, one level of subdirectories deep.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn merge(inputs: &[&Path], out: &Path, env: &[(&str, String)]) -> Output {
+    let mut cmd = Command::new(binary());
+    cmd.arg("merge").args(inputs).arg("--out").arg(out);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn merge_refuses_what_a_resume_refuses_and_is_redone_after_a_kill_at_any_write() {
+    let root = scratch("merge-checks");
+    let (a, b, other) = (root.join("a"), root.join("b"), root.join("other"));
+    shard(&a, 0, 2);
+    shard(&b, 1, 2);
+    shard(&other, 1, 6);
+    let journal_of = |d: &Path| std::fs::read_to_string(d.join(JOURNAL)).unwrap();
+    // Copies of shard a, each changed in one way.
+    let changed = |name: &str, change: &dyn Fn(&Path)| {
+        let dir = root.join(name);
+        copy_dir(&a, &dir);
+        change(&dir);
+        dir
+    };
+    let no_start = changed("no-start", &|d| {
+        let text = journal_of(d);
+        std::fs::write(d.join(JOURNAL), text.split_once('\n').unwrap().1).unwrap();
+    });
+    let empty = changed("empty", &|d| std::fs::write(d.join(JOURNAL), "").unwrap());
+    let outside = changed("outside", &|d| {
+        let text = journal_of(d).replacen("\"index\":0,", "\"index\":1,", 1);
+        std::fs::write(d.join(JOURNAL), text).unwrap();
+    });
+    let mut repros: Vec<_> = std::fs::read_dir(a.join("repro"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    repros.sort();
+    assert!(repros.len() >= 2, "{repros:?}");
+    let name = |p: &Path| p.file_name().unwrap().to_owned();
+    let (r0, r1) = (name(&repros[0]), name(&repros[1]));
+    let truncated = changed("truncated", &|d| {
+        let p = d.join("repro").join(&r0);
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, &text[..text.len() / 2]).unwrap();
+    });
+    let swapped = changed("swapped", &|d| {
+        let (p0, p1) = (d.join("repro").join(&r0), d.join("repro").join(&r1));
+        let (t0, t1) = (std::fs::read(&p0).unwrap(), std::fs::read(&p1).unwrap());
+        std::fs::write(&p0, t1).unwrap();
+        std::fs::write(&p1, t0).unwrap();
+    });
+    let refusals: Vec<(Vec<&Path>, &str)> = vec![
+        (vec![&a, &no_start], "its journal has no start line"),
+        (vec![&a, &empty], "its journal has no start line"),
+        (vec![&a, &other], "comes from another campaign"),
+        (vec![&a, &a], "is shard 0 of 2 again"),
+        (vec![&outside, &b], "run 1 is not in its shard (0 of 2)"),
+        (vec![&truncated, &b], "reproducer"),
+        (vec![&swapped, &b], "is the reproducer of"),
+    ];
+    for (k, (inputs, said)) in refusals.iter().enumerate() {
+        let out = root.join(format!("refused-{k}"));
+        let o = merge(inputs, &out, &[]);
+        assert_eq!(o.status.code(), Some(2), "{said}: {}", stderr(&o));
+        assert!(stderr(&o).contains(said), "{said}: {}", stderr(&o));
+        assert!(!out.join(JOURNAL).exists(), "{said}");
+    }
+    assert!(stderr(&merge(&[&a, &other], &root.join("x"), &[])).contains("seed 6 (not 2)"));
+
+    // The merge uninterrupted, then killed before each of its writes and
+    // run again: the same journal and exit code, no temp file left.
+    let reference = root.join("merged");
+    let o = merge(&[&a, &b], &reference, &[]);
+    let code = o.status.code();
+    assert!(matches!(code, Some(0 | 1)), "{}", stderr(&o));
+    let writes = std::fs::read_dir(reference.join("repro")).unwrap().count() + 3;
+    for k in 0..writes {
+        let out = root.join(format!("killed-{k}"));
+        let env = [(nanhunt::merge::ABORT_BEFORE_WRITE_ENV, k.to_string())];
+        let o = merge(&[&a, &b], &out, &env);
+        assert_eq!(
+            o.status.code(),
+            None,
+            "write {k}: not killed: {}",
+            stderr(&o)
+        );
+        let o = merge(&[&a, &b], &out, &[]);
+        assert_eq!(o.status.code(), code, "write {k}: {}", stderr(&o));
+        assert_eq!(journal_of(&out), journal_of(&reference), "write {k}");
+        for sub in [out.clone(), out.join("repro")] {
+            assert!(temps(&sub).is_empty(), "write {k}: {:?}", temps(&sub));
+        }
     }
 }

@@ -22,7 +22,7 @@ pub use user_report::{user_report, UserCampaign};
 
 use crate::error::{Error, Result};
 use crate::finding::{Signature, Verdict};
-use crate::journal::{Entry, Journal, MINIMIZE_ATTEMPTS};
+use crate::journal::{CampaignId, Entry, Journal, MINIMIZE_ATTEMPTS};
 use crate::progress::Progress;
 use crate::rng::Rng;
 use crate::spec::*;
@@ -135,6 +135,12 @@ fn reproduce_job(
     }
 }
 
+/// Checks a journal's entries as a resuming campaign does (every
+/// finding's case validates); `journal` is named in the error.
+pub fn check_resumable(entries: &[Entry], journal: &Path) -> Result<()> {
+    Resumed::of(entries, journal).map(|_| ())
+}
+
 /// Runs a campaign to its budget; see the module docs.
 pub fn run_campaign(opts: &CampaignOptions) -> Result<Summary> {
     run_campaign_then(opts, |_| {})
@@ -218,37 +224,27 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
         data: opts.strategy.data_name(),
         mutation_rate: opts.mutation_rate,
     };
-    let data_text = match &header {
-        Entry::Start { data, .. } => data.clone(),
-        _ => None,
-    };
     match entries.first() {
         None => {
             journal.append(&header)?;
             entries.push(header);
         }
-        Some(Entry::Start {
-            seed,
-            families,
-            clean_data,
-            shard,
-            data,
-            mutation_rate,
-            ..
-        }) if *seed == opts.seed
-            && families == &opts.strategy.families
-            && *clean_data == opts.strategy.clean_data
-            && *data == data_text
-            && *shard == (opts.shard.index, opts.shard.count)
-            && *mutation_rate == opts.mutation_rate => {}
-        Some(_) => {
-            return Err(Error::option(
-                "resume",
-                format!(
-                "{} was written by a campaign with another seed, family list, data mode, dataset, shard or mutation rate",
-                journal_path.display()
-            ),
-            ))
+        Some(first) => {
+            let (want, have) = (CampaignId::of(&header), CampaignId::of(first));
+            let differences = match (&want, &have) {
+                (Some(w), Some(h)) => w.differences(h, true),
+                _ => vec!["its first line is not a campaign's start line".to_string()],
+            };
+            if !differences.is_empty() {
+                return Err(Error::option(
+                    "resume",
+                    format!(
+                        "{} was written by another campaign: {}",
+                        journal_path.display(),
+                        differences.join(", ")
+                    ),
+                ));
+            }
         }
     }
     Ok((journal, entries))
