@@ -469,6 +469,42 @@ fn a_csv_line_past_its_bound_and_an_inflating_archive_stay_within_the_limit() {
 }
 
 #[test]
+fn an_unterminated_quote_and_an_oversized_header_are_refused_within_the_limit() {
+    let dir = scratch("hostile-quote-header");
+    // A quote opened on line 3 and never closed: 48 MiB of short lines
+    // that the parser would buffer as one field.
+    let csv = dir.join("quote.csv");
+    let mut text = String::from("x,label\n1,0\n\"");
+    text.push_str(&"1,0\n".repeat(12 << 20));
+    std::fs::write(&csv, text).unwrap();
+    // A safetensors file whose header (its JSON index) is 24 MiB.
+    let st = dir.join("header.safetensors");
+    let header = format!(
+        "{{\"__metadata__\":{{\"pad\":\"{}\"}},\"inputs\":{{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":[0,8]}}}}",
+        "x".repeat(24 << 20)
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend([0u8; 8]);
+    std::fs::write(&st, bytes).unwrap();
+    let cases = [
+        (&csv, "the quoted field opened on line 3 runs past 1 MiB"),
+        (&st, "its header is 24 MiB, past 1 MiB"),
+    ];
+    for (file, reason) in cases {
+        let f = file.to_str().unwrap();
+        let args = ["scan-data", f, "--no-labels", "--max-memory-mib", "16"];
+        let out = limited(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{f}: {err}");
+        assert!(err.contains(f) && err.contains(reason), "{f}: {err}");
+        let (out, peak) = with_peak_memory(&args);
+        assert_eq!(out.status.code(), Some(2), "{f}: {}", stderr(&out));
+        assert!(peak < 48.0, "{f}: {peak:.0} MiB at a 16 MiB limit");
+    }
+}
+
+#[test]
 fn a_campaign_starts_under_a_hard_address_space_limit_below_its_workers_limit() {
     let dir = scratch("ulimit-campaign");
     let out = dir.join("runs");

@@ -24,13 +24,20 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::malformed(Document::Dataset, path, reason)
 }
 
-/// A reader that fails once a line runs past `max` bytes.
+/// A reader that fails once a record runs past `max` bytes: a line, or
+/// the lines a quoted field spans (an unterminated quote makes the rest
+/// of the file one record, which the parser would buffer whole).
 struct Lines<R> {
     inner: R,
     max: usize,
+    /// Bytes of the current record so far.
     line: usize,
     /// Lines ended so far (the one that runs long is this plus one).
     number: u64,
+    /// Inside a quoted field (`""` inside one toggles twice).
+    quoted: bool,
+    /// The line the current record started on.
+    start: u64,
 }
 
 impl<R: std::io::Read> std::io::Read for Lines<R> {
@@ -40,21 +47,35 @@ impl<R: std::io::Read> std::io::Read for Lines<R> {
         let room = (self.max - self.line).max(1).min(buf.len());
         let n = self.inner.read(&mut buf[..room])?;
         for &b in &buf[..n] {
+            if b == b'"' {
+                self.quoted = !self.quoted;
+            }
             if b == b'\n' {
-                self.line = 0;
                 self.number += 1;
-            } else {
-                self.line += 1;
-                if self.line >= self.max {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!(
-                            "line {} is longer than {} MiB, the bound for a CSV record under this memory limit",
-                            self.number + 1,
-                            self.max >> 20
-                        ),
-                    ));
+                if !self.quoted {
+                    self.line = 0;
+                    self.start = self.number;
+                    continue;
                 }
+            }
+            self.line += 1;
+            if self.line >= self.max {
+                let what = match self.quoted {
+                    true => format!(
+                        "the quoted field opened on line {} runs past {} MiB (an unterminated quote?)",
+                        self.start + 1,
+                        self.max >> 20
+                    ),
+                    false => format!(
+                        "line {} is longer than {} MiB",
+                        self.number + 1,
+                        self.max >> 20
+                    ),
+                };
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{what}, the bound for a CSV record under this memory limit"),
+                ));
             }
         }
         Ok(n)
@@ -89,6 +110,8 @@ impl Reader {
                 max: max_line.max(1 << 16),
                 line: 0,
                 number: 0,
+                quoted: false,
+                start: 0,
             });
         let header: Vec<String> = reader
             .headers()

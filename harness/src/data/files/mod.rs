@@ -131,11 +131,12 @@ pub fn files_of(source: &FileSource) -> Result<Vec<PathBuf>> {
 }
 
 /// Opens a source's file(s) for streaming, under a memory limit of
-/// `max_bytes` (it bounds a CSV record to a sixteenth of it).
+/// `max_bytes` (it bounds a CSV record, and a safetensors header, to a
+/// sixteenth of it).
 pub fn open(source: &FileSource, max_bytes: usize) -> Result<Box<dyn SampleReader + Send>> {
     present(source, &files_of(source)?)?;
     Ok(match format_of(source)? {
-        FileFormat::Safetensors => Box::new(safetensors::Reader::open(source)?),
+        FileFormat::Safetensors => Box::new(safetensors::Reader::open(source, max_bytes / 16)?),
         FileFormat::Npy => Box::new(npy::Reader::open_npy(source)?),
         FileFormat::Npz => Box::new(npy::Reader::open_npz(source)?),
         FileFormat::Csv => Box::new(csv::Reader::open(source, max_bytes / 16)?),

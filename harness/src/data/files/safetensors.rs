@@ -126,7 +126,10 @@ fn integers(dtype: Dtype, bytes: &[u8], out: &mut Vec<i64>) {
 }
 
 impl Reader {
-    pub fn open(source: &FileSource) -> Result<Self> {
+    /// Opens the file; a header (the JSON index) longer than
+    /// `max_header` bytes is refused before it is parsed (its parse holds
+    /// several times its text).
+    pub fn open(source: &FileSource, max_header: usize) -> Result<Self> {
         let path = source.path.clone();
         let map = Arc::new(match super::pinned::bytes(&path) {
             Some(b) => Bytes::Pinned(b),
@@ -138,6 +141,22 @@ impl Reader {
                 Bytes::Mapped(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?)
             }
         });
+        if let Some(len) = map
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        {
+            let bound = max_header.max(1 << 16) as u64;
+            if len > bound && len <= map.len() as u64 {
+                return Err(bad(
+                    &path,
+                    format!(
+                        "its header is {} MiB, past {} MiB, the bound for a safetensors header under this memory limit",
+                        len >> 20,
+                        bound >> 20
+                    ),
+                ));
+            }
+        }
         let st = SafeTensors::deserialize(&map).map_err(|e| bad(&path, e.to_string()))?;
         let view = |name: &str| {
             st.tensor(name).map_err(|_| {
