@@ -422,3 +422,66 @@ fn merge_refuses_what_a_resume_refuses_and_is_redone_after_a_kill_at_any_write()
         }
     }
 }
+
+#[test]
+fn a_resumed_campaign_lists_only_the_reproducers_it_holds_and_refuses_zero_runs() {
+    let root = scratch("resume-reproducers");
+    let out = root.join("campaign");
+    shard(&out, 0, 2);
+    let repro = out.join("repro");
+    let mut files: Vec<String> = std::fs::read_dir(&repro)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    // One reproducer deleted, one file no entry names.
+    std::fs::remove_file(repro.join(&files[0])).unwrap();
+    std::fs::write(repro.join("stale.json"), "{}").unwrap();
+    let o = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "12",
+        "--shard",
+        "0/2",
+        "--seed",
+        "2",
+        "--quiet",
+        "--minimize-runs",
+        "20",
+        "--resume",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is gone: it is minimized again"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("stale.json is no journaled reproducer"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!repro.join("stale.json").exists());
+    // Every reproducer the report names is there, the deleted one again.
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(repro.join(&files[0]).is_file(), "not minimized again");
+    for f in std::fs::read_dir(&repro).unwrap() {
+        let name = f.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            report.contains(&name) || name.starts_with('.'),
+            "{name} unlisted"
+        );
+    }
+    let o = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "0",
+        "--out",
+        root.join("zero").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--runs"), "{}", stderr(&o));
+}

@@ -208,11 +208,12 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
     opts.strategy.validate()?;
     crate::device::open(opts.device)?;
     // Locks the journal: from here on no other process writes in `out`.
-    let (mut journal, mut entries) = Journal::open(out)?;
+    let (mut journal, entries) = Journal::open(out)?;
     // The lock is ours: every other writer's temp file is a killed one's.
     for dir in [out.clone(), out.join(REPRO_DIR)] {
         crate::files::remove_foreign_temps(&dir);
     }
+    let mut entries = resume::reconcile(&out.join(REPRO_DIR), entries);
     let header = Entry::Start {
         nanhunt_version: env!("CARGO_PKG_VERSION").to_string(),
         seed: opts.seed,

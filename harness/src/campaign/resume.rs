@@ -88,3 +88,45 @@ impl Resumed {
         })
     }
 }
+
+/// The journal's entries as the reproducer directory holds them: a
+/// reproducer whose file is gone is dropped (its finding is minimized
+/// again), and a file there that no entry names (a killed session wrote
+/// it and lost its entry; its finding is minimized again too) is removed.
+/// Each says so on stderr. The caller holds the directory's lock.
+pub(super) fn reconcile(repro: &Path, entries: Vec<Entry>) -> Vec<Entry> {
+    let named: BTreeSet<String> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Reproducer { file, .. } => Some(file.clone()),
+            _ => None,
+        })
+        .collect();
+    if let Ok(read) = std::fs::read_dir(repro) {
+        for f in read.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && !named.contains(&name) && f.path().is_file() {
+                eprintln!(
+                    "note: {} is no journaled reproducer (a killed session's): removed",
+                    f.path().display()
+                );
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+    entries
+        .into_iter()
+        .filter(|e| match e {
+            Entry::Reproducer {
+                file, signature, ..
+            } if !repro.join(file).is_file() => {
+                eprintln!(
+                    "note: the reproducer of {signature} ({}) is gone: it is minimized again",
+                    repro.join(file).display()
+                );
+                false
+            }
+            _ => true,
+        })
+        .collect()
+}

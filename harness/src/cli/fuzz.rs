@@ -21,7 +21,7 @@ pub struct Args {
     budget: Option<Duration>,
     /// Stop after this many runs of this shard (resumed runs count); 100 when
     /// neither --runs nor --budget is given.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000_000))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     runs: Option<u64>,
     /// Parallel workers (one compute thread each).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=super::MAX_THREADS))]
