@@ -502,6 +502,25 @@ fn an_unterminated_quote_and_an_oversized_header_are_refused_within_the_limit() 
         assert_eq!(out.status.code(), Some(2), "{f}: {}", stderr(&out));
         assert!(peak < 48.0, "{f}: {peak:.0} MiB at a 16 MiB limit");
     }
+    // `run` on a CSV dataset whose record runs past the bound: refused
+    // while it reads, within the limit.
+    let small = dir.join("quote_small.csv");
+    let mut text = String::from("x,label\n1,0\n\"");
+    text.push_str(&"1,0\n".repeat(3 << 20));
+    std::fs::write(&small, text).unwrap();
+    let mut case: serde_json::Value =
+        serde_json::from_slice(&nanhunt(&["example"]).stdout).unwrap();
+    case["data"]["source"] =
+        serde_json::json!({"kind": "file", "path": small.to_str().unwrap(), "labels": "label"});
+    let case_path = dir.join("case.json");
+    std::fs::write(&case_path, case.to_string()).unwrap();
+    let c = case_path.to_str().unwrap();
+    let args = ["run", c, "--max-memory-mib", "16"];
+    let out = limited(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("runs past 1 MiB"), "{}", stderr(&out));
+    let (_, peak) = with_peak_memory(&args);
+    assert!(peak < 64.0, "run: {peak:.0} MiB at a 16 MiB limit");
 }
 
 #[test]

@@ -485,3 +485,18 @@ fn a_resumed_campaign_lists_only_the_reproducers_it_holds_and_refuses_zero_runs(
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--runs"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_hunt_refuses_the_file_systems_root_as_its_output_before_anything_else() {
+    let dir = scratch("hunt-root");
+    let root = dir.join("root");
+    std::os::unix::fs::symlink("/", &root).unwrap();
+    // The case does not exist: had the root been taken, this still writes nothing.
+    let o = nanhunt(&["hunt", "missing.json", "--out", root.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the file system's root is no output directory"),
+        "{}",
+        stderr(&o)
+    );
+}

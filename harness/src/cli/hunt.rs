@@ -68,17 +68,18 @@ fn parse_bound(s: &str) -> Result<f64, String> {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
-    let limits = args.limits.limits();
-    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
-    let factory = super::factory_of(&case)?;
-    if args.case_timeout.is_some_and(|d| d.is_zero()) {
-        anyhow::bail!("--case-timeout: must be longer than 0 s");
-    }
+    // Before anything else: nothing may be written there.
     if std::fs::canonicalize(&args.out).is_ok_and(|p| p.parent().is_none()) {
         anyhow::bail!(
             "--out {}: the file system's root is no output directory",
             args.out.display()
         );
+    }
+    let limits = args.limits.limits();
+    let (case, path) = case_arg(args.case.as_deref(), &limits)?;
+    let factory = super::factory_of(&case)?;
+    if args.case_timeout.is_some_and(|d| d.is_zero()) {
+        anyhow::bail!("--case-timeout: must be longer than 0 s");
     }
     let reproducers = args.out.join("reproducers");
     std::fs::create_dir_all(&reproducers).map_err(|e| crate::Error::io(&reproducers, e))?;
