@@ -53,6 +53,42 @@ fn a_campaign_whose_directory_is_deleted_under_it_stops_with_exit_2_and_writes_n
         stderr(&o)
     );
     assert!(!out.exists(), "the campaign wrote where its directory was");
+    // What is left says what happened.
+    let o = nanhunt(&["report", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no campaign directory there (was it deleted?)"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::create_dir_all(out.join("repro")).unwrap();
+    std::fs::write(out.join("repro/left.json"), "{}").unwrap();
+    let o = nanhunt(&["report", out.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("but no journal: the journal was deleted"),
+        "{}",
+        stderr(&o)
+    );
+    let o = nanhunt(&[
+        "fuzz",
+        "--runs",
+        "2",
+        "--quiet",
+        "--resume",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds no campaign journal to resume"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("left.json is no journaled reproducer"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// The `user_model` example's hunt into `dir/hunt`, with `env`.

@@ -97,6 +97,12 @@ enum WorkerKind {
 }
 
 pub fn main(args: Args) -> anyhow::Result<Exit> {
+    if args.resume && !args.out.join(crate::journal::JOURNAL_FILE).exists() {
+        eprintln!(
+            "note: {} holds no campaign journal to resume (deleted, or never written): a new campaign starts there",
+            args.out.display()
+        );
+    }
     if !args.resume && args.out.join(crate::journal::JOURNAL_FILE).exists() {
         anyhow::bail!(
             "{} holds a campaign journal: pass --resume to continue it, or choose another --out",
