@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 pub enum FrameworkVerdict {
     /// The same step fails with PyTorch's numerics too.
     FailsToo,
-    /// The finding hangs on a rule of candle's that PyTorch does not share.
+    /// The finding hinges on a rule of candle's that PyTorch does not share.
     CandleSpecific,
     /// The check could not tell (its note says why).
     NotJudged,
@@ -91,7 +91,7 @@ impl CandleRule {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FrameworkMark {
     pub verdict: FrameworkVerdict,
-    /// The rule a candle-specific finding hangs on.
+    /// The rule a candle-specific finding hinges on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<CandleRule>,
     /// The evidence, in one sentence.
@@ -186,7 +186,7 @@ impl FrameworkMark {
 }
 
 /// The rule a half-precision finding that PyTorch's rounding does not
-/// reproduce hangs on, from what its stage computes.
+/// reproduce hinges on, from what its stage computes.
 fn rule_of(finding: &Finding) -> CandleRule {
     let op = finding.op.map(|o| o.kind);
     let pattern = finding.explanation.as_ref().map(|e| e.pattern);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Robustness {
-    /// Gone in f32 and in f64: it hangs on the lower precision's range or
+    /// Gone in f32 and in f64: it hinges on the lower precision's range or
     /// rounding (and on how candle computes there).
     PrecisionDependent,
     /// Back in f32, gone in f64.
@@ -33,7 +33,7 @@ impl Robustness {
             Robustness::PrecisionDependent => "precision-dependent",
             Robustness::ReproducesInF32 => "reproduces in f32",
             Robustness::ReproducesInF64 => "reproduces in f64",
-            Robustness::HangsOnExactZeros => "hangs on exact zeros",
+            Robustness::HangsOnExactZeros => "hinges on exact zeros",
             Robustness::NotChecked => "not checked at higher precision",
             Robustness::FailsDifferently => "fails differently at higher precision",
         }

@@ -413,9 +413,31 @@ fn reproducer_dir(out: &Path, f: &Finding) -> PathBuf {
 /// An input trigger: its reproducer written (when asked for), its status.
 fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<RiskStatus> {
     let dir = out.map(|o| reproducer_dir(o, &found.finding));
-    if let Some(dir) = &dir {
-        ground.fire(&found.batch, Some(dir))?;
-    }
+    // Listed with a reproducer only when its step fails again from the
+    // same state and the scene written replays.
+    let again = ground
+        .fire(&found.batch, dir.as_deref())?
+        .is_some_and(|f| f.signature == found.finding.signature);
+    let unreproducible = match (again, &dir) {
+        (false, _) => Some(UNREPRODUCIBLE.to_string()),
+        (true, Some(d)) => {
+            let replayed = crate::replay::replay_dump_with(d, Some(ground.factory), &ground.opts);
+            match replayed {
+                Ok(r) if r.reproduced() => None,
+                Ok(r) => Some(format!("its scene does not replay: {}", r.message)),
+                Err(e) => Some(format!("its scene does not replay: {e}")),
+            }
+        }
+        (true, None) => None,
+    };
+    let dir = match (dir, &unreproducible) {
+        (Some(d), Some(_)) => {
+            // A scene that does not replay is no reproducer.
+            let _ = std::fs::remove_dir_all(&d);
+            None
+        }
+        (d, _) => d,
+    };
     let rows = found.rows.len();
     let by = if tokens_in(ground) {
         TriggerKind::Tokens {
@@ -437,8 +459,13 @@ fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<R
             .as_ref()
             .map(|e| e.sentence.clone()),
         reproducer: dir.map(|d| file_name(&d)),
+        unreproducible,
     })))
 }
+
+/// Why a confirmed trigger has no reproducer when its step passes the
+/// second time from the same state.
+const UNREPRODUCIBLE: &str = "its step did not fail again from the same state: the model draws unseeded random numbers (candle's dropout?); use nanhunt::models::seeded::Dropout and seeded::var_builder";
 
 fn file_name(dir: &Path) -> String {
     dir.file_name()
@@ -491,6 +518,7 @@ fn drift(
                 signature: f.signature.slug(),
                 explanation: f.explanation.as_ref().map(|e| e.sentence.clone()),
                 reproducer,
+                unreproducible: None,
             })),
         );
     }

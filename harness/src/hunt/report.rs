@@ -90,6 +90,10 @@ pub struct Trigger {
     /// which `nanhunt replay` and `regression::assert_dir_reproduces` replay.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reproducer: Option<String>,
+    /// Why there is no reproducer although the search confirmed the
+    /// trigger: its step did not fail again from the same state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreproducible: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -174,7 +178,12 @@ impl RiskReport {
                                 "triggered by {steps} steps at {lr_factor}x the learning rate"
                             ),
                         };
-                        (how, t.reproducer.clone().unwrap_or_default())
+                        let replay = match (&t.reproducer, &t.unreproducible) {
+                            (Some(r), _) => r.clone(),
+                            (None, Some(why)) => format!("none: {why}"),
+                            (None, None) => String::new(),
+                        };
+                        (how, replay)
                     }
                     RiskStatus::NoTrigger { bound } => {
                         (format!("no trigger within {bound}x the data's scale"), String::new())

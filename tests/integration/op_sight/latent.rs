@@ -440,3 +440,44 @@ fn each_latent_bug_is_repaired_from_its_reproducer_by_a_rewrite_that_trains() {
         failures,
     );
 }
+
+// x / RMS(x) without an eps in a model that pools its batch by groups of
+// three rows: it cannot take fewer than three.
+#[nanhunt::instrument]
+fn grouped_rms(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, f) = x.dims2()?;
+    let rms = x.sqr()?.mean_keepdim(D::Minus1)?.sqrt()?;
+    let xn = x.broadcast_div(&rms)?; // BUG: grouped_rms
+    let pooled = xn.reshape((b / 3, 3, f))?.mean_keepdim(1)?;
+    let xg = pooled.broadcast_as((b / 3, 3, f))?.reshape((b, f))?;
+    n.fc2.forward(&n.fc1.forward(&(x + xg)?)?.relu()?)
+}
+
+#[test]
+fn a_trigger_whose_rows_cannot_be_shrunk_is_kept_with_a_reproducer_that_replays() {
+    let mut case = hunt_case("grouped_rms");
+    case.batch_size = 6;
+    let factory = net(MLP, grouped_rms);
+    let run = RunOptions::default();
+    let (report, out) = hunted(&case, &factory, &run);
+    let line = marked_line(FILE, "grouped_rms").unwrap();
+    let trigger = report
+        .stages
+        .iter()
+        .find_map(|s| match &s.status {
+            RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => {
+                Some(t.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no trigger at line {line}:\n{}", report.to_markdown()));
+    // Six rows shrink to three, which the model still takes; not to fewer.
+    match trigger.by {
+        nanhunt::hunt::TriggerKind::Input { rows, .. } => assert_eq!(rows, 3),
+        other => panic!("{other:?}"),
+    }
+    let dir = out.join(trigger.reproducer.expect("a reproducer"));
+    let replayed = nanhunt::replay::replay_dump_with(&dir, Some(&factory), &run).unwrap();
+    assert!(replayed.reproduced(), "{}", replayed.message);
+    assert!(trigger.unreproducible.is_none());
+}
