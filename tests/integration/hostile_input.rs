@@ -325,6 +325,18 @@ fn data_files_that_declare_more_than_they_hold_are_refused_before_they_allocate(
     let out = limited(&["scan-data", inputs.to_str().unwrap(), "--no-labels"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stdout(&out).contains("3 samples"), "{}", stdout(&out));
+    // Without a flag too: no labels of the default name, the inputs alone.
+    let out = limited(&["scan-data", inputs.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).contains("3 samples"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("its inputs are scanned alone"),
+        "{}",
+        stderr(&out)
+    );
+    // Labels named and missing are still an error.
+    let out = limited(&["scan-data", inputs.to_str().unwrap(), "--labels", "lab"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
 /// Runs nanhunt as the one child of a Python parent and returns its

@@ -20,9 +20,11 @@ pub struct Args {
     /// The inputs tensor (safetensors) or array (npz).
     #[arg(long, default_value = "inputs")]
     inputs: String,
-    /// The labels: a tensor, an array, a .npy file beside FILE, or a CSV column.
-    #[arg(long, default_value = "labels")]
-    labels: String,
+    /// The labels: a tensor, an array, a .npy file beside FILE, or a CSV
+    /// column [default: labels; where the file has none, its inputs are
+    /// scanned alone].
+    #[arg(long)]
+    labels: Option<String>,
     /// The file has no labels (give --targets instead).
     #[arg(long, conflicts_with = "labels")]
     no_labels: bool,
@@ -77,7 +79,11 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     }
     let mut source = FileSource::new(&args.file);
     source.inputs = args.inputs;
-    source.labels = (!args.no_labels).then_some(args.labels);
+    let implicit = args.labels.is_none() && !args.no_labels;
+    source.labels = match args.no_labels {
+        true => None,
+        false => Some(args.labels.unwrap_or_else(|| "labels".into())),
+    };
     source.targets = args.targets;
     source.format = args.format.map(|f| match f {
         DataFormat::Safetensors => FileFormat::Safetensors,
@@ -94,9 +100,28 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
         Some(n) => n as usize,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let scan = scan_file(&source, &opts)
-        .map_err(as_option)
-        .map_err(super::in_file(&args.file))?;
+    let scan = match scan_file(&source, &opts) {
+        // No labels of the default name: the inputs alone are scanned.
+        Err(e) if implicit => {
+            let alone = FileSource {
+                labels: None,
+                ..source.clone()
+            };
+            match scan_file(&alone, &opts) {
+                Ok(scan) => {
+                    eprintln!(
+                        "note: {}: no labels found ({e}); its inputs are scanned alone (--labels NAME names them)",
+                        args.file.display()
+                    );
+                    Ok(scan)
+                }
+                Err(_) => Err(e),
+            }
+        }
+        scanned => scanned,
+    }
+    .map_err(as_option)
+    .map_err(super::in_file(&args.file))?;
     // Nothing scanned is no clean bill: training would refuse it too.
     if scan.samples == 0 {
         return Err(crate::error::Error::malformed(
