@@ -6,19 +6,27 @@
 //! - `crash_safety`: campaigns lose no finding to a kill, a dead or stuck worker.
 //! - `datasets`: dataset files in every command, planted bad samples, Python-written files.
 //! - `diagnose`: the five-step engine ranks the right cause first.
+//! - `divergence`: the divergence rule in a user's loop, judged over the steps after a crossing.
 //! - `dump`: crash dumps, Python interop, replay of dumps and reproducers.
 //! - `explosion`: finite explosions found at their step; none on healthy runs over 200 steps.
-//! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
-//! - `hunt`: latent bugs in users' models and losses, triggered by the hunt; none in their repairs.
-//! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
+//! - `fidelity`: findings re-run in f32 and f64 from the same state, and their precision marks.
 //! - `fuzz`: libFuzzer artifacts → reproducers (`import-artifact`), the planted envelope.
-//! - `one_engine`: the runner and the guard give the same finding for the same bug.
-//! - `nothing_lost`: a campaign's directory deleted under it; a hunt's reproducer replaced whole, its lock and budget.
+//! - `guard`: the guard in a user's own loop: planted faults per phase, scenes, replay.
+//! - `hostile_input`: out-of-range numbers, oversized cases, non-files, corrupt journals.
+//! - `hunt`: latent bugs in users' models and losses, triggered by the hunt; none in their repairs.
+//! - `instrument`: `#[nanhunt::instrument]` on the shapes users write.
 //! - `lrtable`: `nanhunt lr-table`, its snapshot in snapshots/, formats and bad options.
-//! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
+//! - `nothing_lost`: a campaign's directory deleted under it; hunts' reproducers replaced whole, their lock and budget; unfit cases; merge and replay checks.
+//! - `one_engine`: the runner and the guard give the same finding for the same bug.
+//! - `op_sight`: bugs named at their op and line, explained, repaired by a rewrite that trains.
 //! - `planted`: one planted fault per phase; the producer must be named.
+//! - `randomness`: replay of a model that draws random numbers says so.
 //! - `readme`: the README's Rust blocks, compiled, and checked against the README.
+//! - `readme_commands`: the README's shell commands, run as written.
 //! - `real_models`: candle-transformers' BERT, Llama and ViT as published.
+//! - `repairs`: planted bugs in users' code, each beside its developer's fix: the repair learns like it.
+//! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.
+//! - `verdicts`: no finding on healthy models over 200 steps across rates and optimizers.
 
 mod campaign;
 mod cli;
