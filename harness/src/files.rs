@@ -258,6 +258,24 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 /// directory is either complete or absent. What a killed write left beside
 /// it is removed first.
 pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    beside(
+        dir,
+        |tmp| {
+            std::fs::create_dir(tmp).map_err(|e| Error::io(tmp, e))?;
+            fill(tmp)
+        },
+        |tmp| std::fs::rename(tmp, dir).map_err(|e| Error::io(dir, e)),
+    )
+}
+
+/// `fill`s the temp sibling of `dir`, then `place`s it; what a killed
+/// writer left beside `dir` is removed first, and the temp sibling on
+/// failure.
+fn beside(
+    dir: &Path,
+    fill: impl FnOnce(&Path) -> Result<()>,
+    place: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
     let parent = dir
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -266,11 +284,7 @@ pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
     remove_stale_temps(parent, None);
     let tmp = temp_path(dir);
     let _ = std::fs::remove_dir_all(&tmp);
-    let written = (|| -> Result<()> {
-        std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        fill(&tmp)?;
-        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
-    })();
+    let written = fill(&tmp).and_then(|()| place(&tmp));
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -282,23 +296,10 @@ pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
 /// takes `dir`'s place ([`replace_dir`]).
 /// At every instant `dir` is the earlier complete directory or the new one.
 pub fn replace_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    remove_stale_temps(parent, None);
-    let tmp = temp_path(dir);
-    let _ = std::fs::remove_dir_all(&tmp);
-    let written = (|| -> Result<()> {
-        fill(&tmp)?;
+    beside(dir, fill, |tmp| {
         abort_at(ReplacePoint::Filled);
-        replace_dir(&tmp, dir)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    written
+        replace_dir(tmp, dir)
+    })
 }
 
 /// Fault injection for the kill tests: the process aborts at this point

@@ -371,16 +371,32 @@ impl Journal {
     /// Appends entries that belong together in one write, then syncs.
     pub fn append_group(&mut self, entries: &[Entry]) -> Result<()> {
         self.check_in_place()?;
-        let mut text = String::new();
-        for entry in entries {
-            text.push_str(&serde_json::to_string(entry).expect("journal entries serialize"));
-            text.push('\n');
-        }
         self.file
-            .write_all(text.as_bytes())
+            .write_all(lines(entries).as_bytes())
             .and_then(|_| self.file.sync_data())
             .map_err(|e| Error::io(&self.path, e))
     }
+}
+
+/// Entries as journal lines, one JSON object each.
+pub fn lines(entries: &[Entry]) -> String {
+    let mut text = String::new();
+    for entry in entries {
+        text.push_str(&serde_json::to_string(entry).expect("journal entries serialize"));
+        text.push('\n');
+    }
+    text
+}
+
+/// Takes an output directory for this process: its lock (as
+/// [`lock_dir`]), then every other writer's temp file in it and in
+/// `inner` removed (a killed one's). The lock is held while the file is.
+pub fn take_dir(dir: &Path, inner: &[&Path]) -> Result<File> {
+    let lock = lock_dir(dir)?;
+    for d in std::iter::once(dir).chain(inner.iter().copied()) {
+        crate::files::remove_foreign_temps(d);
+    }
+    Ok(lock)
 }
 
 /// Takes the lock of an output directory (`.lock`), so that one process

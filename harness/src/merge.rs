@@ -14,7 +14,7 @@
 use crate::campaign::{summarize, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE};
 use crate::error::{Error, Result};
 use crate::files::write_atomic;
-use crate::journal::{read_entries, CampaignId, Entry, JOURNAL_FILE};
+use crate::journal::{lines, read_entries, CampaignId, Entry, JOURNAL_FILE};
 use crate::strategy::StrategyOptions;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -72,10 +72,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // One writer at a time; what a killed merge left is this one's to redo.
-    let _lock = crate::journal::lock_dir(out)?;
-    for dir in [out.to_path_buf(), out.join(REPRO_DIR)] {
-        crate::files::remove_foreign_temps(&dir);
-    }
+    let _lock = crate::journal::take_dir(out, &[&out.join(REPRO_DIR)])?;
     let mut merged: Vec<Entry> = Vec::new();
     let mut runs = BTreeSet::new();
     let mut findings = BTreeSet::new();
@@ -156,13 +153,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
     writes.next();
     crate::campaign::write_reports(out, &journal)?;
     // The journal last: until it is in place, the merge can be run again.
-    let mut text = String::new();
-    for e in &journal {
-        text.push_str(&serde_json::to_string(e).expect("journal entries serialize"));
-        text.push('\n');
-    }
     writes.next();
-    write_atomic(&out.join(JOURNAL_FILE), text.as_bytes())?;
+    write_atomic(&out.join(JOURNAL_FILE), lines(&journal).as_bytes())?;
     Ok(summary)
 }
 

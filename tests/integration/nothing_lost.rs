@@ -8,6 +8,11 @@ use nanhunt::journal::JOURNAL_FILE as JOURNAL;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Asserts that `o`'s stderr says `text`.
+fn said(o: &Output, text: &str) {
+    assert!(stderr(o).contains(text), "{}", stderr(o));
+}
+
 /// The names in `dir` that a writer's temp file or directory has.
 fn temps(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -56,19 +61,11 @@ fn a_campaign_whose_directory_is_deleted_under_it_stops_with_exit_2_and_writes_n
     // What is left says what happened.
     let o = nanhunt(&["report", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("no campaign directory there (was it deleted?)"),
-        "{}",
-        stderr(&o)
-    );
+    said(&o, "no campaign directory there (was it deleted?)");
     std::fs::create_dir_all(out.join("repro")).unwrap();
     std::fs::write(out.join("repro/left.json"), "{}").unwrap();
     let o = nanhunt(&["report", out.to_str().unwrap()]);
-    assert!(
-        stderr(&o).contains("but no journal: the journal was deleted"),
-        "{}",
-        stderr(&o)
-    );
+    said(&o, "but no journal: the journal was deleted");
     let o = nanhunt(&[
         "fuzz",
         "--runs",
@@ -79,16 +76,8 @@ fn a_campaign_whose_directory_is_deleted_under_it_stops_with_exit_2_and_writes_n
         out.to_str().unwrap(),
     ]);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("holds no campaign journal to resume"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(
-        stderr(&o).contains("left.json is no journaled reproducer"),
-        "{}",
-        stderr(&o)
-    );
+    said(&o, "holds no campaign journal to resume");
+    said(&o, "left.json is no journaled reproducer");
 }
 
 /// The `user_model` example's hunt into `dir/hunt`, with `env`.
@@ -163,10 +152,9 @@ fn a_hunt_is_refused_an_output_directory_another_process_writes() {
     let lock = nanhunt::journal::lock_dir(&dir.join("hunt")).unwrap();
     let o = hunt_in(&exe, &dir, &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("another nanhunt process is writing this output directory"),
-        "{}",
-        stderr(&o)
+    said(
+        &o,
+        "another nanhunt process is writing this output directory",
     );
     assert!(!dir.join("hunt/risk.md").exists());
     drop(lock);
@@ -200,7 +188,7 @@ fn a_hunt_past_its_budget_reports_the_stages_it_did_not_search() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--case-timeout"), "{}", stderr(&o));
+    said(&o, "--case-timeout");
 }
 
 #[test]
@@ -490,16 +478,8 @@ fn a_resumed_campaign_lists_only_the_reproducers_it_holds_and_refuses_zero_runs(
         out.to_str().unwrap(),
     ]);
     assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is gone: it is minimized again"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(
-        stderr(&o).contains("stale.json is no journaled reproducer"),
-        "{}",
-        stderr(&o)
-    );
+    said(&o, "is gone: it is minimized again");
+    said(&o, "stale.json is no journaled reproducer");
     assert!(!repro.join("stale.json").exists());
     // Every reproducer the report names is there, the deleted one again.
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
@@ -519,7 +499,7 @@ fn a_resumed_campaign_lists_only_the_reproducers_it_holds_and_refuses_zero_runs(
         root.join("zero").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--runs"), "{}", stderr(&o));
+    said(&o, "--runs");
 }
 
 #[test]
@@ -530,9 +510,5 @@ fn a_hunt_refuses_the_file_systems_root_as_its_output_before_anything_else() {
     // The case does not exist: had the root been taken, this still writes nothing.
     let o = nanhunt(&["hunt", "missing.json", "--out", root.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("the file system's root is no output directory"),
-        "{}",
-        stderr(&o)
-    );
+    said(&o, "the file system's root is no output directory");
 }

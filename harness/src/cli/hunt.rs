@@ -85,10 +85,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     std::fs::create_dir_all(&reproducers).map_err(|e| crate::Error::io(&reproducers, e))?;
     // One writer at a time, as campaigns: a second hunt (or a campaign)
     // on this directory is refused, and what a killed one left is ours.
-    let _lock = crate::journal::lock_dir(&args.out)?;
-    for dir in [&args.out, &reproducers] {
-        crate::files::remove_foreign_temps(dir);
-    }
+    let _lock = crate::journal::take_dir(&args.out, &[&reproducers])?;
     crate::files::check_writable(&args.out.join("risk.md"))?;
     let mut run = RunOptions::default().with_limits(limits);
     run.device = args.device;

@@ -92,8 +92,13 @@ impl Learning {
     /// final loss within the tolerance of `before`'s either way.
     pub fn unchanged_from(&self, before: &Learning) -> bool {
         let drop = (before.first_loss - before.final_loss).abs();
-        let tolerance = (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * before.final_loss.abs());
-        self.moving() && (self.final_loss - before.final_loss).abs() <= tolerance
+        self.moving() && (self.final_loss - before.final_loss).abs() <= before.tolerance(drop)
+    }
+
+    /// How far another run's final loss may lie from this one's, for a
+    /// drop of `drop` from its first loss.
+    fn tolerance(&self, drop: f64) -> f64 {
+        (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * self.final_loss.abs())
     }
 
     /// How this run trained, and against `best` (the best fix from the
@@ -101,8 +106,7 @@ impl Learning {
     fn against(&self, best: &Learning) -> Trained {
         let own = self.trained();
         let drop = (best.first_loss - best.final_loss).max(0.0);
-        let tolerance = (DROP_TOLERANCE * drop).max(FLOOR_TOLERANCE * best.final_loss.abs());
-        if own == Trained::Learning && self.final_loss > best.final_loss + tolerance {
+        if own == Trained::Learning && self.final_loss > best.final_loss + best.tolerance(drop) {
             Trained::Behind
         } else {
             own

@@ -23,13 +23,15 @@ pub fn rewritten(
     let Some(&x) = tensors.first() else {
         bail!("the rewrite of `{op}` found no tensor operand");
     };
+    // What the op at `from` read: it runs before the rewritten op.
+    let read = || match from {
+        Some(z) => Ok(z),
+        None => Err(candle_core::Error::Msg(format!(
+            "the rewrite of `{op}` reads an op (a softmax, an exp) that did not run before it"
+        ))),
+    };
     let y = match form {
-        RewriteForm::LogSoftmax => {
-            let Some(z) = from else {
-                bail!("the rewrite of `{op}` reads a softmax that did not run before it");
-            };
-            candle_nn::ops::log_softmax(z, D::Minus1)?
-        }
+        RewriteForm::LogSoftmax => candle_nn::ops::log_softmax(read()?, D::Minus1)?,
         RewriteForm::OperandPlusEps { eps } => unary(op, &(x + eps)?, scalar)?,
         RewriteForm::OperandFloor { floor } => unary(op, &x.maximum(floor)?, scalar)?,
         RewriteForm::DenominatorFloor { floor } => match (op, tensors.as_slice()) {
@@ -40,16 +42,11 @@ pub fn rewritten(
         RewriteForm::MaxSubtracted => x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?.exp()?,
         RewriteForm::ClampBeforeCast { limit } => x.clamp(-limit, limit)?.to_dtype(out.dtype())?,
         RewriteForm::Softplus => {
-            let Some(z) = from else {
-                bail!("the rewrite of `{op}` reads an exp that did not run before it");
-            };
+            let z = read()?;
             ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?
         }
         RewriteForm::LogSumExp { keepdim_at } => {
-            let Some(z) = from else {
-                bail!("the rewrite of `{op}` reads an exp that did not run before it");
-            };
-            let lse = z.log_sum_exp(D::Minus1)?;
+            let lse = read()?.log_sum_exp(D::Minus1)?;
             match keepdim_at {
                 Some(k) => lse.unsqueeze(k)?,
                 None => lse,

@@ -371,13 +371,7 @@ impl<'a> Session<'a> {
 
     /// Writes the crash dump of the step that failed.
     pub fn write_dump(&self, dir: &std::path::Path, finding: &Finding) -> Result<()> {
-        let before = self.failed_before.as_ref().ok_or_else(|| {
-            Error::invalid(
-                "dump",
-                "the run has no failed step to dump (was the probe on?)",
-            )
-        })?;
-        self.write_step_dump(dir, finding.step, before, Some(finding))
+        self.write_failed(dir, finding, None)
     }
 
     /// Writes the crash dump of the step that failed, recording `origin`:
@@ -389,11 +383,22 @@ impl<'a> Session<'a> {
         finding: &Finding,
         origin: &Case,
     ) -> Result<()> {
-        let before = self
-            .failed_before
-            .as_ref()
-            .ok_or_else(|| Error::invalid("dump", "the run has no failed step to dump"))?;
-        self.write_scene(dir, finding.step, before, Some(finding), Some(origin))
+        self.write_failed(dir, finding, Some(origin))
+    }
+
+    fn write_failed(
+        &self,
+        dir: &std::path::Path,
+        finding: &Finding,
+        origin: Option<&Case>,
+    ) -> Result<()> {
+        let before = self.failed_before.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "dump",
+                "the run has no failed step to dump (was the probe on?)",
+            )
+        })?;
+        self.write_scene(dir, finding.step, before, Some(finding), origin)
     }
 
     /// Writes the scene of `step` (run from `before`), with its finding if

@@ -857,12 +857,7 @@ fn diagnosis_of(b: &Bug) -> Result<(nanhunt::diagnose::Diagnosis, Case), String>
     }
     let (report, out) = hunted(&b.case, &buggy, &run_bug);
     let line = marked_line(FILE, b.want.marker).expect("marked");
-    let trigger = report.stages.iter().find_map(|s| match &s.status {
-        RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => {
-            t.reproducer.clone()
-        }
-        _ => None,
-    });
+    let trigger = triggered_at(&report, line).and_then(|t| t.reproducer.clone());
     let dir = out.join(trigger.ok_or("the hunt found no trigger at its line")?);
     let hunt_opts = nanhunt::hunt::HuntOptions::default();
     let d = nanhunt::diagnose::diagnose_dir(&dir, Some(&buggy), &run_bug, &hunt_opts)

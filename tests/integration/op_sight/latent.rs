@@ -184,6 +184,20 @@ impl Model for BagOfTokens {
     }
 }
 
+/// The hunt's case for the bag of tokens: 16 token ids of 32.
+fn tokens_case() -> Case {
+    let mut c = hunt_case("bag_of_tokens");
+    c.model = ModelSpec::Custom(CustomSpec::new(
+        "bag_of_tokens",
+        InputSpec::Tokens {
+            seq_len: 16,
+            vocab: 32,
+        },
+        4,
+    ));
+    c
+}
+
 fn bag_of_tokens(fixed: bool) -> impl ModelFactory {
     move |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(BagOfTokens {
@@ -326,15 +340,7 @@ fn the_hunt_triggers_each_latent_bug_at_its_op_with_nothing_declared() {
         let p = net(shape, plain);
         failures.extend(check(&case, (&p, &p), (&rb, &rf), want));
     }
-    let mut tokens = hunt_case("bag_of_tokens");
-    tokens.model = ModelSpec::Custom(CustomSpec::new(
-        "bag_of_tokens",
-        InputSpec::Tokens {
-            seq_len: 16,
-            vocab: 32,
-        },
-        4,
-    ));
+    let tokens = tokens_case();
     let (b, f) = (bag_of_tokens(false), bag_of_tokens(true));
     let want_tokens = want(
         K::Exp,
@@ -357,13 +363,7 @@ fn unrepaired(
 ) -> Option<String> {
     let (report, out) = hunted(case, bug, run);
     let line = marked_line(FILE, marker)?;
-    let trigger = report.stages.iter().find_map(|s| match &s.status {
-        RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => {
-            t.reproducer.clone()
-        }
-        _ => None,
-    });
-    let Some(trigger) = trigger else {
+    let Some(trigger) = triggered_at(&report, line).and_then(|t| t.reproducer.clone()) else {
         return Some(format!("{marker}: no trigger at line {line}"));
     };
     let hunt_opts = nanhunt::hunt::HuntOptions::default();
@@ -419,15 +419,7 @@ fn each_latent_bug_is_repaired_from_its_reproducer_by_a_rewrite_that_trains() {
         let run = opts(Some(&(Arc::new(*loss) as Arc<dyn UserLoss>)));
         failures.extend(unrepaired(&case, &net(shape, plain), &run, marker));
     }
-    let mut tokens = hunt_case("bag_of_tokens");
-    tokens.model = ModelSpec::Custom(CustomSpec::new(
-        "bag_of_tokens",
-        InputSpec::Tokens {
-            seq_len: 16,
-            vocab: 32,
-        },
-        4,
-    ));
+    let tokens = tokens_case();
     failures.extend(unrepaired(
         &tokens,
         &bag_of_tokens(false),
@@ -461,15 +453,8 @@ fn a_trigger_whose_rows_cannot_be_shrunk_is_kept_with_a_reproducer_that_replays(
     let run = RunOptions::default();
     let (report, out) = hunted(&case, &factory, &run);
     let line = marked_line(FILE, "grouped_rms").unwrap();
-    let trigger = report
-        .stages
-        .iter()
-        .find_map(|s| match &s.status {
-            RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => {
-                Some(t.clone())
-            }
-            _ => None,
-        })
+    let trigger = triggered_at(&report, line)
+        .cloned()
         .unwrap_or_else(|| panic!("no trigger at line {line}:\n{}", report.to_markdown()));
     // Six rows shrink to three, which the model still takes; not to fewer.
     match trigger.by {

@@ -253,6 +253,14 @@ pub fn hunted(
     (hunt(case, factory, &opts).unwrap(), out)
 }
 
+/// The trigger the hunt credited to the op on `line`, if any.
+pub fn triggered_at(report: &RiskReport, line: u32) -> Option<&nanhunt::hunt::Trigger> {
+    report.stages.iter().find_map(|s| match &s.status {
+        RiskStatus::Triggered(t) if s.site.as_ref().is_some_and(|x| x.line == line) => Some(&**t),
+        _ => None,
+    })
+}
+
 /// What is wrong with a latent bug's hunt: it must be triggered at the op
 /// of `want` (its line and kind), the reproducer must replay with the
 /// same finding at that op, explained as `want` says.
