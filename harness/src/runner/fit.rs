@@ -1,9 +1,10 @@
 //! Whether a case fits a binary's registered model, checked before its
 //! first step: its input kind and shape, its outputs, its per-token form.
-//! The model declares its own case: an input of another kind is refused
-//! before any tensor op (a token batch handed to a model of real inputs
-//! panics inside candle). Then the model is tried once on a zero batch of
-//! the case's shape, so that a shape or dtype mismatch candle would report
+//! The model declares its own case, and a case of that shape (every case
+//! a campaign draws of it) fits as declared. An input of another kind is
+//! refused before any tensor op (a token batch handed to a model of real
+//! inputs panics inside candle); another shape is tried once on a zero
+//! batch of it, so that a shape or dtype mismatch candle would report
 //! mid-run (or a panic) is refused as bad input naming the field. A model
 //! handed to the library directly (a factory, no registration) is run as
 //! it is: its errors are its own.
@@ -21,17 +22,22 @@ pub(super) fn check(s: &Session) -> Result<()> {
     };
     let name = &spec.name;
     let Some(own) = crate::models::registered_for(&s.case).and_then(|m| match &m.case.model {
-        ModelSpec::Custom(own) => Some(own.input.clone()),
+        ModelSpec::Custom(own) => Some(own),
         _ => None,
     }) else {
         return Ok(());
     };
-    if kind(&own) != kind(&spec.input) {
+    // The model's own shape (every case a campaign draws of it): it fits
+    // as declared, and no forward is spent on it.
+    if (&own.input, own.outputs, own.per_token) == (&spec.input, spec.outputs, spec.per_token) {
+        return Ok(());
+    }
+    if kind(&own.input) != kind(&spec.input) {
         return Err(Error::invalid(
             "model.input.kind",
             format!(
                 "the model `{name}` takes {} (its own case); this case gives {}",
-                describe(&own),
+                describe(&own.input),
                 describe(&spec.input)
             ),
         ));
