@@ -255,17 +255,34 @@ fn a_guard_finding_gets_the_runners_precision_check_when_its_model_can_be_rebuil
 /// The planted model in a guarded loop over a `VarMap` (candle's own
 /// variables, as users have them), writing its scene to `dir`.
 fn guarded_scene(case: &Case, factory: &dyn ModelFactory, dir: &std::path::Path) -> Finding {
+    guarded_scene_by(case, factory, dir, false)
+}
+
+/// [`guarded_scene`], with candle's own SGD (whose state the scene cannot
+/// hold) when `private`.
+fn guarded_scene_by(
+    case: &Case,
+    factory: &dyn ModelFactory,
+    dir: &std::path::Path,
+    private: bool,
+) -> Finding {
     let batches = Session::new(case, factory, &RunOptions::default()).unwrap();
     let varmap = candle_nn::VarMap::new();
     let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
     let model = factory.build(vb).unwrap();
     let opts = GuardOptions::default().named(case.family()).dump_to(dir);
     let mut guard = Guard::new(&varmap, opts).unwrap();
-    let mut opt = guard.optimizer(case.optimizer.clone()).unwrap();
+    let mut opt: Box<dyn nanhunt::guard::GuardOptimizer> = match private {
+        false => Box::new(guard.optimizer(case.optimizer.clone()).unwrap()),
+        true => {
+            use candle_nn::Optimizer;
+            Box::new(candle_nn::SGD::new(varmap.all_vars(), case.optimizer.lr()).unwrap())
+        }
+    };
     for step in 0..case.steps {
         let b = batch_of(&batches.batch(step).unwrap().unwrap(), case);
         if let Err(GuardError::Unstable { finding, .. }) =
-            guard.step(step, &b, &mut opt, |b| case_loss(&*model, case, b))
+            guard.step(step, &b, &mut *opt, |b| case_loss(&*model, case, b))
         {
             return *finding;
         }
@@ -291,16 +308,18 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
     assert_eq!(d.finding.as_ref().unwrap().signature, found.signature);
     let top = &d.causes[0];
     assert_eq!(top.kind, CauseKind::CodeBug, "{:?}", d.causes);
-    // One step replayed: the fix passes it, and is never called verified
-    // (whether it trains takes a run over a case).
-    assert!(top.passes_step() && !top.verified(), "{:?}", top.fixes);
+    // The scene's case is its batch: the fix passes the failing step and
+    // trains from the scene on that batch, judged by the case's rule.
+    let fix = &top.fixes[0];
+    assert!(top.passes_step() && top.verified(), "{:?}", top.fixes);
     assert!(
-        top.fixes[0]
-            .result
-            .contains("whether it trains is not judged"),
+        fix.result.starts_with("stable and learning over 50 steps"),
         "{}",
-        top.fixes[0].result
+        fix.result
     );
+    assert!(fix
+        .description
+        .contains("trained from the scene on its batch"));
     assert!(top.title.contains("rownorm"), "{}", top.title);
     // Zeroing the stage is evidence of where the NaN comes from, not a fix.
     assert!(
@@ -346,6 +365,29 @@ fn diagnose_takes_a_guards_scene_and_the_users_closure() {
         .find(|c| c.kind == CauseKind::LearningRate)
         .unwrap();
     assert!(!lr.passes_step() && !lr.verified(), "{:?}", lr.fixes);
+}
+
+/// A loop whose optimizer keeps its state private (candle's own SGD):
+/// the scene holds no optimizer state, so only the failing step replays;
+/// its fixes pass it and are never called verified.
+#[test]
+fn a_scene_without_optimizer_state_judges_its_fixes_on_one_step_only() {
+    use nanhunt::diagnose::{diagnose_scene, CauseKind, ONE_STEP};
+    let p = planted_patterns()
+        .into_iter()
+        .find(|p| p.case.family() == "rownorm")
+        .unwrap();
+    let dir = crate::support::scratch("scene-diagnose-private").join("scene");
+    guarded_scene_by(&p.case, &*p.factory, &dir, true);
+    let varmap = candle_nn::VarMap::new();
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = p.factory.build(vb).unwrap();
+    let d = diagnose_scene(&dir, &varmap, |b| case_loss(&*model, &p.case, b)).unwrap();
+    let top = &d.causes[0];
+    assert_eq!(top.kind, CauseKind::CodeBug, "{:?}", d.causes);
+    assert!(top.passes_step() && !top.verified(), "{:?}", top.fixes);
+    assert_eq!(top.fixes[0].result, ONE_STEP);
+    assert!(d.causes.iter().all(|c| !c.verified()), "{:?}", d.causes);
 }
 
 /// An update failure is named at the op of the optimizer's op chain that

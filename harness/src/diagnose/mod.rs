@@ -29,7 +29,7 @@ pub use crate::spec::{case_diff, FieldChange};
 pub use batch::{BatchScan, EXTREME};
 pub use causes::{stable_loss, CauseKind, KNOB_CANDIDATES, LR_SEARCH_DECADES};
 pub use learning::{Learning, DROP_TOLERANCE, FALL, FLOOR_TOLERANCE, MIN_STEPS};
-pub use scene::diagnose_scene;
+pub use scene::{diagnose_scene, ONE_STEP};
 pub use trigger::{diagnose_dir, NOT_JUDGED};
 
 use crate::differential::{compare, Arms, Differential, Tolerance};

@@ -1,32 +1,39 @@
-//! Diagnose's second driver: the scene of a user's own guarded loop, with
-//! the user's variables and loss closure instead of a case and a factory.
+//! Diagnose's driver for the scene of a user's own guarded loop, with the
+//! user's variables and loss closure instead of a case and a factory.
 //!
-//! There is no case to change and train again, so each candidate fix is
-//! tried on the failing step itself: the step replayed from the scene with
-//! the change (a guarded stage, the flagged batch rows left out, a larger
-//! optimizer eps, a lower learning rate, the tensors without a gradient
-//! declared frozen). One step says nothing of training: a fix with which
-//! the step passes every check is marked so ([`Fix::passes_step`]) and
-//! never "verified" — that takes a run over a case. The precision cause reads the finding's precision check. The
+//! The scene's case is its batch: each candidate fix (the op rewritten, a
+//! guarded stage, the flagged batch rows left out, a larger optimizer eps,
+//! a lower learning rate, the tensors without a gradient declared frozen)
+//! trains from the scene's state for [`MIN_STEPS`] steps on that batch,
+//! through the user's closure and the scene's optimizer, and is judged by
+//! the case diagnosis's own rule (`learning.rs`): verified only when it
+//! trained stably and learned. Where the loop's optimizer kept its state
+//! private, only the failing step can be replayed: a fix with which it
+//! passes is marked so ([`Fix::passes_step`]) and never "verified". The
 //! causes' relevance, titles and evidence are the case diagnosis's own
 //! ([`super::causes`]), and they are ranked by the same rule.
 
 use super::causes::{self, CauseKind};
+use super::learning::{self, Learning, MIN_STEPS};
 use super::rank::{rank, Relevance};
 use super::{Cause, Diagnosis, Fix};
 use crate::checks;
 use crate::error::{Error, Result};
-use crate::finding::{Finding, FindingKind, Phase, ReplayVerdict, Robustness};
-use crate::guard::{replay_changed, Batch, Changes};
+use crate::finding::{Finding, FindingKind, Outcome, Phase, ReplayVerdict, Robustness};
+use crate::guard::{replay_changed, train_changed, Batch, Changes};
 use crate::intervention::Intervention;
 use crate::probe::scan_all;
 use crate::scene::{OptimizerRecord, SavedScene};
 use candle_core::Tensor;
 use std::path::Path;
 
+/// What a scene's fix says when only its failing step could be replayed.
+pub const ONE_STEP: &str = "the failing step passes every check with it (one step replayed: the loop's optimizer kept its state private, so whether it trains is not judged)";
+
 /// Diagnoses the failing step of a guard's scene in `dir`, replaying it
 /// with the variables of `varmap` (the user's model, built as when the
-/// scene was written) and the user's loss closure.
+/// scene was written) and the user's loss closure; each fix trains from
+/// the scene on its batch.
 pub fn diagnose_scene(
     dir: &Path,
     varmap: &candle_nn::VarMap,
@@ -39,16 +46,34 @@ pub fn diagnose_scene(
             "the scene is of a healthy step: nothing to diagnose",
         )
     })?;
+    let trains = matches!(saved.scene.optimizer, OptimizerRecord::Saved { .. });
     let mut runs = 0;
-    let mut try_fix = |description: String, changes: Changes| -> Result<Fix> {
+    let mut try_fix = |description: String, changes: Changes, train: bool| -> Result<Fix> {
         runs += 1;
-        let report = replay_changed(dir, varmap, &changes, &mut loss_of)?;
-        let passes_step = report.verdict == ReplayVerdict::Fixed;
-        let result = match &report.actual {
-            None => "the failing step passes every check with it (one step replayed: whether it trains is not judged)".to_string(),
-            Some(f) => format!("unstable: {}", f.signature.slug()),
-        };
         let intervention = changes.intervention.clone();
+        let (passes_step, learning, result) = if trains && train {
+            let t = train_changed(dir, varmap, &changes, MIN_STEPS, &mut loss_of)?;
+            let result = match &t.outcome {
+                Outcome::Unstable { finding: f } => format!(
+                    "unstable at step {} of {MIN_STEPS} on the scene's batch: {}",
+                    f.step + 1 - finding.step,
+                    f.signature.slug()
+                ),
+                _ => "stable".to_string(),
+            };
+            (
+                t.step.verdict == ReplayVerdict::Fixed,
+                Learning::of(&t.outcome),
+                result,
+            )
+        } else {
+            let report = replay_changed(dir, varmap, &changes, &mut loss_of)?;
+            let result = match &report.actual {
+                None => ONE_STEP.to_string(),
+                Some(f) => format!("unstable: {}", f.signature.slug()),
+            };
+            (report.verdict == ReplayVerdict::Fixed, None, result)
+        };
         Ok(Fix {
             description,
             changes: Vec::new(),
@@ -59,17 +84,20 @@ pub fn diagnose_scene(
                 .map(|i| crate::finding::line_diffs(&i.rewrites))
                 .unwrap_or_default(),
             intervention,
-            learning: None,
+            learning,
             workaround: false,
             passes_step,
         })
     };
     let mut all = Vec::new();
     all.extend(code_bug(&finding, &mut try_fix)?);
-    all.extend(data(&saved, &finding, &mut try_fix)?);
+    let data_cause = data(&saved, &finding, &mut try_fix)?;
+    let data_clean = data_cause.is_none();
+    all.extend(data_cause);
     all.extend(optimizer(&saved, &finding, &mut try_fix)?);
     all.extend(no_backward(&finding, &mut try_fix)?);
     all.extend(precision(&finding));
+    learning::judge(&mut all, &finding, data_clean);
     let supported = rank(&mut all);
     Ok(Diagnosis {
         finding: Some(finding),
@@ -84,7 +112,10 @@ pub fn diagnose_scene(
     })
 }
 
-type TryFix<'a> = dyn FnMut(String, Changes) -> Result<Fix> + 'a;
+/// Where a scene's fix trains.
+const ON_SCENE: &str = "trained from the scene on its batch";
+
+type TryFix<'a> = dyn FnMut(String, Changes, bool) -> Result<Fix> + 'a;
 
 /// The explained op rewritten, or its stage's formulation substituted
 /// (the code's own bug); the guard of it as evidence of where the
@@ -99,12 +130,12 @@ fn code_bug(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
         .map(|r| Intervention::rewrite(&e.stage, vec![r.clone()]));
     let mut fixes = Vec::new();
     for iv in rewrite.into_iter().chain(causes::code::substituted(e)) {
-        let description = format!("{}, on the failing step", iv.describe());
+        let description = format!("{}, {ON_SCENE}", iv.describe());
         let changes = Changes {
             intervention: Some(iv),
             ..Changes::default()
         };
-        fixes.push(try_fix(description, changes)?);
+        fixes.push(try_fix(description, changes, true)?);
     }
     let guard = causes::code::guard(e);
     let guarded = try_fix(
@@ -113,6 +144,7 @@ fn code_bug(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
             intervention: Some(guard.clone()),
             ..Changes::default()
         },
+        false,
     )?;
     let mut evidence = causes::code_evidence(f);
     evidence.push(format!(
@@ -163,7 +195,7 @@ fn data(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Option<
         drop_rows: rows,
         ..Changes::default()
     };
-    let fix = try_fix(description, changes)?;
+    let fix = try_fix(description, changes, true)?;
     let evidence = vec![format!(
         "the failure is {} in {} at `{}`",
         f.kind.as_str(),
@@ -195,8 +227,9 @@ fn optimizer(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Ve
             ..Changes::default()
         };
         let fix = try_fix(
-            format!("optimizer eps {eps:e} -> {safe:e}, on the failing step"),
+            format!("optimizer eps {eps:e} -> {safe:e}, {ON_SCENE}"),
             changes,
+            true,
         )?;
         let relevance = causes::optimizer_eps::relevance(f);
         out.push(Cause::new(
@@ -208,10 +241,10 @@ fn optimizer(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Ve
             relevance,
         ));
     }
-    // One step can show a lower rate's update staying finite; divergence
-    // and explosions need the steps after it, which a scene does not hold.
+    // A lower rate for an update's failure, or for a trend (divergence,
+    // explosion), which the steps trained after the scene's show.
     let trend = matches!(f.kind, FindingKind::Divergence | FindingKind::Explosion);
-    if f.phase == Phase::Update && !trend {
+    if f.phase == Phase::Update || trend {
         let lr = spec.lr();
         let mut fixes = Vec::new();
         for decade in 1..=3 {
@@ -221,8 +254,9 @@ fn optimizer(saved: &SavedScene, f: &Finding, try_fix: &mut TryFix) -> Result<Ve
                 ..Changes::default()
             };
             fixes.push(try_fix(
-                format!("learning rate {lr:e} -> {to:e}, on the failing step"),
+                format!("learning rate {lr:e} -> {to:e}, {ON_SCENE}"),
                 changes,
+                true,
             )?);
         }
         let evidence = vec![format!("learning rate {lr:e}")];
@@ -253,7 +287,7 @@ fn no_backward(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
         frozen,
         ..Changes::default()
     };
-    let fix = try_fix(description, changes)?;
+    let fix = try_fix(description, changes, true)?;
     let relevance = causes::no_backward::relevance(f);
     Ok(Some(Cause::new(
         CauseKind::NoBackward,
@@ -265,8 +299,8 @@ fn no_backward(f: &Finding, try_fix: &mut TryFix) -> Result<Option<Cause>> {
     )))
 }
 
-/// Half precision, from the finding's precision check: verified when the
-/// step re-run at a higher precision passed.
+/// Half precision, from the finding's precision check: the step re-run at
+/// a higher precision passed (one step: whether it trains is not judged).
 fn precision(f: &Finding) -> Option<Cause> {
     let check = f.precision.as_deref()?;
     if !f.signature.precision.is_half() || check.verdict == Robustness::NotChecked {
@@ -279,13 +313,13 @@ fn precision(f: &Finding) -> Option<Cause> {
         .map(|r| Fix {
             description: format!("the step in {} (the precision check's re-run)", r.precision),
             changes: Vec::new(),
-            verified: !r.reproduced,
+            verified: false,
             result: r.note.clone(),
             intervention: None,
             learning: None,
             workaround: false,
             diffs: Vec::new(),
-            passes_step: false,
+            passes_step: !r.reproduced,
         })
         .collect();
     let evidence = vec![

@@ -70,6 +70,18 @@ impl Trace {
         t
     }
 
+    /// The histories added after `mark` (the steps since it).
+    pub fn since(&self, mark: TraceMark) -> Trace {
+        Trace {
+            losses: self.losses[mark.losses.min(self.losses.len())..].to_vec(),
+            grad_norms: self.grad_norms[mark.grad_norms.min(self.grad_norms.len())..].to_vec(),
+            param_norms: self.param_norms[mark.param_norms.min(self.param_norms.len())..].to_vec(),
+            lrs: self.lrs[mark.lrs.min(self.lrs.len())..].to_vec(),
+            skipped_steps: self.skipped_steps.saturating_sub(mark.skipped_steps),
+            loss_scale: self.loss_scale,
+        }
+    }
+
     pub fn first_loss(&self) -> Option<f64> {
         self.losses.first().copied()
     }

@@ -36,7 +36,7 @@ pub use crate::scene::{Scene as GuardScene, SCENE_FILE, SCENE_TENSORS};
 pub use optim::{GuardOptimizer, NanhuntOptimizer, OptimizerRecord, SavedOptimizer};
 pub use options::{GuardOptions, LossFn, Rebuild, Rebuilt};
 pub use replay::{replay, GuardReplay};
-pub(crate) use replay::{replay_changed, Changes};
+pub(crate) use replay::{replay_changed, train_changed, Changes};
 
 /// A half-precision gradient within this factor of its dtype's largest
 /// value is warned about (the shared check's margin).

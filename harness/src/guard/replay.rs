@@ -9,7 +9,7 @@
 use super::optim::SavedOptimizer;
 use super::{Batch, Guard, GuardError, GuardOptions, NanhuntOptimizer};
 use crate::error::{Error, Result};
-use crate::finding::{FindingKind, Phase, ReplayReport};
+use crate::finding::{Finding, FindingKind, Phase, ReplayReport};
 use crate::scene::{OptimizerRecord, SavedScene};
 use crate::spec::OptimizerSpec;
 use candle_core::Tensor;
@@ -49,55 +49,134 @@ pub(crate) fn replay_changed(
     dir: &Path,
     varmap: &candle_nn::VarMap,
     changes: &Changes,
-    loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
+    mut loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
 ) -> Result<ReplayReport> {
-    let saved = SavedScene::load(dir)?;
-    let scene = &saved.scene;
-    let family = scene
-        .finding
-        .as_ref()
-        .map_or_else(|| "user".to_string(), |f| f.signature.family.clone());
-    let opts = GuardOptions::default()
-        .named(family)
-        .frozen(changes.frozen.clone());
-    let mut guard = Guard::new(varmap, opts)?;
-    // Variables match by name, in any order (a model's VarMap lists them
-    // sorted; a scene, in the order its driver made them).
-    let mut expected: Vec<&String> = scene
-        .vars
-        .iter()
-        .filter(|n| !crate::coverage::declared_frozen(n, &changes.frozen))
-        .collect();
-    let mut names: Vec<&String> = guard.names().iter().collect();
-    expected.sort();
-    names.sort();
-    if names != expected {
-        return Err(Error::option(
-            "varmap",
-            format!(
-                "the model's variables {:?} are not the scene's {:?}",
-                guard.names(),
-                scene.vars
-            ),
-        ));
+    let mut scene = Restored::load(dir, varmap, changes)?;
+    let actual = scene.step(scene.saved.scene.step, &mut loss_of)?;
+    Ok(scene.saved.report(actual, &scene.guard.trace))
+}
+
+/// What training from a scene's state with a change did.
+pub(crate) struct SceneTraining {
+    /// The failing step replayed with the change.
+    pub step: ReplayReport,
+    /// The steps from the scene's, on its batch: `Stable` with their
+    /// trace alone, or the first failure.
+    pub outcome: crate::finding::Outcome,
+}
+
+/// Trains `steps` steps from the scene's state with `changes`, each on the
+/// scene's batch (the only data a guard's scene holds): the first is the
+/// failing step replayed; the rest say whether the change trains.
+pub(crate) fn train_changed(
+    dir: &Path,
+    varmap: &candle_nn::VarMap,
+    changes: &Changes,
+    steps: usize,
+    mut loss_of: impl FnMut(&Batch) -> candle_core::Result<Tensor>,
+) -> Result<SceneTraining> {
+    use crate::finding::Outcome;
+    let mut scene = Restored::load(dir, varmap, changes)?;
+    let first = scene.saved.scene.step;
+    let mark = scene.guard.trace.mark();
+    let actual = scene.step(first, &mut loss_of)?;
+    let report = scene.saved.report(actual.clone(), &scene.guard.trace);
+    let mut failure = actual;
+    for step in first + 1..first + steps {
+        if failure.is_some() {
+            break;
+        }
+        failure = scene.step(step, &mut loss_of)?;
     }
-    for (name, var) in guard.names().iter().zip(guard.vars()) {
-        let t = saved.tensor(&format!("param/{name}"), var.as_tensor())?;
-        var.set(&t.to_device(var.device())?)?;
-    }
-    let mut opt = optimizer(&saved, &guard, changes)?;
-    guard.tracker = scene.tracker.clone();
-    guard.trace = scene.history.clone();
-    guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
-    guard.intervention = changes.intervention.clone().map(std::sync::Arc::new);
-    let batch = without_rows(saved.batch_parts()?, &changes.drop_rows)?;
-    let actual = match guard.step(scene.step, &batch, &mut opt, loss_of) {
-        // A divergence's step comes back as its crossing of the line.
-        Ok(_) => guard.crossing_finding(scene.step, &opt),
-        Err(GuardError::Unstable { finding, .. }) => Some(*finding),
-        Err(GuardError::Invalid(e)) => return Err(e),
+    let outcome = match failure {
+        Some(finding) => Outcome::Unstable {
+            finding: Box::new(finding),
+        },
+        None => Outcome::Stable {
+            trace: scene.guard.trace.since(mark),
+        },
     };
-    Ok(saved.report(actual, &guard.trace))
+    Ok(SceneTraining {
+        step: report,
+        outcome,
+    })
+}
+
+/// A scene's state restored into the user's variables, with its optimizer
+/// and batch, ready to step.
+struct Restored {
+    saved: SavedScene,
+    guard: Guard,
+    opt: NanhuntOptimizer,
+    batch: Batch,
+}
+
+impl Restored {
+    fn load(dir: &Path, varmap: &candle_nn::VarMap, changes: &Changes) -> Result<Restored> {
+        let saved = SavedScene::load(dir)?;
+        let scene = &saved.scene;
+        let family = scene
+            .finding
+            .as_ref()
+            .map_or_else(|| "user".to_string(), |f| f.signature.family.clone());
+        let opts = GuardOptions::default()
+            .named(family)
+            .frozen(changes.frozen.clone());
+        let mut guard = Guard::new(varmap, opts)?;
+        // Variables match by name, in any order (a model's VarMap lists them
+        // sorted; a scene, in the order its driver made them).
+        let mut expected: Vec<&String> = scene
+            .vars
+            .iter()
+            .filter(|n| !crate::coverage::declared_frozen(n, &changes.frozen))
+            .collect();
+        let mut names: Vec<&String> = guard.names().iter().collect();
+        expected.sort();
+        names.sort();
+        if names != expected {
+            return Err(Error::option(
+                "varmap",
+                format!(
+                    "the model's variables {:?} are not the scene's {:?}",
+                    guard.names(),
+                    scene.vars
+                ),
+            ));
+        }
+        for (name, var) in guard.names().iter().zip(guard.vars()) {
+            let t = saved.tensor(&format!("param/{name}"), var.as_tensor())?;
+            var.set(&t.to_device(var.device())?)?;
+        }
+        let opt = optimizer(&saved, &guard, changes)?;
+        guard.tracker = scene.tracker.clone();
+        guard.trace = scene.history.clone();
+        guard.watch = crate::checks::explosion::JumpWatch::after(guard.init_norm, &guard.trace);
+        guard.intervention = changes.intervention.clone().map(std::sync::Arc::new);
+        let batch = without_rows(saved.batch_parts()?, &changes.drop_rows)?;
+        Ok(Restored {
+            saved,
+            guard,
+            opt,
+            batch,
+        })
+    }
+
+    /// Step `step` on the scene's batch: its finding, if it failed.
+    fn step(
+        &mut self,
+        step: usize,
+        loss_of: &mut impl FnMut(&Batch) -> candle_core::Result<Tensor>,
+    ) -> Result<Option<Finding>> {
+        match self
+            .guard
+            .step(step, &self.batch, &mut self.opt, &mut *loss_of)
+        {
+            // A divergence's step comes back as its crossing of the line.
+            Ok(_) => Ok(self.guard.crossing_finding(step, &self.opt)),
+            Err(GuardError::Unstable { finding, .. }) => Ok(Some(*finding)),
+            Err(GuardError::Invalid(e)) => Err(e),
+        }
+    }
 }
 
 /// The batch without rows `drop` (of every part whose first dimension is
