@@ -33,6 +33,11 @@ pub struct ReplayReport {
     pub message: String,
 }
 
+/// How to make a model that draws random numbers replay: the seeded
+/// dropout and initialization nanhunt ships.
+pub const SEED_THEM: &str =
+    "seed them: nanhunt::models::seeded::Dropout for dropout, seeded::var_builder for the initialization";
+
 impl ReplayReport {
     pub fn new(
         expected: Option<Signature>,
@@ -85,7 +90,7 @@ impl ReplayReport {
             .as_ref()
             .map_or_else(|| "a healthy step".to_string(), |e| e.to_string());
         let step = self.expected_step;
-        let random = "the model draws random numbers (two runs of the step's loss differed when the scene was written; seed them: nanhunt::models::seeded)";
+        let random = format!("the model draws random numbers (two runs of the step's loss differed when the scene was written; {SEED_THEM})");
         match (self.verdict, self.bit_identical, deterministic) {
             (ReplayVerdict::Reproduced, Some(false), Some(false)) => {
                 self.message =

@@ -223,12 +223,28 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
             status.insert(t.stage.clone(), RiskStatus::NotSearched { why });
             continue;
         }
-        search::minimize_rows(&ground, &mut found)?;
-        let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
         // Credited to the op whose finding it is, whichever was searched.
         let at = fired_at(&found.finding).to_string();
-        owners.insert(at.clone(), Owner::of(&found.finding));
-        status.entry(at.clone()).or_insert(trigger);
+        // A stage keeps its first status; a trigger without a reproducer
+        // may be replaced by one with. Its directory is the same (the
+        // signature's): writing it again would undo the first.
+        let open = match status.get(&at) {
+            None => true,
+            Some(RiskStatus::Triggered(t)) => t.reproducer.is_none(),
+            Some(_) => false,
+        };
+        if open {
+            search::minimize_rows(&ground, &mut found)?;
+            let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
+            let better = !matches!(&trigger, RiskStatus::Triggered(t) if t.reproducer.is_none())
+                || !status.contains_key(&at);
+            if better {
+                status.insert(at.clone(), trigger);
+            }
+        }
+        owners
+            .entry(at.clone())
+            .or_insert_with(|| Owner::of(&found.finding));
         if at != t.stage && !status.contains_key(&t.stage) {
             status.insert(t.stage.clone(), RiskStatus::FiredElsewhere { first: at });
         }
@@ -236,8 +252,9 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
     if end.is_none_or(|e| Instant::now() < e) {
         drift(case, &ground, opts, &targets, &mut status)?;
     }
-    let unsafe_free = seen.safe.clone();
+    let mut unsafe_free = seen.safe.clone();
     let stages = report_stages(seen, status, &owners, bound, opts.token_swaps, &ground);
+    listed_once(&mut unsafe_free, &stages);
     Ok(RiskReport {
         model: case.family().to_string(),
         dataset: dataset_name(case),
@@ -419,7 +436,7 @@ fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<R
         .fire(&found.batch, dir.as_deref())?
         .is_some_and(|f| f.signature == found.finding.signature);
     let unreproducible = match (again, &dir) {
-        (false, _) => Some(UNREPRODUCIBLE.to_string()),
+        (false, _) => Some(format!("{UNREPRODUCIBLE}; {}", crate::finding::SEED_THEM)),
         (true, Some(d)) => {
             let replayed = crate::replay::replay_dump_with(d, Some(ground.factory), &ground.opts);
             match replayed {
@@ -465,7 +482,7 @@ fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<R
 
 /// Why a confirmed trigger has no reproducer when its step passes the
 /// second time from the same state.
-const UNREPRODUCIBLE: &str = "its step did not fail again from the same state: the model draws unseeded random numbers (candle's dropout?); use nanhunt::models::seeded::Dropout and seeded::var_builder";
+const UNREPRODUCIBLE: &str = "its step did not fail again from the same state: the model draws unseeded random numbers (candle's dropout?)";
 
 fn file_name(dir: &Path) -> String {
     dir.file_name()
@@ -573,6 +590,21 @@ fn report_stages(
     }));
     out.sort_by(|a, b| a.stage.cmp(&b.stage));
     out
+}
+
+/// The ops without an unsafe domain that the table lists (one that fired
+/// all the same) taken out of their count, so that none is both a row and
+/// "not searched".
+fn listed_once(unsafe_free: &mut BTreeMap<String, usize>, stages: &[StageRisk]) {
+    for s in stages
+        .iter()
+        .filter(|s| s.risk == "none" && s.site.is_some())
+    {
+        if let Some(n) = unsafe_free.get_mut(s.op.as_str()) {
+            *n = n.saturating_sub(1);
+        }
+    }
+    unsafe_free.retain(|_, n| *n > 0);
 }
 
 /// Whether the model reads token ids.

@@ -16,7 +16,8 @@ pub struct RiskReport {
     pub model: String,
     /// The data it trained on, in words.
     pub dataset: String,
-    /// Training steps run before the search.
+    /// Training steps run before the search (where the data fired, the
+    /// step it fired at: the steps before it trained).
     pub steps: usize,
     /// The data's scale: the largest magnitude in the searched batch;
     /// perturbations are multiples of it.
@@ -218,12 +219,27 @@ impl RiskReport {
         }
     }
 
+    /// The training before the search, in words: its steps, or the step
+    /// at which the data fired (the search then starts before it).
+    fn training(&self) -> String {
+        let fired = self.stages.iter().find_map(|s| match s.status {
+            RiskStatus::FiredOnData { step, .. } => Some(step),
+            _ => None,
+        });
+        match fired {
+            Some(step) => format!(
+                "training fired on the data at step {step}, searched from the state before it"
+            ),
+            None => format!("{} training steps", self.steps),
+        }
+    }
+
     pub fn to_markdown(&self) -> String {
         let mut out = format!(
-            "# Risk report: {}\n\nData: {}; {} training steps; {}; {} evaluations.\n\n",
+            "# Risk report: {}\n\nData: {}; {}; {}; {} evaluations.\n\n",
             self.model,
             self.dataset,
-            self.steps,
+            self.training(),
             self.searched(),
             self.evaluations
         );
@@ -283,10 +299,10 @@ impl RiskReport {
             rows.push_str("</tr>\n");
         }
         format!(
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {steps} training steps; {searched}; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table>\n<p>{free}</p></body></html>\n",
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>Risk report: {model}</title>\n<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}table{{border-collapse:collapse;width:100%;table-layout:auto}}td,th{{border:1px solid #ccc;padding:4px 6px;text-align:left;word-break:break-word}}</style></head>\n<body><h1>Risk report: {model}</h1>\n<p>Data: {data}; {training}; {searched}; {evals} evaluations.</p>\n<table><tr><th>stage</th><th>op: risk</th><th>margin in training (decades)</th><th>found</th><th>reproducer</th></tr>\n{rows}</table>\n<p>{free}</p></body></html>\n",
             model = esc(&self.model),
             data = esc(&self.dataset),
-            steps = self.steps,
+            training = esc(&self.training()),
             searched = esc(&self.searched()),
             evals = self.evaluations,
             free = esc(&self.unsafe_free_line().unwrap_or_else(|| {

@@ -466,3 +466,75 @@ fn a_trigger_whose_rows_cannot_be_shrunk_is_kept_with_a_reproducer_that_replays(
     assert!(replayed.reproduced(), "{}", replayed.message);
     assert!(trigger.unreproducible.is_none());
 }
+
+// A sum past f32's range, made by the data itself at step 0, at an op
+// with no unsafe domain of its own.
+#[nanhunt::instrument]
+fn overflowing_sum(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let y = ((h * 1e37)? + 3e38)?; // BUG: overflowing_sum
+    n.fc2.forward(&y.relu()?)
+}
+
+#[test]
+fn a_hunt_whose_data_fires_at_once_says_so_and_lists_the_op_once() {
+    let case = hunt_case("overflowing_sum");
+    let (report, _out) = hunted(&case, &net(MLP, overflowing_sum), &RunOptions::default());
+    let md = report.to_markdown();
+    assert!(
+        md.contains("training fired on the data at step 0, searched from the state before it"),
+        "{md}"
+    );
+    assert!(!md.contains("0 training steps"), "{md}");
+    let line = marked_line(FILE, "overflowing_sum").unwrap();
+    let rows: Vec<_> = report
+        .stages
+        .iter()
+        .filter(|s| s.site.as_ref().is_some_and(|x| x.line == line))
+        .collect();
+    assert!(
+        matches!(
+            rows.as_slice(),
+            [r] if matches!(r.status, RiskStatus::FiredOnData { step: 0, .. })
+        ),
+        "{md}"
+    );
+    // No stage is triggered by what the data fires, and the op in the
+    // table is not also counted as not searched.
+    assert!(report
+        .stages
+        .iter()
+        .all(|s| !matches!(s.status, RiskStatus::Triggered(_))));
+    assert_eq!(report.unsafe_free.get("add"), None, "{md}");
+}
+
+// A model with candle's own (unseeded) dropout before an exp.
+#[nanhunt::instrument]
+fn unseeded_dropout(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = candle_nn::ops::dropout(&n.fc1.forward(x)?, 0.5)?;
+    let e = h.exp()?; // BUG: unseeded_dropout
+    n.fc2.forward(&(e + 1.0)?.log()?)
+}
+
+/// Whatever the draws, the hunt of a model with unseeded dropout completes,
+/// and lists a reproducer only where one was written; one that is not is
+/// said why.
+#[test]
+fn a_hunt_with_unseeded_dropout_names_no_phantom_reproducer() {
+    let case = hunt_case("unseeded_dropout");
+    let (report, out) = hunted(&case, &net(MLP, unseeded_dropout), &RunOptions::default());
+    let md = report.to_markdown();
+    let mut triggers = 0;
+    for s in &report.stages {
+        let RiskStatus::Triggered(t) = &s.status else {
+            continue;
+        };
+        triggers += 1;
+        match (&t.reproducer, &t.unreproducible) {
+            (Some(dir), None) => assert!(out.join(dir).join("scene.json").is_file(), "{md}"),
+            (None, Some(why)) => assert!(why.contains("seeded::Dropout"), "{why}"),
+            other => panic!("{other:?}: {md}"),
+        }
+    }
+    assert!(triggers > 0, "{md}");
+}
