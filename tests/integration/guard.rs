@@ -28,6 +28,9 @@ enum Fault {
     Backward,
     /// A softmax without a backward pass between the layers.
     NoBackward,
+    /// Two overflowing sums subtracted in the loss: inf − inf, a NaN
+    /// with its sign bit set on x86.
+    InfMinusInf,
 }
 
 fn net(varmap: &VarMap) -> Net {
@@ -63,6 +66,10 @@ impl Net {
         let logits = nanhunt::trace("head", self.l2.forward(&h)?)?;
         // The gate's gradient is exactly zero: Adam with eps 0 divides 0 by 0.
         let logits = logits.broadcast_add(&(self.gate.broadcast_mul(&self.gate.zeros_like()?))?)?;
+        if fault == Fault::InfMinusInf {
+            let big = (logits * 1e3)?.exp()?.sum_all()?;
+            return big.clone() - big;
+        }
         if fault == Fault::Loss {
             let p = candle_nn::ops::softmax(&(logits * 1e4)?, 1)?;
             let picked = (p * y)?.sum(1)?;
@@ -384,6 +391,37 @@ fn a_healthy_loop_is_untouched_by_its_guard() {
         run(false),
         "the same bits with and without the guard"
     );
+}
+
+/// A loss that is inf − inf: the scene keeps the NaN as the step made it
+/// (its sign and payload), and the replay, which compares values, calls
+/// it reproduced and bit-identical.
+#[test]
+fn a_nan_loss_scene_replays_reproduced_and_bit_identical() {
+    let dir = scratch("guard-nan-loss").join("scene");
+    let f = finding_of(guarded(
+        2,
+        Fault::InfMinusInf,
+        None,
+        adam(1e-3),
+        Some(dir.clone()),
+    ));
+    assert_eq!((f.step, f.phase), (2, Phase::Loss), "{}", f.stage);
+    let text = std::fs::read_to_string(dir.join("scene.json")).unwrap();
+    let scene: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let last = scene["recent_losses"].as_array().unwrap().last().cloned();
+    let loss = f.trace.losses.last().copied().unwrap();
+    assert!(loss.is_nan());
+    let written = match loss.to_bits() == f64::NAN.to_bits() {
+        true => "NaN".to_string(),
+        false => format!("NaN:{:016x}", loss.to_bits()),
+    };
+    assert_eq!(last, Some(serde_json::Value::String(written)));
+    let varmap = VarMap::new();
+    let model = net(&varmap);
+    let r = nanhunt::guard::replay(&dir, &varmap, |b| model.loss(b, Fault::InfMinusInf)).unwrap();
+    assert!(r.reproduced(), "{}", r.message);
+    assert_eq!(r.bit_identical, Some(true), "{}", r.message);
 }
 
 #[test]

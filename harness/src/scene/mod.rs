@@ -45,9 +45,9 @@ pub struct Scene {
     /// The step's finding; `None` for a healthy step dumped on request.
     pub finding: Option<Finding>,
     /// The last (up to 20) losses, the step's own included when it computed one.
-    #[serde(with = "crate::floats::vec")]
+    #[serde(with = "crate::floats::exact")]
     pub recent_losses: Vec<f64>,
-    #[serde(with = "crate::floats::vec")]
+    #[serde(with = "crate::floats::exact")]
     pub grad_norms: Vec<f64>,
     /// The batch's tensors in order, with their statistics.
     pub batch: Vec<BatchPart>,
