@@ -41,6 +41,9 @@ pub struct Site {
     pub function: &'static str,
     /// What the op computes, from the method, function or operator.
     pub kind: OpKind,
+    /// The name its statement binds its result to (`let h = x.exp()?;`),
+    /// or empty.
+    pub binding: &'static str,
 }
 
 /// An operand an instrumented op read.

@@ -33,6 +33,8 @@ pub fn function(f: &mut ItemFn) {
         next: 0,
         places: Vec::new(),
         texts: Vec::new(),
+        bound: None,
+        binding: String::new(),
     };
     r.visit_block_mut(&mut f.block);
     let stmts = &f.block.stmts;
@@ -57,6 +59,13 @@ struct Rewriter {
     /// Of the op being rewritten, each operand's text as written
     /// (receiver first): what a repair of the op rewrites.
     texts: Vec<String>,
+    /// The expression a `let` binds to a name (compared by address: it is
+    /// rewritten in place), and the name.
+    bound: Option<(*const Expr, String)>,
+    /// Of the op being rewritten, the name its statement binds its result
+    /// to (`let h = x.exp()?;`), or empty: a repair elsewhere can name
+    /// what it made.
+    binding: String,
 }
 
 impl VisitMut for Rewriter {
@@ -73,6 +82,10 @@ impl VisitMut for Rewriter {
         // The op's text as written, and which operands are places, read
         // before the operands are rewritten.
         let text = op_kind(e).map(|_| tidy(&e.to_token_stream().to_string()));
+        let binding = match &self.bound {
+            Some((at, name)) if std::ptr::eq(*at, e) => name.clone(),
+            _ => String::new(),
+        };
         let places = operand_places(e);
         let texts = operand_texts(e);
         visit_mut::visit_expr_mut(self, e);
@@ -81,6 +94,7 @@ impl VisitMut for Rewriter {
         };
         self.places = places;
         self.texts = texts;
+        self.binding = binding;
         let rewritten = match e {
             Expr::MethodCall(m) => self.method(m, &text),
             Expr::Call(c) => self.call(c, &text),
@@ -90,6 +104,25 @@ impl VisitMut for Rewriter {
         if let Some(new) = rewritten {
             *e = new;
         }
+    }
+
+    // `let name = op?;`: the op's result is bound to `name`.
+    fn visit_local_mut(&mut self, l: &mut syn::Local) {
+        let name = match &l.pat {
+            syn::Pat::Ident(p) => Some(p.ident.to_string()),
+            syn::Pat::Type(t) => match &*t.pat {
+                syn::Pat::Ident(p) => Some(p.ident.to_string()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let target = match (&l.init, name) {
+            (Some(init), Some(name)) => Some((bound_op(&init.expr) as *const Expr, name)),
+            _ => None,
+        };
+        let outer = std::mem::replace(&mut self.bound, target);
+        visit_mut::visit_local_mut(self, l);
+        self.bound = outer;
     }
 
     // Nested items are compiled on their own (and may be const contexts).
@@ -224,6 +257,7 @@ impl Rewriter {
         let out = self.fresh("out");
         let site = format_ident!("__NH_SITE{}", self.next);
         let texts = &self.texts;
+        let binding = std::mem::take(&mut self.binding);
         let mut body = quote! {
             let __nh_in = [#(#looks),*];
             let #out = #call;
@@ -252,10 +286,21 @@ impl Rewriter {
                     op: #name,
                     function: #function,
                     kind: ::nanhunt::OpKind::#kind,
+                    binding: #binding,
                 };
                 #body
             }
         }
+    }
+}
+
+/// The expression whose value a `let` binds: `e` without its `?` and
+/// parentheses (`x.exp()?` binds what `x.exp()` made).
+fn bound_op(e: &Expr) -> &Expr {
+    match e {
+        Expr::Try(t) => bound_op(&t.expr),
+        Expr::Paren(p) => bound_op(&p.expr),
+        _ => e,
     }
 }
 

@@ -67,7 +67,8 @@ impl Net {
         // The gate's gradient is exactly zero: Adam with eps 0 divides 0 by 0.
         let logits = logits.broadcast_add(&(self.gate.broadcast_mul(&self.gate.zeros_like()?))?)?;
         if fault == Fault::InfMinusInf {
-            let big = (logits * 1e3)?.exp()?.sum_all()?;
+            // exp of at least 100 passes f32's range whatever the weights.
+            let big = ((logits.abs()? * 1e3)? + 100.0)?.exp()?.sum_all()?;
             return big.clone() - big;
         }
         if fault == Fault::Loss {

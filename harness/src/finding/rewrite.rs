@@ -41,6 +41,10 @@ pub enum RewriteForm {
     /// log(exp(x) + 1) → relu(x) + log(1 + exp(−|x|)): a softplus by hand
     /// whose exp overflows; `x` is what the exp at `from` read.
     Softplus,
+    /// log(1 − σ(z)) → −softplus(z): the log of one minus a sigmoid (candle's
+    /// or one by hand) taken from its logits `z`, what the op at `from`
+    /// read; 1 − σ(z) rounds to 0 for large `z`, −softplus(z) never does.
+    NegSoftplus,
     /// log(sum(exp(x))) → logsumexp(x) over the last dimension (the max
     /// subtracted inside); the log's expression is rewritten, `x` is what
     /// the exp at `from` read, and a keepdim sum's dimension is put back at
@@ -63,6 +67,11 @@ pub struct Rewrite {
     /// (the softmax a log is taken of).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<OpSite>,
+    /// What `from` read, as the rewritten line names it, where `from` is
+    /// in another function (its own operand's text is in that one's
+    /// scope): the name a `let` of the line's function bound it to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
 }
 
 impl Rewrite {
@@ -132,6 +141,15 @@ impl Rewrite {
                 let x = self.from.as_ref()?.operands.first()?;
                 bound(x, |x| {
                     format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)")
+                })
+            }
+            RewriteForm::NegSoftplus => {
+                let x = match &self.input {
+                    Some(name) => name,
+                    None => self.from.as_ref()?.operands.first()?,
+                };
+                bound(x, |x| {
+                    format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)?.neg()")
                 })
             }
             RewriteForm::LogSumExp { keepdim_at } => {
@@ -211,6 +229,9 @@ impl Rewrite {
                 format!("the values clamped into ±{} before the cast", lit(limit))
             }
             RewriteForm::Softplus => "a softplus that cannot overflow".into(),
+            RewriteForm::NegSoftplus => {
+                "log(1 − sigmoid(z)) as −softplus(z), which cannot round to log 0".into()
+            }
             RewriteForm::LogSumExp { .. } => "the log of a sum of exps as logsumexp".into(),
             RewriteForm::ClampedExp { cap } => format!("the exp's input capped at {}", lit(cap)),
             RewriteForm::FiniteOperands { limit } => {
@@ -416,6 +437,7 @@ mod tests {
             op: op.into(),
             function: "f".into(),
             kind,
+            binding: None,
         }
     }
 
@@ -432,6 +454,7 @@ mod tests {
             site: site.clone(),
             form,
             from: Some(softmax.clone()),
+            input: None,
         };
         assert_eq!(
             r(&log, RewriteForm::LogSoftmax).code().unwrap(),
@@ -447,6 +470,30 @@ mod tests {
             by_hand.code().unwrap(),
             "candle_nn::ops::log_softmax(&z, candle_core::D::Minus1)"
         );
+        // log(1 − σ(z)): −softplus of the sigmoid's operand, or of the
+        // name the log's function gave the logits.
+        let sigmoid = site(
+            "candle_nn::ops::sigmoid(&h)",
+            "sigmoid",
+            &["&h"],
+            OpKind::Sigmoid,
+        );
+        let one_minus = site("(1.0 - p)?.log()", "log", &["(1.0 - p)?"], OpKind::Log);
+        let neg_softplus = Rewrite {
+            site: one_minus.clone(),
+            form: RewriteForm::NegSoftplus,
+            from: Some(sigmoid),
+            input: None,
+        };
+        assert_eq!(
+            neg_softplus.code().unwrap(),
+            "((h.abs()?.neg()?.exp()? + 1.0)?.log()? + h.relu()?)?.neg()"
+        );
+        let named = Rewrite {
+            input: Some("logits".into()),
+            ..neg_softplus
+        };
+        assert!(named.code().unwrap().starts_with("((logits.abs()?"));
         let gate = site("(1.0 - p)?.log()", "log", &["(1.0 - p)?"], OpKind::Log);
         assert_eq!(
             r(&gate, RewriteForm::OperandFloor { floor: 1e-8 })
@@ -522,6 +569,7 @@ mod tests {
             site: s,
             form: RewriteForm::OperandPlusEps { eps: 1e-8 },
             from: None,
+            input: None,
         }
         .diff()
         .unwrap();

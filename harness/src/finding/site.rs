@@ -22,6 +22,10 @@ pub struct OpSite {
     /// The function it is in, with its type for a method (`Net::forward`).
     pub function: String,
     pub kind: OpKind,
+    /// The name its statement binds its result to (`let h = x.exp()?;`):
+    /// what a rewrite elsewhere in the function calls it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<String>,
 }
 
 impl OpSite {
@@ -40,6 +44,9 @@ impl OpSite {
                 None => site.function.to_string(),
             },
             kind: site.kind,
+            binding: Some(site.binding)
+                .filter(|b| !b.is_empty())
+                .map(str::to_string),
         }
     }
 
@@ -104,6 +111,7 @@ mod tests {
             operands: vec!["a.exp()?.sum_keepdim(D::Minus1)?".into()],
             op: "log".into(),
             function: "forward".into(),
+            binding: None,
             kind: OpKind::Log,
         };
         assert_eq!(s.short_text(15), "a.exp()…?.log()");

@@ -45,6 +45,10 @@ pub fn rewritten(
             let z = read()?;
             ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?
         }
+        RewriteForm::NegSoftplus => {
+            let z = read()?;
+            ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?.neg()?
+        }
         RewriteForm::LogSumExp { keepdim_at } => {
             let lse = read()?.log_sum_exp(D::Minus1)?;
             match keepdim_at {

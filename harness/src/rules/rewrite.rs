@@ -13,10 +13,11 @@
 //! be written from the operands' text), the explanation's repair in words
 //! stands alone.
 
-use super::walk::Cx;
+use super::walk::{Arg, Cx};
 use crate::error::Result;
 use crate::finding::{is_place, Explanation, OpKind, Pattern, Rewrite, RewriteForm};
 use crate::intervention::substitute::{eps, exp_cap, mask_fill, norm_eps};
+use crate::models::graph::Read;
 
 /// The rewrite of op `i` that `e` explains, if one fits.
 pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
@@ -34,7 +35,10 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
             F::LogSoftmax
         }
         (K::Log, P::ZeroTimesLogOfZero | P::LogOfZero) => moved(site, eps(dtype)),
-        (K::Log, P::SaturatedGate) => F::OperandFloor { floor: eps(dtype) },
+        (K::Log, P::SaturatedGate) => match neg_softplus(cx, i)? {
+            Some(rewrite) => return Ok(Some(rewrite)),
+            None => F::OperandFloor { floor: eps(dtype) },
+        },
         (K::Sqrt | K::Pow, P::InfiniteSlopeAtZero | P::RootOfReducedZero) => {
             moved(site, norm_eps(dtype))
         }
@@ -49,6 +53,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                     site: cx.site(log).cloned().unwrap_or_else(|| site.clone()),
                     form: F::LogSoftmax,
                     from: Some(site.clone()),
+                    input: None,
                 };
                 return Ok(rewrite.code().is_some().then_some(rewrite));
             }
@@ -69,6 +74,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                         cap: exp_cap(dtype),
                     },
                     from: None,
+                    input: None,
                 };
                 return Ok(rewrite.code().is_some().then_some(rewrite));
             };
@@ -76,6 +82,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                 site: cx.site(log).cloned().unwrap_or_else(|| site.clone()),
                 form,
                 from: Some(site.clone()),
+                input: None,
             };
             return Ok(rewrite.code().is_some().then_some(rewrite));
         }
@@ -100,6 +107,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
         site: site.clone(),
         form,
         from,
+        input: None,
     };
     Ok(rewrite.code().is_some().then_some(rewrite))
 }
@@ -134,6 +142,109 @@ fn softmax_read(cx: &Cx, i: usize) -> Result<Option<usize>> {
         _ => false,
     };
     Ok((last_dim && s.function == at.function).then_some(j))
+}
+
+/// log op `i` of 1 − σ(z) rewritten as −softplus(z), where the sigmoid is
+/// candle's or one by hand, 1 / (1 + exp(−z)), and `z` has a name in the
+/// log's function: the sigmoid's operand where it is in that function,
+/// otherwise the name a `let` there bound it to (and nothing rebound since).
+fn neg_softplus(cx: &Cx, i: usize) -> Result<Option<Rewrite>> {
+    let Some(at) = cx.site(i) else {
+        return Ok(None);
+    };
+    let Some(one_minus) = cx.reads(i).first().copied() else {
+        return Ok(None);
+    };
+    let Some((j, _)) = cx.maker_through_views(&one_minus)? else {
+        return Ok(None);
+    };
+    let is_one_minus = match cx.site(j).map(|s| s.op.as_str()) {
+        Some("affine") => cx.g.scalars(j) == [-1.0, 1.0],
+        Some("-") => matches!(cx.args(j).first(), Some(Arg::Scalar(v)) if *v == 1.0),
+        _ => false,
+    };
+    let Some(gate) = cx.reads(j).first().copied().filter(|_| is_one_minus) else {
+        return Ok(None);
+    };
+    let Some((from, z)) = sigmoid_logits(cx, &gate)? else {
+        return Ok(None);
+    };
+    let Some(from_site) = cx.site(from) else {
+        return Ok(None);
+    };
+    let input = match from_site.function == at.function {
+        true => None,
+        false => match bound_name(cx, &z, i)? {
+            Some(name) => Some(name),
+            None => return Ok(None),
+        },
+    };
+    let rewrite = Rewrite {
+        site: at.clone(),
+        form: RewriteForm::NegSoftplus,
+        from: Some(from_site.clone()),
+        input,
+    };
+    Ok(rewrite.code().is_some().then_some(rewrite))
+}
+
+/// The op whose first read is a sigmoid's logits, and those logits, where
+/// `gate` is a sigmoid: candle's (the op itself), or 1 / (1 + exp(−z)) by
+/// hand (the negation).
+fn sigmoid_logits<'r>(cx: &Cx<'_, 'r>, gate: &Read<'r>) -> Result<Option<(usize, Read<'r>)>> {
+    let Some((k, kind)) = cx.maker_through_views(gate)? else {
+        return Ok(None);
+    };
+    if kind == OpKind::Sigmoid {
+        return Ok(cx.reads(k).first().map(|z| (k, *z)));
+    }
+    let recip = cx.site(k).is_some_and(|s| s.op == "recip");
+    let one_over = cx.site(k).is_some_and(|s| s.op == "/")
+        && matches!(cx.args(k).first(), Some(Arg::Scalar(v)) if *v == 1.0);
+    if !(recip || one_over) {
+        return Ok(None);
+    }
+    // What the division reads: 1 + exp(−z), through to the negation.
+    let mut at = cx.reads(k).last().copied();
+    let mut chain = Vec::new();
+    for want in [OpKind::Add, OpKind::Exp, OpKind::Neg] {
+        let Some(r) = at else {
+            return Ok(None);
+        };
+        let Some((m, kind)) = cx.maker_through_views(&r)? else {
+            return Ok(None);
+        };
+        let plus_one = want != OpKind::Add || cx.g.scalars(m) == [1.0];
+        if kind != want || !plus_one {
+            return Ok(None);
+        }
+        chain.push(m);
+        at = cx.reads(m).first().copied();
+    }
+    Ok(at.map(|z| (chain[2], z)))
+}
+
+/// The name a `let` in op `i`'s function bound the tensor `z` to, where
+/// nothing in that function bound the name again before op `i`.
+fn bound_name(cx: &Cx, z: &Read, i: usize) -> Result<Option<String>> {
+    let Some(function) = cx.site(i).map(|s| &s.function) else {
+        return Ok(None);
+    };
+    let Some(m) = cx.maker(z)? else {
+        return Ok(None);
+    };
+    let Some(name) = cx
+        .site(m)
+        .filter(|s| &s.function == function)
+        .and_then(|s| s.binding.clone())
+    else {
+        return Ok(None);
+    };
+    let rebound = (m + 1..i).any(|r| {
+        cx.site(r)
+            .is_some_and(|s| &s.function == function && s.binding.as_ref() == Some(&name))
+    });
+    Ok((!rebound).then_some(name))
 }
 
 /// The log op, in the same function, of exp op `i`'s output divided by

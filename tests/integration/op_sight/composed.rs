@@ -369,6 +369,36 @@ fn max_softmax_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     max_softmax(n, x, -1e9)
 }
 
+/// 1 / (1 + exp(−z)), by hand, in a function of its own.
+#[nanhunt::instrument]
+fn sigmoid_by_hand(z: &Tensor) -> candle_core::Result<Tensor> {
+    (z.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// log(1 + exp(−|z|)) + relu(z): the softplus that cannot overflow.
+#[nanhunt::instrument]
+fn softplus(z: &Tensor) -> candle_core::Result<Tensor> {
+    (z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?
+}
+
+// 18. Gates' log-probability of "off", log(1 − σ(h)), with the sigmoid by
+// hand in a function of its own, on logits that reach 20: σ rounds to 1
+// in f32, and the log of 1 − 1 is −inf.
+#[nanhunt::instrument]
+fn gate_off(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = (n.fc1.forward(x)? * 8.0)?;
+    let p = sigmoid_by_hand(&h)?;
+    let off = (1.0 - p)?.log()?; // BUG: gate_off
+    n.fc2.forward(&(off / 8.0)?)
+}
+
+#[nanhunt::instrument]
+fn gate_off_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = (n.fc1.forward(x)? * 8.0)?;
+    let off = softplus(&h)?.neg()?; // FIX: gate_off
+    n.fc2.forward(&(off / 8.0)?)
+}
+
 // Where a bug's fix by hand is not at its line (another constant given
 // to its function, a computation moved to f32), its code as diagnose's
 // rewrite edits it, line for line (`// REWRITE: <marker>`): it must
@@ -447,6 +477,16 @@ fn std_of_var_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     let h = h.broadcast_mul(&Tensor::new(keep, x.device())?)?;
     let std = ((h.var_keepdim(0)? + eps)? + 1e-5)?.sqrt()?; // REWRITE: std_of_var
     n.fc2.forward(&h.broadcast_div(&(std + 1e-3)?)?)
+}
+
+#[nanhunt::instrument]
+#[rustfmt::skip]
+#[allow(unused_variables)]
+fn gate_off_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = (n.fc1.forward(x)? * 8.0)?;
+    let p = sigmoid_by_hand(&h)?;
+    let off = ((h.abs()?.neg()?.exp()? + 1.0)?.log()? + h.relu()?)?.neg()?; // REWRITE: gate_off
+    n.fc2.forward(&(off / 8.0)?)
 }
 
 #[nanhunt::instrument]
@@ -735,6 +775,17 @@ fn suite() -> Vec<Bug> {
                 ),
             )
         },
+        bug(
+            vector("gate_off"),
+            (gate_off, gate_off_fixed),
+            want(
+                F,
+                K::Log,
+                "gate_off",
+                P::SaturatedGate,
+                "a sigmoid that rounds to exactly 1",
+            ),
+        ),
     ];
     for b in &mut bugs {
         b.rewritten = rewritten(b.want.marker);
@@ -761,6 +812,7 @@ fn rewritten(marker: &str) -> Option<Written> {
         "cosine" => cosine_rewritten,
         "std_of_var" => std_of_var_rewritten,
         "max_softmax" => max_softmax_rewritten,
+        "gate_off" => gate_off_rewritten,
         _ => return None,
     };
     Some(Written::Model(f))
@@ -980,8 +1032,43 @@ fn composed_bugs_are_repaired_by_a_rewrite_of_their_line_that_trains_and_the_lat
         .iter()
         .filter(|b| !NOT_ONE_REWRITE.contains(&b.want.marker))
         .collect();
-    assert!(repairable.len() >= 16, "{}", repairable.len());
+    assert!(repairable.len() >= 17, "{}", repairable.len());
     assert!(repairable.iter().filter(|b| b.latent).count() >= 4);
     let failures: Vec<String> = repairable.iter().filter_map(|b| misrepaired(b)).collect();
     all_hold("composed bugs' repairs", repairable.len(), failures);
+}
+
+// gate_off with its logits' name bound again between the sigmoid and the
+// log: `h` no longer names the logits at the log's line.
+#[nanhunt::instrument]
+fn gate_off_rebound(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = (n.fc1.forward(x)? * 8.0)?;
+    let p = sigmoid_by_hand(&h)?;
+    let h = (h / 8.0)?;
+    let off = (1.0 - p)?.log()?; // BUG: gate_off_rebound
+    n.fc2.forward(&(off + h)?)
+}
+
+/// −softplus(z) is written with the name a `let` gave the logits only
+/// while that name still holds them; otherwise the log's input is floored.
+#[test]
+fn a_rewrite_never_names_a_variable_bound_again_since() {
+    let d = nanhunt::diagnose::diagnose(
+        &vector("gate_off_rebound"),
+        &net(MLP, gate_off_rebound),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let top = &d.causes[0];
+    assert_eq!(top.kind, CauseKind::CodeBug, "{:?}", d.causes);
+    let line = marked_line(FILE, "gate_off_rebound").unwrap();
+    let diff = top.fixes[0]
+        .diffs
+        .iter()
+        .find(|d| d.line == line)
+        .unwrap_or_else(|| panic!("{:?}", top.fixes[0]));
+    assert!(
+        diff.after.contains("(1.0 - p)?.maximum(1e-8)?.log()?") && !diff.after.contains("relu"),
+        "{diff}"
+    );
 }
