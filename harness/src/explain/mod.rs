@@ -106,21 +106,11 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
     let log_like = op.is_some_and(|o| matches!(o.kind, OpKind::Log | OpKind::Loss));
     let read_elementwise = read
         .filter(|t| t.dims() == r.output.dims() && !x.is_empty() && !(log_like && inner.is_some()));
-    if let Some(read) = read_elementwise {
-        let width = (*read.dims().last().unwrap_or(&1)).max(1);
-        // A row-wise op's NaN is not an element's: a softmax over finite
-        // scores that happen to be negative did not take their log.
-        let row_wise = op
-            .is_some_and(|o| matches!(o.kind, OpKind::Softmax | OpKind::LogSoftmax | OpKind::Norm));
-        let found = by_values(&x, &out, width, limit)
-            .filter(|(p, _)| !row_wise || matches!(p, Pattern::MaskedRow | Pattern::ZeroNormRow));
-        if let Some((pattern, n)) = found {
-            e.pattern = pattern;
-            e.count = n;
-            from_values = true;
-        }
+    if let Some((pattern, n)) = read_elementwise.and_then(|t| of_values(op, &x, t, &out, limit)) {
+        e.pattern = pattern;
+        e.count = n;
+        from_values = true;
     }
-    let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
     let mut quote = None;
     if let (Pattern::Unexplained, Some(found)) = (e.pattern, inner) {
         e.pattern = found.pattern;
@@ -129,21 +119,7 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         quote = Some(found.quote);
     }
     if e.pattern == Pattern::Unexplained {
-        // The values cannot tell (the record before is not what the op
-        // read, a log applied to a softmax inside the stage): the op's kind does.
-        let by_rule = |op: crate::finding::StageOp| {
-            crate::rules::rule(op.kind).and_then(|r| r.stage_pattern(op.kind, &out))
-        };
-        if let Some(p) = op.and_then(by_rule) {
-            e.pattern = p;
-            e.by_name = op.is_some_and(|op| op.guessed());
-        } else if overflowed
-            && x.iter().all(|v| v.is_finite())
-            && op.is_none_or(|op| op.kind.accumulates())
-        {
-            e.pattern = Pattern::AccumulationOverflow;
-            e.count = out.iter().filter(|v| v.is_infinite()).count();
-        }
+        of_kind(&mut e, op, &x, &out);
     }
     // The tracer substitutes at records: the stage must read one.
     let reads: Vec<&Record> = records[..i].iter().rev().take(2).collect();
@@ -166,6 +142,44 @@ fn stage(records: &[Record], i: usize, inputs: &[&Tensor]) -> Result<Explanation
         e.sentence = e.sentence.replace(QUOTE, &q);
     }
     Ok(e)
+}
+
+/// The element- or row-wise pattern of `out` against `x`, what the op
+/// read, of the output's shape (rows of its last dimension).
+fn of_values(
+    op: Option<crate::finding::StageOp>,
+    x: &[f64],
+    read: &Tensor,
+    out: &[f64],
+    limit: f64,
+) -> Option<(Pattern, usize)> {
+    let width = (*read.dims().last().unwrap_or(&1)).max(1);
+    // A row-wise op's NaN is not an element's: a softmax over finite
+    // scores that happen to be negative did not take their log.
+    let row_wise =
+        op.is_some_and(|o| matches!(o.kind, OpKind::Softmax | OpKind::LogSoftmax | OpKind::Norm));
+    by_values(x, out, width, limit)
+        .filter(|(p, _)| !row_wise || matches!(p, Pattern::MaskedRow | Pattern::ZeroNormRow))
+}
+
+/// Where the values cannot tell (the record before is not what the op
+/// read, a log applied to a softmax inside the stage): the op's kind's
+/// pattern, or a sum past the range of finite inputs.
+fn of_kind(e: &mut Explanation, op: Option<crate::finding::StageOp>, x: &[f64], out: &[f64]) {
+    let by_rule = |op: crate::finding::StageOp| {
+        crate::rules::rule(op.kind).and_then(|r| r.stage_pattern(op.kind, out))
+    };
+    let overflowed = out.iter().any(|v| v.is_infinite()) && !out.iter().any(|v| v.is_nan());
+    if let Some(p) = op.and_then(by_rule) {
+        e.pattern = p;
+        e.by_name = op.is_some_and(|op| op.guessed());
+    } else if overflowed
+        && x.iter().all(|v| v.is_finite())
+        && op.is_none_or(|op| op.kind.accumulates())
+    {
+        e.pattern = Pattern::AccumulationOverflow;
+        e.count = out.iter().filter(|v| v.is_infinite()).count();
+    }
 }
 
 /// Where a composition's sentence takes its numbers.
@@ -340,17 +354,74 @@ fn counted(n: usize, what: &str) -> String {
 /// it), whose values the sentence then quotes; else from its op's kind, on a
 /// value the stage computes inside.
 fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, read: bool) {
-    let s = &e.stage;
     let n = e.count;
-    let (vals, rows) = (counted(n, "value"), counted(n, "row"));
-    let input = e
-        .input
-        .as_deref()
-        .map_or(String::from("the model's input"), |i| {
-            format!("its input `{i}`")
-        });
-    let dt = format!("{dtype:?}").to_lowercase();
-    let (sentence, repair) = match e.pattern {
+    let w = Words {
+        s: &e.stage,
+        n,
+        vals: counted(n, "value"),
+        rows: counted(n, "row"),
+        input: e
+            .input
+            .as_deref()
+            .map_or(String::from("the model's input"), |i| {
+                format!("its input `{i}`")
+            }),
+        input_name: e.input.as_deref().unwrap_or("its input"),
+        dt: format!("{dtype:?}").to_lowercase(),
+        dtype,
+        limit,
+        x_max,
+        read,
+    };
+    let (sentence, repair) =
+        value_words(e.pattern, &w).unwrap_or_else(|| composed_words(e.pattern, &w));
+    let s = w.s;
+    e.sentence = if e.by_name {
+        format!("{sentence} (what `{s}` computes was read from its name; declare it with `record_as` or `trace_as`)")
+    } else {
+        sentence
+    };
+    e.repair = repair;
+}
+
+/// What [`describe`] words a pattern with.
+struct Words<'a> {
+    /// The stage.
+    s: &'a str,
+    /// How many values the pattern accounts for, and in words.
+    n: usize,
+    vals: String,
+    rows: String,
+    /// What the stage read, in words, and by its name alone.
+    input: String,
+    input_name: &'a str,
+    /// The dtype, and its name.
+    dt: String,
+    dtype: DType,
+    /// The dtype's largest value.
+    limit: f64,
+    /// The largest finite value read, where it accounts for the pattern.
+    x_max: Option<f64>,
+    /// The pattern was read from the values the stage read.
+    read: bool,
+}
+
+/// The sentence and the repair of a pattern the values show (a log, a
+/// root, a division, an exp, a sum past the range); `None` for the others.
+fn value_words(pattern: Pattern, w: &Words) -> Option<(String, String)> {
+    let Words {
+        s,
+        vals,
+        rows,
+        input,
+        dt,
+        limit,
+        x_max,
+        read,
+        ..
+    } = w;
+    let (s, limit, x_max, read) = (*s, *limit, *x_max, *read);
+    Some(match pattern {
         Pattern::LogOfZero if !read => (
             format!("`{s}` takes a log that is -inf at {vals}: what it takes the log of, computed inside the stage, is exactly 0 there: log(0) = -inf"),
             "compute it in log space (log_softmax instead of log(softmax), -softplus(x) instead of log(1 - sigmoid(x))), or clamp what the log reads to at least an eps".to_string(),
@@ -407,10 +478,30 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
             ),
             "scale before accumulating (q·k / sqrt(d) for attention scores, a mean instead of a sum), or accumulate in f32".to_string(),
         ),
+        _ => return None,
+    })
+}
+
+/// The sentence and the repair of a composition's pattern, a backward
+/// pass's or an op's (and of a failure no pattern explains).
+fn composed_words(pattern: Pattern, w: &Words) -> (String, String) {
+    let Words {
+        s,
+        n,
+        vals,
+        rows,
+        input,
+        dt,
+        dtype,
+        limit,
+        ..
+    } = w;
+    let (s, n, limit, dtype) = (*s, *n, *limit, *dtype);
+    match pattern {
         Pattern::InfiniteSlopeAtZero => (
             format!(
                 "the backward pass of `{s}` takes the derivative of a square root (or a power below 1) at exactly 0: {vals} of its output are 0 where the gradient it passes back to `{}` is not finite",
-                e.input.as_deref().unwrap_or("its input")
+                w.input_name
             ),
             "sqrt(x + eps) instead of sqrt(x), or clamp x to at least an eps before the root".to_string(),
         ),
@@ -449,7 +540,7 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
         Pattern::RootOfReducedZero => (
             format!(
                 "the backward pass of `{s}` takes the derivative of a root of a sum of squares at exactly 0 (sqrt(a² + b²) at the origin): {rows} of `{}` are all zeros, and the gradient there is 0/0",
-                e.input.as_deref().unwrap_or("its input")
+                w.input_name
             ),
             "sqrt(sum(x²) + eps) instead of sqrt(sum(x²))".to_string(),
         ),
@@ -474,17 +565,12 @@ fn describe(e: &mut Explanation, dtype: DType, limit: f64, x_max: Option<f64>, r
             format!("`{s}` casts values past {dt}'s range in {vals}: ±inf"),
             "keep the value inside the dtype's range before the cast".to_string(),
         ),
-        Pattern::Unexplained => (
+        // Unexplained, and none other reaches here: `value_words` words them.
+        _ => (
             format!("`{s}` makes {} from finite inputs, by none of the known patterns", counted(n, "non-finite value")),
             "keep the stage's inputs in its op's safe domain".to_string(),
         ),
-    };
-    e.sentence = if e.by_name {
-        format!("{sentence} (what `{s}` computes was read from its name; declare it with `record_as` or `trace_as`)")
-    } else {
-        sentence
-    };
-    e.repair = repair;
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,39 @@ pub(super) fn choose(
     let Some(x) = reads.first().map(|r| &r.output) else {
         return Ok(None);
     };
+    let candidates = candidates(pattern, from_values, x, out)?;
+    for (s, at) in candidates {
+        // The logits two records back, recomputing the record before.
+        let (read, replaced) = match at {
+            LOGITS => (reads.get(1), reads.first().copied()),
+            i => (reads.get(i), None),
+        };
+        let Some(read) = read else {
+            continue;
+        };
+        let made = replaced.map_or(out, |r| &r.output);
+        // Moving the input needs no fit (the pattern was read from it):
+        // `fits` has no naive form to check for it.
+        if fits(s, &read.output, made)? {
+            return Ok(Some(Formulation {
+                reads: read.name.clone(),
+                replaces: replaced.map(|r| r.name.clone()),
+                substitute: s,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The substitutes that fit `pattern`, each with which record before the
+/// stage it reads (0: the nearest; [`LOGITS`]: the logits two back), in
+/// the order they are tried; `x` is what the nearest record made.
+fn candidates(
+    pattern: Pattern,
+    from_values: bool,
+    x: &Tensor,
+    out: &Tensor,
+) -> Result<Vec<(Substitute, usize)>> {
     let dt = out.dtype();
     let e = eps(dt);
     // (the substitute, which of `reads` it reads); see `LOGITS` for the
@@ -35,7 +68,7 @@ pub(super) fn choose(
     let from_logits = Substitute::LogSpaceSoftmax {
         floor: log_space_floor(dt),
     };
-    let candidates: Vec<(Substitute, usize)> = match pattern {
+    Ok(match pattern {
         // A log of a softmax's zeros: log_softmax of the logits before it
         // where they fit, else the probabilities recomputed from them in
         // log space, else an eps on them.
@@ -91,27 +124,8 @@ pub(super) fn choose(
             )],
             None => Vec::new(),
         },
-        Pattern::ConstantNormalized => [Axis::Batch, Axis::Row]
-            .into_iter()
-            .flat_map(|axis| {
-                [false, true].map(|unbiased| {
-                    let s = Substitute::Standardize {
-                        axis,
-                        unbiased,
-                        eps: norm_eps(dt),
-                    };
-                    (s, 0)
-                })
-            })
-            .collect(),
-        // The factors themselves where they are on record, else an eps.
-        Pattern::ShiftedRatio => match super::inside::shifted_dim(x.dims(), out.dims()) {
-            Some(dim) => vec![
-                (Substitute::FactorOfCumprod { dim }, 1),
-                (Substitute::ShiftedRatioEps { dim, eps: e }, 0),
-            ],
-            None => Vec::new(),
-        },
+        Pattern::ConstantNormalized => standardized(dt),
+        Pattern::ShiftedRatio => factors(x, out, e),
         Pattern::InfiniteSlopeAtZero => [false, true]
             .map(|rectified| (Substitute::SqrtEps { eps: e, rectified }, 0))
             .to_vec(),
@@ -123,28 +137,36 @@ pub(super) fn choose(
             0,
         )],
         _ => Vec::new(),
-    };
-    for (s, at) in candidates {
-        // The logits two records back, recomputing the record before.
-        let (read, replaced) = match at {
-            LOGITS => (reads.get(1), reads.first().copied()),
-            i => (reads.get(i), None),
-        };
-        let Some(read) = read else {
-            continue;
-        };
-        let made = replaced.map_or(out, |r| &r.output);
-        // Moving the input needs no fit (the pattern was read from it):
-        // `fits` has no naive form to check for it.
-        if fits(s, &read.output, made)? {
-            return Ok(Some(Formulation {
-                reads: read.name.clone(),
-                replaces: replaced.map(|r| r.name.clone()),
-                substitute: s,
-            }));
-        }
+    })
+}
+
+/// (x − mean) / sqrt(var + eps) over the batch or the row, biased or not.
+fn standardized(dt: candle_core::DType) -> Vec<(Substitute, usize)> {
+    [Axis::Batch, Axis::Row]
+        .into_iter()
+        .flat_map(|axis| {
+            [false, true].map(|unbiased| {
+                let s = Substitute::Standardize {
+                    axis,
+                    unbiased,
+                    eps: norm_eps(dt),
+                };
+                (s, 0)
+            })
+        })
+        .collect()
+}
+
+/// A ratio of a cumulative product to itself shifted: the factors where
+/// they are on record, else an eps.
+fn factors(x: &Tensor, out: &Tensor, e: f64) -> Vec<(Substitute, usize)> {
+    match super::inside::shifted_dim(x.dims(), out.dims()) {
+        Some(dim) => vec![
+            (Substitute::FactorOfCumprod { dim }, 1),
+            (Substitute::ShiftedRatioEps { dim, eps: e }, 0),
+        ],
+        None => Vec::new(),
     }
-    Ok(None)
 }
 
 /// A candidate that reads the logits two records back and recomputes the

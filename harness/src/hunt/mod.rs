@@ -163,92 +163,30 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         deadline: None,
         cut: false,
     };
-    let mut status: BTreeMap<String, RiskStatus> = BTreeMap::new();
-    // What each credited finding names (for a stage that was no target).
-    let mut owners: BTreeMap<String, Owner> = BTreeMap::new();
+    let mut credits = Credits::default();
     if let Some(f) = &fired {
-        owners.insert(fired_at(f).to_string(), Owner::of(f));
-        status.insert(
-            fired_at(f).to_string(),
-            RiskStatus::FiredOnData {
-                step: f.step,
-                signature: f.signature.slug(),
-            },
-        );
+        credits.fired_on_data(f);
     }
-    let targets = targets(&seen.risky, &status);
+    let targets = targets(&seen.risky, &credits.status);
     let bound = opts.bounds.last().copied().unwrap_or(0.0);
     for t in &targets {
-        if status.contains_key(&t.stage) {
+        if credits.status.contains_key(&t.stage) {
             continue;
         }
-        let not_searched = |why: &str| RiskStatus::NotSearched { why: why.into() };
         if end.is_some_and(|e| Instant::now() >= e) {
-            status.insert(t.stage.clone(), not_searched(BUDGET_SPENT));
+            credits.not_searched(t, BUDGET_SPENT);
             continue;
         }
         search.time_box(end, opts.stage_timeout);
-        let found = if tokens_in(&ground) {
-            match search.tokens(t, opts.token_swaps)? {
-                TokenSearch::Found(found) => Some(*found),
-                TokenSearch::NotFound => None,
-                TokenSearch::NoEmbedding => {
-                    let why = "no recorded stage holds rows of a trainable embedding table at the token ids";
-                    status.insert(t.stage.clone(), not_searched(why));
-                    None
-                }
-            }
-        } else if let Some(why) = t.rule.not_searched() {
-            status.insert(t.stage.clone(), not_searched(why));
-            None
-        } else {
-            search.input(t, &opts.bounds)?
-        };
-        let Some(mut found) = found else {
+        let Some(found) = search_target(&mut search, t, opts, &mut credits)? else {
             if search.cut {
-                status.insert(t.stage.clone(), not_searched(SEARCH_CUT));
+                credits.not_searched(t, SEARCH_CUT);
             }
             continue;
         };
-        // The data itself fires first: no perturbation is needed, and the
-        // finding is the data's, not this target's.
-        if fired
-            .as_ref()
-            .is_some_and(|f| f.signature == found.finding.signature)
-        {
-            let why = format!(
-                "the training data fires `{}` at this step before any perturbation",
-                fired.as_ref().map_or("", |f| fired_at(f))
-            );
-            status.insert(t.stage.clone(), RiskStatus::NotSearched { why });
-            continue;
-        }
-        // Credited to the op whose finding it is, whichever was searched.
-        let at = fired_at(&found.finding).to_string();
-        // A stage keeps its first status; a trigger without a reproducer
-        // may be replaced by one with. Its directory is the same (the
-        // signature's): writing it again would undo the first.
-        let open = match status.get(&at) {
-            None => true,
-            Some(RiskStatus::Triggered(t)) => t.reproducer.is_none(),
-            Some(_) => false,
-        };
-        if open {
-            search::minimize_rows(&ground, &mut found)?;
-            let trigger = input_trigger(&ground, &found, opts.out.as_deref())?;
-            let better = !matches!(&trigger, RiskStatus::Triggered(t) if t.reproducer.is_none())
-                || !status.contains_key(&at);
-            if better {
-                status.insert(at.clone(), trigger);
-            }
-        }
-        owners
-            .entry(at.clone())
-            .or_insert_with(|| Owner::of(&found.finding));
-        if at != t.stage && !status.contains_key(&t.stage) {
-            status.insert(t.stage.clone(), RiskStatus::FiredElsewhere { first: at });
-        }
+        credits.found(&ground, found, t, fired.as_ref(), opts.out.as_deref())?;
     }
+    let Credits { mut status, owners } = credits;
     if end.is_none_or(|e| Instant::now() < e) {
         drift(case, &ground, opts, &targets, &mut status)?;
     }
@@ -270,6 +208,113 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
         evaluations: search.evaluations,
     }
     .rounded())
+}
+
+/// What the hunt credits to each stage, and what each credited finding
+/// names (for a stage that was no target).
+#[derive(Default)]
+struct Credits {
+    status: BTreeMap<String, RiskStatus>,
+    owners: BTreeMap<String, Owner>,
+}
+
+impl Credits {
+    /// The data itself failed at `f`'s stage.
+    fn fired_on_data(&mut self, f: &Finding) {
+        let at = fired_at(f).to_string();
+        self.owners.insert(at.clone(), Owner::of(f));
+        self.status.insert(
+            at,
+            RiskStatus::FiredOnData {
+                step: f.step,
+                signature: f.signature.slug(),
+            },
+        );
+    }
+
+    fn not_searched(&mut self, t: &Target, why: &str) {
+        let why = why.to_string();
+        self.status
+            .insert(t.stage.clone(), RiskStatus::NotSearched { why });
+    }
+
+    /// A trigger found while searching `t`, credited to the op whose
+    /// finding it is, whichever was searched; its reproducer written under
+    /// `out`.
+    fn found(
+        &mut self,
+        ground: &Ground,
+        mut found: Found,
+        t: &Target,
+        fired: Option<&Finding>,
+        out: Option<&Path>,
+    ) -> Result<()> {
+        // The data itself fires first: no perturbation is needed, and the
+        // finding is the data's, not this target's.
+        if let Some(f) = fired.filter(|f| f.signature == found.finding.signature) {
+            let why = format!(
+                "the training data fires `{}` at this step before any perturbation",
+                fired_at(f)
+            );
+            self.not_searched(t, &why);
+            return Ok(());
+        }
+        let at = fired_at(&found.finding).to_string();
+        // A stage keeps its first status; a trigger without a reproducer
+        // may be replaced by one with. Its directory is the same (the
+        // signature's): writing it again would undo the first.
+        let open = match self.status.get(&at) {
+            None => true,
+            Some(RiskStatus::Triggered(t)) => t.reproducer.is_none(),
+            Some(_) => false,
+        };
+        if open {
+            search::minimize_rows(ground, &mut found)?;
+            let trigger = input_trigger(ground, &found, out)?;
+            let better = !matches!(&trigger, RiskStatus::Triggered(t) if t.reproducer.is_none())
+                || !self.status.contains_key(&at);
+            if better {
+                self.status.insert(at.clone(), trigger);
+            }
+        }
+        self.owners
+            .entry(at.clone())
+            .or_insert_with(|| Owner::of(&found.finding));
+        if at != t.stage && !self.status.contains_key(&t.stage) {
+            self.status
+                .insert(t.stage.clone(), RiskStatus::FiredElsewhere { first: at });
+        }
+        Ok(())
+    }
+}
+
+/// The search of target `t`: by token swaps for a model that reads token
+/// ids, else by perturbations of the inputs; a target its kind cannot
+/// search is credited "not searched" with why.
+fn search_target(
+    search: &mut Search,
+    t: &Target,
+    opts: &HuntOptions,
+    credits: &mut Credits,
+) -> Result<Option<Found>> {
+    if tokens_in(search.ground) {
+        return Ok(match search.tokens(t, opts.token_swaps)? {
+            TokenSearch::Found(found) => Some(*found),
+            TokenSearch::NotFound => None,
+            TokenSearch::NoEmbedding => {
+                credits.not_searched(
+                    t,
+                    "no recorded stage holds rows of a trainable embedding table at the token ids",
+                );
+                None
+            }
+        });
+    }
+    if let Some(why) = t.rule.not_searched() {
+        credits.not_searched(t, why);
+        return Ok(None);
+    }
+    search.input(t, &opts.bounds)
 }
 
 /// Why a stage the budget left no time for was not searched.
