@@ -21,8 +21,8 @@
 //! - `op_sight`: bugs named at their op and line, explained, repaired by a rewrite that trains.
 //! - `planted`: one planted fault per phase; the producer must be named.
 //! - `randomness`: replay of a model that draws random numbers says so.
-//! - `readme`: the README's Rust blocks, compiled, and checked against the README.
-//! - `readme_commands`: the README's shell commands, run as written.
+//! - `readme`: the Rust blocks of the README and the reference pages, compiled, and checked against them.
+//! - `readme_commands`: the shell commands of the README and the reference pages, run as written.
 //! - `real_models`: candle-transformers' BERT, Llama and ViT as published.
 //! - `repairs`: planted bugs in users' code, each beside its developer's fix: the repair learns like it.
 //! - `report`: deterministic reports, snapshots in snapshots/, self-contained HTML.

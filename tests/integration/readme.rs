@@ -1,9 +1,10 @@
-//! The README's Rust, compiled: every ```rust block of README.md appears
-//! here verbatim between `// readme:begin` and `// readme:end`, inside a
+//! The README's Rust, compiled: every ```rust block of README.md and of the
+//! reference pages under `docs/` (`support::USER_PAGES`) appears here
+//! verbatim between `// readme:begin` and `// readme:end`, inside a
 //! function that gives it what it needs, so a change of the public API that
-//! breaks the code users copy from the README breaks this build; and a test
-//! checks that the README's blocks and this file's still agree. (The
-//! examples in `harness/examples/` are built by `cargo test` too.)
+//! breaks the code users copy from the pages breaks this build; and a test
+//! checks that the pages' blocks and this file's still agree, each once.
+//! (The examples in `harness/examples/` are built by `cargo test` too.)
 
 #![allow(dead_code, unused_variables, clippy::all)]
 
@@ -67,27 +68,35 @@ fn compiled_blocks(text: &str) -> Vec<String> {
 
 #[test]
 fn every_rust_block_of_the_readme_is_compiled_here() {
-    let readme = std::fs::read_to_string(crate::support::root().join("README.md")).unwrap();
+    let pages = crate::support::user_pages();
     let this = include_str!("readme.rs");
-    let (readme, compiled) = (readme_blocks(&readme), compiled_blocks(this));
-    assert!(
-        readme.len() >= 5,
-        "the README's Rust blocks: {}",
-        readme.len()
-    );
-    assert_eq!(
-        readme.len(),
-        compiled.len(),
-        "every README block needs its compiled copy here (and no more)"
-    );
-    for (i, (r, c)) in readme.iter().zip(&compiled).enumerate() {
-        assert_eq!(
-            r,
-            c,
-            "README block {} differs from its compiled copy",
-            i + 1
+    let mut shown: Vec<(String, &str)> = pages
+        .iter()
+        .flat_map(|(page, text)| readme_blocks(text).into_iter().map(move |b| (b, *page)))
+        .collect();
+    let in_readme = shown.iter().filter(|(_, p)| *p == "README.md").count();
+    assert!(in_readme >= 4, "the README's Rust blocks: {in_readme}");
+    let mut compiled = compiled_blocks(this);
+    shown.sort();
+    compiled.sort();
+    let blocks: Vec<&String> = shown.iter().map(|(b, _)| b).collect();
+    for (b, page) in &shown {
+        assert!(
+            compiled.contains(b),
+            "a Rust block of {page} has no compiled copy here:\n{b}"
         );
     }
+    for c in &compiled {
+        assert!(
+            blocks.contains(&c),
+            "a compiled copy here is on no page:\n{c}"
+        );
+    }
+    assert_eq!(
+        blocks.len(),
+        compiled.len(),
+        "every block once on the pages, and its copy once here"
+    );
 }
 
 /// A user's model and its factory, for the blocks that take one.

@@ -7,6 +7,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The repository root.
+/// The pages a user reads, in reading order: the README, then the
+/// reference pages under `docs/` (their code and commands are kept true
+/// as the README's are).
+pub const USER_PAGES: &[&str] = &[
+    "README.md",
+    "docs/COMMANDS.md",
+    "docs/CASE-FORMAT.md",
+    "docs/OWN-MODEL.md",
+    "docs/HUNT.md",
+    "docs/GUARD.md",
+    "docs/FINDINGS.md",
+    "docs/CAMPAIGNS.md",
+    "docs/REPORT.md",
+    "docs/LR-TABLES.md",
+    "docs/DIFFERENTIAL.md",
+    "docs/CUDA.md",
+    "docs/FUZZ-TARGETS.md",
+];
+
+/// The text of every page of [`USER_PAGES`], in order.
+pub fn user_pages() -> Vec<(&'static str, String)> {
+    USER_PAGES
+        .iter()
+        .map(|p| (*p, std::fs::read_to_string(root().join(p)).unwrap()))
+        .collect()
+}
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
