@@ -5,4 +5,4 @@
 # Usage: bench/lr_table_vs_grid.sh [seeds] [min_lr] [max_lr]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo run --release -q -p nanhunt --example lr_table_vs_grid -- "$@"
+cargo run --release -q -p nanhunt-bench-tools --bin lr_table_vs_grid -- "$@"

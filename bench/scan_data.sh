@@ -14,8 +14,8 @@ rounds=${3:-3}
 cores=$(nproc)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cargo build --quiet --release -p nanhunt --bin nanhunt --example make_dataset
-target/release/examples/make_dataset "$dir/big.safetensors" "$samples" "$features"
+cargo build --quiet --release -p nanhunt --bin nanhunt -p nanhunt-bench-tools --bin make_dataset
+target/release/make_dataset "$dir/big.safetensors" "$samples" "$features"
 bytes=$(stat -c %s "$dir/big.safetensors")
 echo "file $((bytes / 1000000)) MB, $samples samples x $features f32 features, $cores cores"
 # Drop nothing from the page cache: the figure is the scan's own speed on a

@@ -29,13 +29,13 @@ CHUNKS="${CHUNKS:-30}"
 CHUNK_STEPS="${CHUNK_STEPS:-10}"
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
-cargo build --quiet --release -p nanhunt --example side_by_side
+cargo build --quiet --release -p nanhunt-bench-tools --bin side_by_side
 for round in $(seq "$ROUNDS"); do
   for f in cnn transformer rnn decoder encoder fuzz; do
-    RAYON_NUM_THREADS=1 target/release/examples/side_by_side "$STEPS" "$f" >>"$OUT"
+    RAYON_NUM_THREADS=1 target/release/side_by_side "$STEPS" "$f" >>"$OUT"
     OMP_NUM_THREADS=1 "$PYTHON" bench/pytorch_bench.py "$STEPS" "$f" nocompile >>"$OUT"
     if [ "$f" != fuzz ]; then
-      python3 bench/paired.py target/release/examples/side_by_side "$PYTHON" "$f" \
+      python3 bench/paired.py target/release/side_by_side "$PYTHON" "$f" \
         "$CHUNKS" "$CHUNK_STEPS" | sed 's/^{/{"framework": "paired", /' >>"$OUT"
     fi
   done

@@ -1,5 +1,5 @@
 //! The pieces of a user's small training loop that the guard bench and
-//! `examples/guard_loop_alone.rs` both run, so that the two measure the
+//! `bench/tools/src/bin/guard_loop_alone.rs` both run, so that the two measure the
 //! same loop: batches as candle tensors, the loss of a built-in model,
 //! and the plain (unguarded) step.
 

@@ -1,5 +1,5 @@
 //! Writes a synthetic dataset file for the `scan-data` benchmark:
-//! `cargo run --release --example make_dataset -- OUT.safetensors SAMPLES FEATURES`.
+//! `cargo run --release -p nanhunt-bench-tools --bin make_dataset -- OUT.safetensors SAMPLES FEATURES`.
 //! Values are seeded normals (the harness's RNG), labels cycle through 10
 //! classes, and every 100 000th sample gets a NaN, so the scan has work to
 //! report.

@@ -7,7 +7,7 @@
 //! fuzz workload (fresh 5-step CNN runs). One JSON object per line. Run
 //! with RAYON_NUM_THREADS=1 for one compute thread.
 //!
-//! `cargo run --release -p nanhunt --example side_by_side -- [STEPS] [FAMILY|fuzz]`
+//! `cargo run --release -p nanhunt-bench-tools --bin side_by_side -- [STEPS] [FAMILY|fuzz]`
 //!
 //! `side_by_side serve FAMILY` keeps one session (probe on) and times steps
 //! on request, for `bench/paired.py`, which alternates it with PyTorch in

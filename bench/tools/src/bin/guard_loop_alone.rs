@@ -3,11 +3,11 @@
 //! instruction counts, which this machine's timing noise cannot resolve.
 //!
 //! ```text
-//! RAYON_NUM_THREADS=1 valgrind --tool=callgrind target/release/examples/guard_loop_alone rnn on 2000
-//! RAYON_NUM_THREADS=1 valgrind --tool=callgrind target/release/examples/guard_loop_alone rnn off 2000
+//! RAYON_NUM_THREADS=1 valgrind --tool=callgrind target/release/guard_loop_alone rnn on 2000
+//! RAYON_NUM_THREADS=1 valgrind --tool=callgrind target/release/guard_loop_alone rnn off 2000
 //! ```
 //! Arguments: FAMILY (default rnn), on|off (default on), STEPS (default 20000).
-#[path = "../benches/shared/guard_loop.rs"]
+#[path = "../../../../harness/benches/shared/guard_loop.rs"]
 mod guard_loop;
 
 use candle_core::{DType, Device};

@@ -1,5 +1,5 @@
 //! How many inputs of a `case_json` corpus reach validation (parse as a
-//! case): `cargo run -p nanhunt --example case_json_share -- DIR...`.
+//! case): `cargo run -p nanhunt-bench-tools --bin case_json_share -- DIR...`.
 //! `.ci/fuzz` prints it for the corpus a fuzzing run grew.
 
 use nanhunt::fuzzing::CaseJsonShare;
