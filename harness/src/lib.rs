@@ -3,20 +3,19 @@
 //!
 //! The building blocks (`spec`, `models`, `data`, `augment`, `losses`,
 //! `optim`, `device`) are used by the `probe` and the `runner`, which turns a
-//! [`spec::Case`] into an [`outcome::Outcome`]. See `docs/ARCHITECTURE.md`.
+//! [`spec::Case`] into an [`Outcome`]. See `docs/ARCHITECTURE.md`.
 
-pub mod augment;
-pub mod backward;
+pub(crate) mod augment;
+pub(crate) mod backward;
 pub mod campaign;
-pub mod checks;
+pub(crate) mod checks;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod coverage;
 pub mod data;
 pub mod device;
 pub mod diagnose;
-pub mod differential;
-pub mod dump;
+pub(crate) mod differential;
 pub mod error;
 pub mod explain;
 /// Finite explosions (the rule is [`checks::explosion`], the jump a
@@ -27,8 +26,8 @@ pub mod explosion {
 pub mod fidelity;
 pub mod files;
 pub mod finding;
-pub mod floats;
-pub mod format;
+pub(crate) mod floats;
+pub(crate) mod format;
 #[cfg(feature = "arbitrary")]
 pub mod fuzzing;
 pub mod gradcheck;
@@ -38,7 +37,7 @@ mod instrument;
 pub mod intervention;
 pub mod journal;
 pub mod kernels;
-pub mod localize;
+pub(crate) mod localize;
 pub mod losses;
 pub mod lrtable;
 pub mod merge;
@@ -46,26 +45,24 @@ pub mod minimize;
 pub mod models;
 mod opkind;
 pub mod optim;
-pub mod outcome;
-pub mod parallel;
+pub(crate) mod parallel;
 pub mod probe;
 pub mod progress;
-pub mod record;
+pub(crate) mod record;
 pub mod regression;
 pub mod replay;
 pub mod report;
 pub mod repro;
 pub mod rng;
-pub mod rules;
+pub(crate) mod rules;
 pub mod runner;
-pub mod scaler;
+pub(crate) mod scaler;
 pub mod scene;
 pub mod spec;
-pub mod state;
+pub(crate) mod state;
 pub mod strategy;
 mod trace;
-pub mod training;
-pub use campaign::workers;
+pub(crate) mod training;
 
 pub use error::{Error, Result};
 pub use finding::OpKind;
@@ -85,5 +82,4 @@ pub use instrument::private as __private;
 
 // The attribute's expansion names `::nanhunt`, in this crate too.
 extern crate self as nanhunt;
-#[allow(deprecated)]
-pub use training::{run, run_model, run_with_options};
+pub use training::{run, run_model};

@@ -46,9 +46,8 @@ pub fn first_in_graph(output: &Tensor) -> Result<Option<TensorScan>> {
 
 /// A stage whose backward pass produced a non-finite gradient.
 pub struct BackwardProducer {
-    /// The stage whose backward op produced it (`None`: the loss's backward).
-    pub stage: Option<String>,
-    /// The indices in the records of the stage and of the receiver.
+    /// The indices in the records of the stage whose backward op produced
+    /// it (`None`: the loss's backward) and of the receiver.
     pub stage_index: Option<usize>,
     pub receiver_index: usize,
     /// The record whose output gradient is the first non-finite one.
@@ -82,7 +81,6 @@ pub fn first_backward(records: &[Record], grads: &GradStore) -> Result<Option<Ba
     for ((i, g), scan) in with_grad.iter().zip(scans).rev() {
         if !scan.is_finite() {
             return Ok(Some(BackwardProducer {
-                stage: downstream.map(|d| records[d].name.clone()),
                 stage_index: downstream,
                 receiver_index: *i,
                 receiver: records[*i].name.clone(),

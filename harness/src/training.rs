@@ -4,7 +4,6 @@
 //! knows one step; this module knows a run, and sits above the precision
 //! check, which re-runs a step in a session of its own.
 
-use crate::dump;
 use crate::error::{Error, Result};
 use crate::finding::{Finding, Outcome};
 use crate::models::{BuiltinFactory, ModelFactory};
@@ -14,14 +13,6 @@ use crate::spec::Case;
 /// Runs a case of a built-in family with the default options.
 pub fn run(case: &Case) -> Result<Outcome> {
     run_builtin(case, &RunOptions::default())
-}
-
-/// Runs a case of a built-in family.
-#[deprecated(
-    note = "use `run_model(case, &BuiltinFactory::new(&case.model)?, opts)`, or `run` for the default options"
-)]
-pub fn run_with_options(case: &Case, opts: &RunOptions) -> Result<Outcome> {
-    run_builtin(case, opts)
 }
 
 /// A case with `opts` and its own factory: a built-in family's, or the
@@ -73,7 +64,7 @@ pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> 
 /// A dump directory that is free, and a `dump_at` step inside the case.
 fn check_dump_options(case: &Case, opts: &RunOptions) -> Result<()> {
     if let Some(dir) = &opts.dump {
-        dump::ensure_free(dir)?;
+        crate::scene::ensure_free(dir)?;
     }
     if let Some(at) = opts.dump_at {
         if opts.dump.is_none() {

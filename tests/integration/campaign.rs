@@ -159,7 +159,7 @@ fn a_worker_process_that_aborts_is_journaled_as_a_crash_and_replaced() {
             "10",
         ])
         .args(["--workers", "processes", "--out", dir.to_str().unwrap()])
-        .env(nanhunt::workers::ABORT_INDEX_ENV, "3")
+        .env(nanhunt::campaign::workers::ABORT_INDEX_ENV, "3")
         .output()
         .unwrap();
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));

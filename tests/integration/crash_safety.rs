@@ -173,7 +173,7 @@ fn a_worker_that_closed_its_pipe_is_replaced_and_the_campaign_finishes() {
     let out = fuzz_with(
         &dir,
         &["--workers", "processes"],
-        &[(nanhunt::workers::EXIT_AFTER_INDEX_ENV, "3")],
+        &[(nanhunt::campaign::workers::EXIT_AFTER_INDEX_ENV, "3")],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
@@ -202,7 +202,10 @@ fn a_worker_that_dies_while_minimizing_is_retried_then_reported() {
     let out = fuzz_with(
         &dir,
         &[],
-        &[(nanhunt::workers::ABORT_MINIMIZE_ENV, &first.0.to_string())],
+        &[(
+            nanhunt::campaign::workers::ABORT_MINIMIZE_ENV,
+            &first.0.to_string(),
+        )],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let got = journal(&dir);
@@ -360,7 +363,7 @@ fn a_killed_campaign_takes_its_workers_with_it() {
             "--out",
             dir.to_str().unwrap(),
         ])
-        .env(nanhunt::workers::HANG_INDEX_ENV, "0")
+        .env(nanhunt::campaign::workers::HANG_INDEX_ENV, "0")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -391,7 +394,7 @@ fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
         ])
         .args(["--case-timeout", "2s", "--max-memory-mib", "2048"])
         .args(["--out", dir.to_str().unwrap()])
-        .env(nanhunt::workers::HANG_INDEX_ENV, "2")
+        .env(nanhunt::campaign::workers::HANG_INDEX_ENV, "2")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

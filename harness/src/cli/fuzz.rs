@@ -2,12 +2,12 @@
 //! binary built with `nanhunt::cli::main_with`) around the binary's own model.
 
 use super::Exit;
+use crate::campaign::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
 use crate::campaign::{
     parse_duration, run_campaign_then, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
 };
 use crate::spec::{DeviceSpec, Limits, FAMILIES};
 use crate::strategy::StrategyOptions;
-use crate::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -186,7 +186,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Example(a) => example::main(a),
         Command::Fuzz(a) => fuzz::main(a),
         Command::Worker => {
-            crate::workers::serve(std::io::stdin().lock(), std::io::stdout().lock())?;
+            crate::campaign::workers::serve(std::io::stdin().lock(), std::io::stdout().lock())?;
             Ok(Exit::Clean)
         }
         Command::Minimize(a) => minimize::main(a),

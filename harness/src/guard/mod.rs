@@ -176,7 +176,7 @@ impl Guard {
             ));
         }
         if let Some(dir) = &opts.dump {
-            crate::dump::ensure_free(dir)?;
+            crate::scene::ensure_free(dir)?;
         }
         if !(opts.divergence_factor > 1.0 && opts.divergence_factor.is_finite()) {
             return Err(Error::option(

@@ -169,11 +169,6 @@ pub fn rule(kind: OpKind) -> Option<&'static dyn OpRule> {
     RULES.iter().copied().find(|r| r.kinds().contains(&kind))
 }
 
-/// The rule whose name is `id`.
-pub fn by_id(id: &str) -> Option<&'static dyn OpRule> {
-    RULES.iter().copied().find(|r| r.id() == id)
-}
-
 /// The rule of an op of `kind` computing in `dtype`, if it is risky there.
 pub fn risk(kind: OpKind, dtype: DType) -> Option<&'static dyn OpRule> {
     rule(kind).filter(|r| r.risky(dtype))
