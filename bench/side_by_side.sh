@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark: the same five models and the fuzz workload in
-# PyTorch (bench/pytorch_bench.py) and in nanhunt (harness/examples/
-# side_by_side.rs), both at one compute thread.
+# PyTorch (bench/pytorch_bench.py) and in nanhunt (bench/tools/src/bin/
+# side_by_side.rs), both at one compute thread. It prints the CPU and its
+# vector extensions first: the figures hold for that class of CPU.
 #
 # Speed: nanhunt, PyTorch eager and PyTorch compiled (torch.compile,
 # inductor on this CPU, where it compiles; the table says why where it
@@ -29,6 +30,7 @@ CHUNKS="${CHUNKS:-30}"
 CHUNK_STEPS="${CHUNK_STEPS:-10}"
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
+bash bench/cpu.sh
 cargo build --quiet --release -p nanhunt-bench-tools --bin side_by_side
 for round in $(seq "$ROUNDS"); do
   for f in cnn transformer rnn decoder encoder fuzz; do
