@@ -68,7 +68,7 @@ impl Default for WorkerLimits {
 }
 
 /// The default `--case-timeout`: the slowest of 1000 generated cases took
-/// 0.32 s here (docs/PERFORMANCE.md); a run 200 times longer is stuck, even
+/// 0.32 s here (docs/PERFORMANCE-LOG.md); a run 200 times longer is stuck, even
 /// on a slower runner or device.
 pub const DEFAULT_CASE_TIMEOUT: Duration = Duration::from_secs(60);
 
