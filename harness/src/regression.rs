@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::models::ModelFactory;
-use crate::replay::{replay_dump_with, replay_reproducer_with, ReplayReport, ReplayVerdict};
+use crate::replay::{replay_case, replay_scene, ReplayReport, ReplayVerdict};
 use crate::repro::Reproducer;
 use crate::runner::RunOptions;
 use std::path::{Path, PathBuf};
@@ -35,18 +35,9 @@ pub fn scene_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Replays every reproducer in `dir` (built-in families, or through
-/// `factory` for a user's model) and reports each: the case files first,
-/// then the scenes.
+/// `factory` for a user's model, with the dataset or loss closure `opts`
+/// carries) and reports each: the case files first, then the scenes.
 pub fn replay_dir(
-    dir: &Path,
-    factory: Option<&dyn ModelFactory>,
-) -> Result<Vec<(PathBuf, ReplayReport)>> {
-    replay_dir_with(dir, factory, &RunOptions::default())
-}
-
-/// [`replay_dir`] with run options: the user's dataset or loss closure
-/// (`RunOptions::with_dataset`, `with_loss`) the cases name.
-pub fn replay_dir_with(
     dir: &Path,
     factory: Option<&dyn ModelFactory>,
     opts: &RunOptions,
@@ -54,11 +45,11 @@ pub fn replay_dir_with(
     let mut out = Vec::new();
     for path in reproducer_files(dir)? {
         let repro = Reproducer::load(&path)?;
-        let report = replay_reproducer_with(&repro, factory, opts)?;
+        let report = replay_case(&repro, factory, opts)?;
         out.push((path, report));
     }
     for path in scene_dirs(dir)? {
-        let report = replay_dump_with(&path, factory, opts)?;
+        let report = replay_scene(&path, factory, opts)?;
         out.push((path, report));
     }
     Ok(out)
@@ -68,8 +59,8 @@ pub fn replay_dir_with(
 /// (fixed: delete it, or keep it as a stability test with a stable case) or
 /// fails differently (the signature changed: regenerate it).
 pub fn assert_dir_reproduces(dir: &Path, factory: Option<&dyn ModelFactory>) {
-    let reports =
-        replay_dir(dir, factory).unwrap_or_else(|e| panic!("replaying {}: {e}", dir.display()));
+    let reports = replay_dir(dir, factory, &RunOptions::default())
+        .unwrap_or_else(|e| panic!("replaying {}: {e}", dir.display()));
     let broken: Vec<String> = reports
         .iter()
         .filter(|(_, r)| r.verdict != ReplayVerdict::Reproduced)

@@ -12,31 +12,30 @@ use crate::scene::{OptimizerRecord, SavedScene};
 use crate::training::run_model;
 use std::path::Path;
 
-/// Replays a dump directory or a reproducer file (built-in families).
-pub fn replay_path(path: &Path) -> Result<ReplayReport> {
-    replay_path_with(path, None)
-}
-
-/// Like [`replay_path`], with the factory of a user's own model.
-pub fn replay_path_with(path: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
+/// Replays `path`: a scene directory (a run's dump, a hunt's reproducer:
+/// its failing step re-run from its saved state, on the batch it saved) or
+/// a reproducer file (its case run from the start), and says whether the
+/// recorded signature came back. `factory` builds a user's own model (a
+/// built-in family, or the process's registered model, needs none);
+/// `opts` carries a user's dataset or loss closure the case names
+/// (`RunOptions::with_dataset`, `with_loss`). A guard's scene (a user's own
+/// loop) is replayed with `nanhunt::guard::replay` and the model.
+pub fn replay(
+    path: &Path,
+    factory: Option<&dyn ModelFactory>,
+    opts: &RunOptions,
+) -> Result<ReplayReport> {
     if path.is_dir() {
-        replay_dump(path, factory)
+        replay_scene(path, factory, opts)
     } else {
-        replay_reproducer(&Reproducer::load(path)?, factory)
+        replay_case(&Reproducer::load(path)?, factory, opts)
     }
 }
 
-/// Restores a scene's saved state and re-runs only its step, on the batch
-/// the scene saved (no data file or generator is needed; dumps from before
-/// batches were saved regenerate it). The scene and the judgement are the
-/// guard's too ([`SavedScene`]); only the driver differs.
-pub fn replay_dump(dir: &Path, factory: Option<&dyn ModelFactory>) -> Result<ReplayReport> {
-    replay_dump_with(dir, factory, &RunOptions::default())
-}
-
-/// [`replay_dump`] with run options: a user's dataset or loss closure
-/// (`RunOptions::with_dataset`, `with_loss`) the case names.
-pub fn replay_dump_with(
+/// A scene's saved state restored and its step re-run (dumps from before
+/// batches were saved regenerate the batch). The scene and the judgement
+/// are the guard's too ([`SavedScene`]); only the driver differs.
+pub(crate) fn replay_scene(
     dir: &Path,
     factory: Option<&dyn ModelFactory>,
     opts: &RunOptions,
@@ -124,16 +123,8 @@ fn snapshot_of(saved: &SavedScene, session: &Session) -> Result<Snapshot> {
     })
 }
 
-/// Runs a reproducer's case from the start.
-pub fn replay_reproducer(
-    repro: &Reproducer,
-    factory: Option<&dyn ModelFactory>,
-) -> Result<ReplayReport> {
-    replay_reproducer_with(repro, factory, &RunOptions::default())
-}
-
-/// [`replay_reproducer`] with run options (a user's dataset or loss closure).
-pub fn replay_reproducer_with(
+/// A reproducer's case run from the start.
+pub(crate) fn replay_case(
     repro: &Reproducer,
     factory: Option<&dyn ModelFactory>,
     opts: &RunOptions,

@@ -106,7 +106,8 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_keeps_it_stable()
     let dir = dir_root.join("dump");
     let dumped = RunOptions::default().dump_to(&dir);
     run_model(&case, &rnn_factory, &dumped).unwrap();
-    let replayed = nanhunt::replay::replay_dump(&dir, Some(&rnn_factory)).unwrap();
+    let replayed =
+        nanhunt::replay::replay(&dir, Some(&rnn_factory), &RunOptions::default()).unwrap();
     assert!(replayed.reproduced(), "{}", replayed.message);
 
     let d = diagnose(&case, &rnn_factory, &RunOptions::default()).unwrap();

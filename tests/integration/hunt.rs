@@ -288,11 +288,11 @@ fn assert_hunted(
     }
     // The reproducer replays with no search, from `cargo test`.
     let dir = out.join(t.reproducer.as_ref().expect("a reproducer was written"));
-    let replayed = nanhunt::replay::replay_dump_with(&dir, Some(buggy), &run_buggy).unwrap();
+    let replayed = nanhunt::replay::replay(&dir, Some(buggy), &run_buggy).unwrap();
     assert!(replayed.reproduced(), "{name}: {}", replayed.message);
     let f = replayed.actual.unwrap();
     // And the whole directory, as a user's regression test replays it.
-    let all = nanhunt::regression::replay_dir_with(&out, Some(buggy), &run_buggy).unwrap();
+    let all = nanhunt::regression::replay_dir(&out, Some(buggy), &run_buggy).unwrap();
     assert!(all.iter().any(|(p, _)| *p == dir), "{name}: {all:?}");
     assert!(all.iter().all(|(_, r)| r.reproduced()), "{name}: {all:?}");
     assert!(
@@ -433,7 +433,8 @@ fn the_hunt_pads_a_row_to_fire_a_softmax_over_a_fully_masked_row() {
             .status
         {
             let dir = out.join(t.reproducer.as_ref().expect("a reproducer"));
-            let replayed = nanhunt::replay::replay_dump(&dir, Some(&factory)).unwrap();
+            let replayed =
+                nanhunt::replay::replay(&dir, Some(&factory), &RunOptions::default()).unwrap();
             assert!(replayed.reproduced(), "{}", replayed.message);
         }
         let stage = report

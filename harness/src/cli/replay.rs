@@ -19,7 +19,8 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
             args.path.display()
         );
     }
-    let report = crate::replay::replay_path(&args.path).map_err(super::in_file(&args.path))?;
+    let report = crate::replay::replay(&args.path, None, &crate::RunOptions::default())
+        .map_err(super::in_file(&args.path))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

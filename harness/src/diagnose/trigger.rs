@@ -80,7 +80,7 @@ pub fn diagnose_dir(
         Outcome::Rejected { reason } => return Err(Error::Rejected(reason)),
         stable => Learning::of(&stable),
     };
-    let replayed = crate::replay::replay_dump_with(dir, Some(factory), opts)?;
+    let replayed = crate::replay::replay_scene(dir, Some(factory), opts)?;
     let reproduced = replayed.reproduced();
     let Some(finding) = replayed.actual.filter(|_| reproduced) else {
         return Err(Error::option(
@@ -179,7 +179,7 @@ impl Trigger<'_> {
     fn step_with(&self, iv: &Intervention) -> Result<Option<Finding>> {
         let opts = with(self.opts, iv);
         self.runs.count.set(self.runs.count.get() + 1);
-        Ok(crate::replay::replay_dump_with(self.dir, Some(self.factory), &opts)?.actual)
+        Ok(crate::replay::replay_scene(self.dir, Some(self.factory), &opts)?.actual)
     }
 
     /// The rewrites that repair the trigger (`first` and those of the ops

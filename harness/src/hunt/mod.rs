@@ -483,7 +483,7 @@ fn input_trigger(ground: &Ground, found: &Found, out: Option<&Path>) -> Result<R
     let unreproducible = match (again, &dir) {
         (false, _) => Some(format!("{UNREPRODUCIBLE}; {}", crate::finding::SEED_THEM)),
         (true, Some(d)) => {
-            let replayed = crate::replay::replay_dump_with(d, Some(ground.factory), &ground.opts);
+            let replayed = crate::replay::replay_scene(d, Some(ground.factory), &ground.opts);
             match replayed {
                 Ok(r) if r.reproduced() => None,
                 Ok(r) => Some(format!("its scene does not replay: {}", r.message)),

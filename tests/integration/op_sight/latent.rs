@@ -462,7 +462,7 @@ fn a_trigger_whose_rows_cannot_be_shrunk_is_kept_with_a_reproducer_that_replays(
         other => panic!("{other:?}"),
     }
     let dir = out.join(trigger.reproducer.expect("a reproducer"));
-    let replayed = nanhunt::replay::replay_dump_with(&dir, Some(&factory), &run).unwrap();
+    let replayed = nanhunt::replay::replay(&dir, Some(&factory), &run).unwrap();
     assert!(replayed.reproduced(), "{}", replayed.message);
     assert!(trigger.unreproducible.is_none());
 }

@@ -292,7 +292,7 @@ pub fn mishunted(
         unreachable!()
     };
     let dir = out.join(t.reproducer.as_ref()?);
-    let replayed = nanhunt::replay::replay_dump_with(&dir, Some(factory), run).ok()?;
+    let replayed = nanhunt::replay::replay(&dir, Some(factory), run).ok()?;
     if !replayed.reproduced() {
         return Some(format!(
             "{}: the reproducer does not replay: {}",
