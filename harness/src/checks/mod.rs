@@ -12,6 +12,7 @@
 
 pub mod explosion;
 pub mod gradient;
+pub(crate) mod pending;
 
 use crate::error::Result;
 use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp};

@@ -5,17 +5,11 @@
 //! [`Guard::finish`] over the whole loop — an explosion finding, with its
 //! scene, when the loss never recovered.
 
-use super::kept::Kept;
+use super::kept::keep;
 use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptimizer};
-use crate::checks::explosion::{self, Grew, Jump};
+use crate::checks::explosion::{Grew, Jump};
 use crate::error::Result;
-
-/// The loop's first jump, with its step kept.
-pub(super) struct GuardJump {
-    pub(super) jump: Jump,
-    kept: Kept,
-}
 
 impl Guard {
     /// A norm jumped at `step` (from `was` to `now`, led by `leader`): a
@@ -28,7 +22,7 @@ impl Guard {
         leader: String,
         (before, opt): (&Before, &O),
     ) -> Result<()> {
-        if self.jump.is_some() {
+        if self.pending.jump().is_some() {
             return Ok(());
         }
         let jump = Jump {
@@ -42,15 +36,19 @@ impl Guard {
             "step {step}: {}: a finite explosion unless the loss recovers; clip the gradient norm or lower the learning rate",
             jump.describe()
         ));
-        let kept = self.keep(step, before, opt)?;
-        self.jump = Some(GuardJump { jump, kept });
+        let kept = keep((&self.vars, &self.trace), step, before, opt)?;
+        self.pending.keep_jump(jump, kept);
         Ok(())
     }
 
     /// Keeps the batch of the step that jumped (for the scene).
     pub(super) fn keep_jump_batch(&mut self, batch: &Batch) {
-        if let Some(j) = self.jump.as_mut().filter(|j| j.kept.batch.is_none()) {
-            j.kept.batch = Some(batch.clone());
+        if let Some(k) = self
+            .pending
+            .jump_kept_mut()
+            .filter(|k| k.state.batch.is_none())
+        {
+            k.state.batch = Some(batch.clone());
         }
     }
 
@@ -65,24 +63,13 @@ impl Guard {
         &mut self,
         opt: &O,
     ) -> std::result::Result<(), GuardError> {
-        let jumped = self.jump.as_ref().map(|j| j.kept.step);
-        let crossed = self.crossing.as_ref().map(|c| c.step);
-        let error = if crate::checks::crossing_first(jumped, crossed) {
-            self.unrecovered_divergence(opt)
-                .or_else(|| self.unrecovered_explosion(opt))
-        } else {
-            self.unrecovered_explosion(opt)
-                .or_else(|| self.unrecovered_divergence(opt))
-        };
-        error.map_or(Ok(()), Err)
-    }
-
-    /// The loop's first jump, if the loss never recovered from it.
-    fn unrecovered_explosion<O: GuardOptimizer + ?Sized>(&mut self, opt: &O) -> Option<GuardError> {
-        let j = self.jump.as_ref()?;
         let chance = self.opts.chance_loss;
-        let judged = explosion::unrecovered(j.kept.index, &self.trace.losses, chance)?;
-        let GuardJump { jump, kept } = self.jump.take()?;
-        Some(self.judged(kept, explosion::failure(&jump, &judged), opt))
+        match self
+            .pending
+            .unrecovered(&self.tracker, &self.trace.losses, chance)
+        {
+            Some((kept, failure)) => Err(self.judged(kept, failure, opt)),
+            None => Ok(()),
+        }
     }
 }

@@ -1,63 +1,60 @@
-//! A guarded step kept to be judged later, by the steps after it or by
-//! [`Guard::finish`]: the loop's first jump of a norm, the step whose loss
-//! crossed the divergence line. Judged a failure, it is a finding at its
-//! own step, with its scene written from the state before it.
+//! A guarded step kept to be judged later ([`crate::checks::pending`], the
+//! runner's rule too), by the steps after it or by [`Guard::finish`]: the
+//! loop's first jump of a norm, the step whose loss crossed the divergence
+//! line. Judged a failure, it is a finding at its own step, with its scene
+//! written from the state before it.
 
 use super::optim::SavedOptimizer;
 use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptimizer};
 use crate::checks;
+use crate::checks::pending::Kept;
 use crate::error::Result;
-use crate::finding::{Failure, Finding, TraceMark};
+use crate::finding::{Failure, Finding, Trace, TraceMark};
 use crate::probe::DivergenceTracker;
-use candle_core::Tensor;
+use candle_core::{Tensor, Var};
 
-/// A step and the state before it.
-pub(super) struct Kept {
-    pub step: usize,
-    /// Its step's index in the guard's history (the user's step numbers
-    /// need not start at 0).
-    pub index: usize,
+/// The state before a kept step: what its scene is written from.
+pub(super) struct Saved {
     /// The parameters, optimizer state, tracker and history before it.
     params: Vec<Tensor>,
     optimizer: Option<SavedOptimizer>,
     tracker: DivergenceTracker,
     history: TraceMark,
-    /// The history through the end of its step (the finding's trace).
-    through: TraceMark,
     pub batch: Option<Batch>,
 }
 
-impl Guard {
-    /// Keeps `step`, whose state before it is `before`; called before the
-    /// step's update is set.
-    pub(super) fn keep<O: GuardOptimizer + ?Sized>(
-        &self,
-        step: usize,
-        before: &Before,
-        opt: &O,
-    ) -> Result<Kept> {
-        // Prepared updates leave the variables as they were before the step.
-        let params = match &before.params {
-            Some(params) => params.clone(),
-            None => self
-                .vars
-                .iter()
-                .map(|v| v.as_tensor().copy())
-                .collect::<candle_core::Result<_>>()?,
-        };
-        Ok(Kept {
-            step,
-            index: self.trace.losses.len().saturating_sub(1),
+/// Keeps `step`, whose state before it is `before`, from the guard's
+/// variables and history; called before the step's update is set.
+pub(super) fn keep<O: GuardOptimizer + ?Sized>(
+    (vars, trace): (&[Var], &Trace),
+    step: usize,
+    before: &Before,
+    opt: &O,
+) -> Result<Kept<Saved>> {
+    // Prepared updates leave the variables as they were before the step.
+    let params = match &before.params {
+        Some(params) => params.clone(),
+        None => vars
+            .iter()
+            .map(|v| v.as_tensor().copy())
+            .collect::<candle_core::Result<_>>()?,
+    };
+    Ok(Kept {
+        step,
+        index: trace.losses.len().saturating_sub(1),
+        state: Saved {
             params,
             optimizer: before.optimizer_state(opt),
             tracker: before.tracker.clone(),
             history: before.history,
-            through: self.trace.mark(),
             batch: None,
-        })
-    }
+        },
+        through: trace.mark(),
+    })
+}
 
+impl Guard {
     /// After a step's loss trend: keeps the step that crossed the
     /// divergence line, or forgets a crossing that recovered.
     pub(super) fn watch_crossing<O: GuardOptimizer + ?Sized>(
@@ -67,25 +64,12 @@ impl Guard {
         before: &Before,
         opt: &O,
     ) -> Result<()> {
-        if self.tracker.crossed_now() {
-            let mut kept = self.keep(step, before, opt)?;
-            kept.batch = Some(batch.clone());
-            self.crossing = Some(kept);
-        } else if !self.tracker.pending() {
-            self.crossing = None;
-        }
-        Ok(())
-    }
-
-    /// The crossing of the divergence line that the loss never recovered
-    /// from, at the loop's end, as an error with its finding.
-    pub(super) fn unrecovered_divergence<O: GuardOptimizer + ?Sized>(
-        &mut self,
-        opt: &O,
-    ) -> Option<GuardError> {
-        let failure = checks::trend_at_end(&self.tracker)?;
-        let kept = self.crossing.take()?;
-        Some(self.judged(kept, failure, opt))
+        let at = (&self.vars[..], &self.trace);
+        self.pending.watch_crossing(&self.tracker, || {
+            let mut kept = keep(at, step, before, opt)?;
+            kept.state.batch = Some(batch.clone());
+            Ok(kept)
+        })
     }
 
     /// The loop's crossing at this step as an unjudged `divergence`
@@ -109,7 +93,7 @@ impl Guard {
     /// what they held before).
     pub(super) fn judged<O: GuardOptimizer + ?Sized>(
         &mut self,
-        kept: Kept,
+        kept: Kept<Saved>,
         failure: Failure,
         opt: &O,
     ) -> GuardError {
@@ -121,21 +105,22 @@ impl Guard {
 
     fn judged_finding<O: GuardOptimizer + ?Sized>(
         &mut self,
-        kept: Kept,
+        kept: Kept<Saved>,
         failure: Failure,
         opt: &O,
     ) -> Result<GuardError> {
         let trace = self.trace.upto(kept.through);
         let mut finding = Finding::new(kept.step, failure, &self.subject(opt), trace);
+        let saved = kept.state;
         let before = Before {
-            params: Some(kept.params),
+            params: Some(saved.params),
             buffers: Vec::new(),
-            optimizer: kept.optimizer,
+            optimizer: saved.optimizer,
             deferred: false,
-            tracker: kept.tracker,
-            history: kept.history,
+            tracker: saved.tracker,
+            history: saved.history,
         };
-        let batch = kept
+        let batch = saved
             .batch
             .unwrap_or_else(|| Batch::new(Vec::<(String, Tensor)>::new()));
         let now: Vec<Tensor> = self

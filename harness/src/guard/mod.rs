@@ -130,10 +130,9 @@ pub struct Guard {
     watch: JumpWatch,
     /// The parameters' global norm when the guard was made.
     init_norm: f64,
-    /// The loop's first jump, with the state before its step.
-    jump: Option<jump::GuardJump>,
-    /// The step whose loss crossed the divergence line, until judged.
-    crossing: Option<kept::Kept>,
+    /// The loop's first jump and the step whose loss crossed the
+    /// divergence line, each with the state before its step, until judged.
+    pending: crate::checks::pending::Pending<kept::Saved>,
     /// Non-trainable state a forward pass may change (batch-norm running
     /// statistics in training mode): restored with the step.
     buffers: Vec<Var>,
@@ -197,8 +196,7 @@ impl Guard {
             warnings: Vec::new(),
             watch: JumpWatch::new(init_norm),
             init_norm,
-            jump: None,
-            crossing: None,
+            pending: Default::default(),
             buffers: Vec::new(),
             intervention: None,
         })
@@ -289,9 +287,12 @@ impl Guard {
         // the one before it.
         before.settle(opt);
         // Judged after the step that crossed: that step's finding.
-        if failure.kind == FindingKind::Divergence && self.crossing.is_some() {
+        let crossed = match failure.kind {
+            FindingKind::Divergence => self.pending.take_crossing(),
+            _ => None,
+        };
+        if let Some(kept) = crossed {
             self.restore(&before, opt)?;
-            let kept = self.crossing.take().expect("checked above");
             return Err(self.judged(kept, failure, opt));
         }
         Err(self.stop(step, failure, &before, opt, batch, &mut loss_of))

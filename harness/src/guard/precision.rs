@@ -148,9 +148,8 @@ impl Guard {
             Err(GuardError::Invalid(e)) => return Ok((Rerun::not_run(name, e), None)),
         };
         let jump = guard
-            .jump
-            .as_ref()
-            .map(|j| &j.jump)
+            .pending
+            .jump()
             .filter(|j| finding.kind == FindingKind::Explosion && j.step == finding.step);
         Ok((Rerun::ran(name, finding, seen.as_ref(), jump), zeros))
     }

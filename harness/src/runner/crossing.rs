@@ -1,66 +1,47 @@
 //! The session's side of the divergence rule
 //! ([`crate::probe::DivergenceTracker`]): the step whose loss crosses the
-//! line is kept with the state before it; the steps after it (at most
+//! line is kept with the state before it ([`crate::checks::pending`], the
+//! guard's rule too); the steps after it (at most
 //! [`crate::probe::LOOKAHEAD`]) or the run's end judge it, and a crossing
 //! judged diverged is a finding at the step that crossed.
 
 use super::{Session, Snapshot};
 use crate::checks;
-use crate::finding::{Failure, Finding, TraceMark};
-
-/// The step whose loss crossed the divergence line, kept until judged.
-pub(super) struct Crossed {
-    pub step: usize,
-    /// The state before it.
-    pub before: Option<Snapshot>,
-    /// The history up to the end of its step (the finding's trace).
-    pub through: TraceMark,
-}
+use crate::checks::pending::Kept;
+use crate::error::Result;
+use crate::finding::{Failure, Finding};
 
 impl Session<'_> {
     /// After a healthy step: keeps the step that crossed the line, or
     /// forgets a crossing that recovered.
-    pub(super) fn watch_crossing(&mut self, step: usize, before: Option<&Snapshot>) {
-        if self.tracker.crossed_now() {
-            self.crossing = Some(Crossed {
+    pub(super) fn watch_crossing(&mut self, step: usize, before: Option<&Snapshot>) -> Result<()> {
+        let through = self.trace.mark();
+        self.pending.watch_crossing(&self.tracker, || {
+            Ok(Kept {
                 step,
-                before: before.cloned(),
-                through: self.trace.mark(),
-            });
-        } else if !self.tracker.pending() {
-            self.crossing = None;
-        }
+                index: step,
+                state: before.cloned(),
+                through,
+            })
+        })
     }
 
     /// A divergence judged at a later step than its crossing: the finding
     /// of the step that crossed.
     pub(super) fn judged_crossing(&mut self, failure: Failure) -> Option<Finding> {
-        let Crossed {
-            step,
-            before,
-            through,
-        } = self.crossing.take()?;
-        Some(self.kept_finding(step, before, through, failure))
-    }
-
-    /// At the end of a run without a finding: its crossing of the
-    /// divergence line, if the loss never recovered from it.
-    pub fn unrecovered_divergence(&mut self) -> Option<Finding> {
-        let failure = checks::trend_at_end(&self.tracker)?;
-        self.judged_crossing(failure)
+        let kept = self.pending.take_crossing()?;
+        Some(self.kept_finding(kept, failure))
     }
 
     /// At the end of a run without a finding: the earlier of its jump and
     /// its crossing of the divergence line that the loss never recovered
     /// from (the jump when they share a step: it names a tensor).
     pub fn unrecovered(&mut self) -> Option<Finding> {
-        if checks::crossing_first(self.jump().map(|j| j.step), self.crossing_step()) {
-            self.unrecovered_divergence()
-                .or_else(|| self.unrecovered_explosion())
-        } else {
-            self.unrecovered_explosion()
-                .or_else(|| self.unrecovered_divergence())
-        }
+        let chance = self.case.loss.chance_loss(self.case.model.classes());
+        let (kept, failure) =
+            self.pending
+                .unrecovered(&self.tracker, &self.trace.losses, chance)?;
+        Some(self.kept_finding(kept, failure))
     }
 
     /// The run's crossing as a `divergence` finding, unjudged: a replay of
@@ -72,7 +53,7 @@ impl Session<'_> {
 
     /// The step the run's pending crossing happened at, if any.
     pub fn crossing_step(&self) -> Option<usize> {
-        self.crossing.as_ref().map(|c| c.step)
+        self.pending.crossing_step()
     }
 
     /// The finding of a failure judged after its step: the state before
@@ -80,15 +61,13 @@ impl Session<'_> {
     /// ends with the step.
     pub(super) fn kept_finding(
         &mut self,
-        step: usize,
-        before: Option<Snapshot>,
-        through: TraceMark,
+        kept: Kept<Option<Snapshot>>,
         failure: Failure,
     ) -> Finding {
-        self.failed_before = before;
-        let mut f = self.finding(step, failure);
+        self.failed_before = kept.state;
+        let mut f = self.finding(kept.step, failure);
         let scale = f.trace.loss_scale;
-        f.trace = f.trace.upto(through);
+        f.trace = f.trace.upto(kept.through);
         f.trace.loss_scale = scale;
         f
     }

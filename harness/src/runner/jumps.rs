@@ -1,23 +1,15 @@
 //! The session's side of the explosion rule ([`crate::checks::explosion`]):
 //! after each healthy step the shared [`JumpWatch`] says whether a norm
 //! jumped; the session keeps the run's first jump with the state before
-//! its step, and the run's end judges it.
+//! its step ([`crate::checks::pending`], the guard's rule too), and the
+//! run's end judges it.
 
 use super::{Readback, Session, Snapshot};
 use crate::checks::explosion::{self, Grew, Jump, JumpWatch};
+use crate::checks::pending::Kept;
 use crate::error::Result;
 use crate::finding::{Finding, TraceMark};
 use candle_core::Tensor;
-
-/// The run's first jump, kept until the run's end judges it.
-pub(super) struct Jumped {
-    pub jump: Jump,
-    /// The state before the jump's step.
-    pub before: Option<Snapshot>,
-    /// The history up to the end of the jump's step (the finding's trace,
-    /// as for every finding; the recovery is judged on the whole run).
-    pub through: TraceMark,
-}
 
 /// What a healthy step leaves for the jump check: the norms' counts and
 /// the history before it, the state before it, and (deferred readback)
@@ -35,7 +27,7 @@ impl Session<'_> {
     /// (this step's against the largest before it) or of the parameter
     /// norm (the newest against the one before, or the initialization's).
     pub(super) fn watch_jumps(&mut self, step: usize, seen: StepSeen) -> Result<()> {
-        if !self.probe || !self.watch_divergence || self.jump.is_some() {
+        if !self.probe || !self.watch_divergence || self.pending.jump().is_some() {
             return Ok(());
         }
         let now = self.trace.mark();
@@ -48,11 +40,13 @@ impl Session<'_> {
                     after: norm,
                     tensor: self.names[explosion::largest(&self.grad_sq)].clone(),
                 };
-                self.jump = Some(Jumped {
-                    jump,
-                    before: seen.before.cloned(),
+                let kept = Kept {
+                    step,
+                    index: step,
+                    state: seen.before.cloned(),
                     through: now,
-                });
+                };
+                self.pending.keep_jump(jump, kept);
                 return Ok(());
             }
         }
@@ -78,11 +72,13 @@ impl Session<'_> {
             after: norm,
             tensor,
         };
-        self.jump = Some(Jumped {
-            jump,
-            before: snapshot,
+        let kept = Kept {
+            step: at,
+            index: at,
+            state: snapshot,
             through,
-        });
+        };
+        self.pending.keep_jump(jump, kept);
         Ok(())
     }
 
@@ -95,7 +91,7 @@ impl Session<'_> {
 
     /// The run's first jump, if it had one.
     pub fn jump(&self) -> Option<&Jump> {
-        self.jump.as_ref().map(|j| &j.jump)
+        self.pending.jump()
     }
 
     /// The jump watch as it stands after the session's history.
@@ -103,29 +99,11 @@ impl Session<'_> {
         JumpWatch::after(self.init_norm, &self.trace)
     }
 
-    /// At the end of a run without a finding: its jump, if the loss never
-    /// recovered from it, as an `explosion` finding (the state before its
-    /// step kept for dumps and the precision check).
-    pub fn unrecovered_explosion(&mut self) -> Option<Finding> {
-        let jump = &self.jump.as_ref()?.jump;
-        let chance = self.case.loss.chance_loss(self.case.model.classes());
-        let judged = explosion::unrecovered(jump.step, &self.trace.losses, chance)?;
-        self.explosion_finding(&judged)
-    }
-
     /// The run's jump as an `explosion` finding, unjudged: a replay of its
     /// step sees the jump, not the steps after it.
     pub fn jump_finding(&mut self) -> Option<Finding> {
-        self.explosion_finding(explosion::UNJUDGED)
-    }
-
-    fn explosion_finding(&mut self, judged: &str) -> Option<Finding> {
-        let Jumped {
-            jump,
-            before,
-            through,
-        } = self.jump.take()?;
-        let failure = explosion::failure(&jump, judged);
-        Some(self.kept_finding(jump.step, before, through, failure))
+        let (jump, kept) = self.pending.take_jump()?;
+        let failure = explosion::failure(&jump, explosion::UNJUDGED);
+        Some(self.kept_finding(kept, failure))
     }
 }

@@ -32,8 +32,7 @@ pub use options::RunOptions;
 
 use crate::checks::explosion::JumpWatch;
 use crate::data::DataSource;
-use crossing::Crossed;
-use jumps::{Jumped, StepSeen};
+use jumps::StepSeen;
 use naming::Namer;
 use step::{Failed, Readback};
 
@@ -82,11 +81,10 @@ pub struct Session<'a> {
     /// The explosion rule's running norms (O(1) per step; rebuilt from the
     /// history when it is restored).
     watch: JumpWatch,
-    /// The run's first jump (see [`crate::checks::explosion`]), with the state
-    /// before its step; judged when the run ends.
-    jump: Option<Jumped>,
-    /// The step whose loss crossed the divergence line, until judged.
-    crossing: Option<Crossed>,
+    /// The run's first jump (see [`crate::checks::explosion`]) and the
+    /// step whose loss crossed the divergence line, each with the state
+    /// before its step, until judged.
+    pending: crate::checks::pending::Pending<Option<Snapshot>>,
     /// The stage guarded every step, if any.
     intervention: Option<std::sync::Arc<crate::intervention::Intervention>>,
     /// Check the first step's gradients along random directions.
@@ -161,8 +159,7 @@ impl<'a> Session<'a> {
             init_norm,
             grad_sq: Vec::new(),
             watch: JumpWatch::new(init_norm),
-            jump: None,
-            crossing: None,
+            pending: Default::default(),
             intervention: opts.intervention.clone(),
             optimizer: Optimizer::new(&case.optimizer, vars.len()),
             staging: Optimizer::new(&case.optimizer, vars.len()),
@@ -283,7 +280,7 @@ impl<'a> Session<'a> {
             previous,
         };
         self.watch_jumps(step, seen)?;
-        self.watch_crossing(step, before.as_ref());
+        self.watch_crossing(step, before.as_ref())?;
         if self.readback == Readback::Deferred {
             self.unchecked = before.map(|b| (step, lr, b));
         }
