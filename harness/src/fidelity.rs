@@ -22,7 +22,8 @@ use crate::spec::{Case, HalfType, Precision};
 use candle_core::DType;
 use std::sync::Arc;
 
-/// Re-runs `finding`'s step from `before` at the higher precisions.
+/// Re-runs `finding`'s step from `before` at the higher precisions (the
+/// check itself is the guard's too: [`crate::checks::precision`]).
 pub fn check(
     case: &Case,
     factory: &dyn ModelFactory,
@@ -30,26 +31,46 @@ pub fn check(
     finding: &Finding,
     before: &Snapshot,
 ) -> Result<PrecisionCheck> {
-    let compute = case.precision.compute_dtype();
-    let half = HalfType::of_dtype(compute);
-    let mut check = if compute == DType::F64 {
-        PrecisionCheck::in_f64()
-    } else {
-        let f32_run = match half {
-            Some(_) => Some(rerun(case, factory, opts, finding, before, Precision::F32)?.0),
-            None => None,
-        };
-        let (f64_run, zeros) = rerun(case, factory, opts, finding, before, Precision::F64)?;
-        PrecisionCheck::of(f32_run, f64_run, zeros)
+    let driver = SessionRerun {
+        case,
+        factory,
+        opts,
+        finding,
+        before,
     };
-    let emulated = match half {
-        Some(h) => Some(with_pytorch_rounding(
-            case, factory, opts, finding, before, h,
-        )?),
-        None => None,
-    };
-    check.framework = Some(FrameworkMark::of(finding, &check, emulated.as_ref()));
-    Ok(check)
+    crate::checks::precision::check(finding, case.precision.compute_dtype(), &driver)
+}
+
+/// The runner's re-run of a failing step: a session of the case at the
+/// other precision, restored to the state before the step.
+struct SessionRerun<'a> {
+    case: &'a Case,
+    factory: &'a dyn ModelFactory,
+    opts: &'a RunOptions,
+    finding: &'a Finding,
+    before: &'a Snapshot,
+}
+
+impl crate::checks::precision::Rerunner for SessionRerun<'_> {
+    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<usize>)> {
+        let (case, factory, opts, finding, before) = (
+            self.case,
+            self.factory,
+            self.opts,
+            self.finding,
+            self.before,
+        );
+        match storage {
+            Some(h) => Ok((
+                with_pytorch_rounding(case, factory, opts, finding, before, h)?,
+                None,
+            )),
+            None if dtype == DType::F64 => {
+                rerun(case, factory, opts, finding, before, Precision::F64)
+            }
+            None => rerun(case, factory, opts, finding, before, Precision::F32),
+        }
+    }
 }
 
 /// The failing step with PyTorch's half-precision numerics, as far as

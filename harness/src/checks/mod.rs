@@ -13,6 +13,7 @@
 pub mod explosion;
 pub mod gradient;
 pub(crate) mod pending;
+pub(crate) mod precision;
 
 use crate::error::Result;
 use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp};

@@ -3,8 +3,8 @@
 //! — parameters and optimizer state converted, the same batch — in f32 (for
 //! a half-precision loop) and in f64, here through a second guard over the
 //! model the user's [`Rebuild`](super::Rebuild) builds at that precision.
-//! The verdict and the re-runs' notes are the shared ones
-//! ([`PrecisionCheck::of`], [`Rerun::ran`]).
+//! Which re-runs a check takes, the verdict and the re-runs' notes are the
+//! runner's ([`crate::checks::precision`], [`Rerun::ran`]).
 
 use super::optim::SavedOptimizer;
 use super::state::Before;
@@ -28,40 +28,30 @@ impl Guard {
         let half = HalfType::of_dtype(dtype);
         const NO_REBUILD: &str =
             "the guard cannot build the model at another precision (give it GuardOptions::rebuild)";
-        let (mut check, emulated) = match (&self.opts.rebuild, dtype) {
-            (_, DType::F64) => (PrecisionCheck::in_f64(), None),
-            (None, _) => {
-                let check = PrecisionCheck {
-                    verdict: Robustness::NotChecked,
-                    reruns: vec![Rerun::not_run("f64", NO_REBUILD)],
-                    exact_zero_gradients: None,
-                    framework: None,
-                };
-                let emulated = half.map(|h| Rerun::not_run(&h.stored_in_f32_name(), NO_REBUILD));
-                (check, emulated)
+        let Some(rebuild) = &self.opts.rebuild.as_ref().filter(|_| dtype != DType::F64) else {
+            if dtype == DType::F64 {
+                let mut check = PrecisionCheck::in_f64();
+                check.framework = Some(FrameworkMark::of(finding, &check, None));
+                return Ok(check);
             }
-            (Some(rebuild), _) => {
-                let f32_run = match half {
-                    Some(_) => Some(
-                        self.rerun(rebuild, DType::F32, None, finding, before, batch)?
-                            .0,
-                    ),
-                    None => None,
-                };
-                let (f64_run, zeros) =
-                    self.rerun(rebuild, DType::F64, None, finding, before, batch)?;
-                let emulated = match half {
-                    Some(h) => Some(
-                        self.rerun(rebuild, DType::F32, Some(h), finding, before, batch)?
-                            .0,
-                    ),
-                    None => None,
-                };
-                (PrecisionCheck::of(f32_run, f64_run, zeros), emulated)
-            }
+            let mut check = PrecisionCheck {
+                verdict: Robustness::NotChecked,
+                reruns: vec![Rerun::not_run("f64", NO_REBUILD)],
+                exact_zero_gradients: None,
+                framework: None,
+            };
+            let emulated = half.map(|h| Rerun::not_run(&h.stored_in_f32_name(), NO_REBUILD));
+            check.framework = Some(FrameworkMark::of(finding, &check, emulated.as_ref()));
+            return Ok(check);
         };
-        check.framework = Some(FrameworkMark::of(finding, &check, emulated.as_ref()));
-        Ok(check)
+        let driver = GuardRerun {
+            guard: self,
+            rebuild,
+            finding,
+            before,
+            batch,
+        };
+        crate::checks::precision::check(finding, dtype, &driver)
     }
 
     /// The failing step in `dtype`, on the rebuilt model, with every
@@ -156,6 +146,29 @@ impl Guard {
 }
 
 /// The optimizer to re-run the step with: the saved one's spec, or (its
+/// The guard's re-run of a failing step: a second guard over the model
+/// the user's [`Rebuild`] builds at the other precision.
+struct GuardRerun<'a> {
+    guard: &'a Guard,
+    rebuild: &'a Rebuild,
+    finding: &'a Finding,
+    before: &'a Before,
+    batch: &'a Batch,
+}
+
+impl crate::checks::precision::Rerunner for GuardRerun<'_> {
+    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<usize>)> {
+        self.guard.rerun(
+            self.rebuild,
+            dtype,
+            storage,
+            self.finding,
+            self.before,
+            self.batch,
+        )
+    }
+}
+
 /// state private) any, when the failure comes before the update.
 fn rerun_optimizer(saved: Option<&SavedOptimizer>, finding: &Finding) -> Option<OptimizerSpec> {
     match saved {
