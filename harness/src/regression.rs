@@ -58,6 +58,13 @@ pub fn replay_dir(
 /// Panics, listing each one, when a reproducer in `dir` no longer fails
 /// (fixed: delete it, or keep it as a stability test with a stable case) or
 /// fails differently (the signature changed: regenerate it).
+///
+/// ```no_run
+/// #[test]
+/// fn stability_regressions() {
+///     nanhunt::regression::assert_dir_reproduces("corpora/repro".as_ref(), None);
+/// }
+/// ```
 pub fn assert_dir_reproduces(dir: &Path, factory: Option<&dyn ModelFactory>) {
     let reports = replay_dir(dir, factory, &RunOptions::default())
         .unwrap_or_else(|e| panic!("replaying {}: {e}", dir.display()));

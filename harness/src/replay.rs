@@ -20,6 +20,13 @@ use std::path::Path;
 /// `opts` carries a user's dataset or loss closure the case names
 /// (`RunOptions::with_dataset`, `with_loss`). A guard's scene (a user's own
 /// loop) is replayed with `nanhunt::guard::replay` and the model.
+///
+/// ```no_run
+/// use nanhunt::replay::{replay, ReplayVerdict};
+/// let report = replay("scene/".as_ref(), None, &nanhunt::RunOptions::default())?;
+/// assert_eq!(report.verdict, ReplayVerdict::Reproduced, "{}", report.message);
+/// # Ok::<(), nanhunt::Error>(())
+/// ```
 pub fn replay(
     path: &Path,
     factory: Option<&dyn ModelFactory>,

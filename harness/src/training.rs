@@ -11,6 +11,15 @@ use crate::runner::{RunOptions, Session};
 use crate::spec::Case;
 
 /// Runs a case of a built-in family with the default options.
+///
+/// ```no_run
+/// let case = nanhunt::Case::example("cnn").expect("a built-in family");
+/// match nanhunt::run(&case)? {
+///     nanhunt::Outcome::Unstable { finding } => println!("{}", finding.signature),
+///     other => println!("{}", other.verdict()),
+/// }
+/// # Ok::<(), nanhunt::Error>(())
+/// ```
 pub fn run(case: &Case) -> Result<Outcome> {
     run_builtin(case, &RunOptions::default())
 }
@@ -31,6 +40,14 @@ pub(crate) fn run_builtin(case: &Case, opts: &RunOptions) -> Result<Outcome> {
 /// Runs a case with its model's factory: a user's own model, or a
 /// built-in family's (`BuiltinFactory::new(&case.model)`). The one entry
 /// point of a whole run.
+///
+/// ```no_run
+/// use nanhunt::models::BuiltinFactory;
+/// let case = nanhunt::Case::example("transformer").expect("a built-in family");
+/// let factory = BuiltinFactory::new(&case.model).expect("a built-in family");
+/// let outcome = nanhunt::run_model(&case, &factory, &nanhunt::RunOptions::default())?;
+/// # Ok::<(), nanhunt::Error>(())
+/// ```
 pub fn run_model(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Outcome> {
     let mut session = match Session::new(case, factory, opts) {
         Ok(s) => s,

@@ -175,6 +175,17 @@ impl Diagnosis {
 
 /// Diagnoses a case: reproduces it (dumping the scene when `opts.dump` is
 /// set), gathers evidence and runs every cause's candidate fixes.
+///
+/// ```no_run
+/// use nanhunt::models::BuiltinFactory;
+/// let case = nanhunt::Case::example("cnn").expect("a built-in family");
+/// let factory = BuiltinFactory::new(&case.model).expect("a built-in family");
+/// let d = nanhunt::diagnose::diagnose(&case, &factory, &nanhunt::RunOptions::default())?;
+/// for cause in d.verified_causes() {
+///     println!("{}", cause.title);
+/// }
+/// # Ok::<(), nanhunt::Error>(())
+/// ```
 pub fn diagnose(case: &Case, factory: &dyn ModelFactory, opts: &RunOptions) -> Result<Diagnosis> {
     let finding = match run_model(case, factory, opts)? {
         Outcome::Unstable { finding } => *finding,

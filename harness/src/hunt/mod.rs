@@ -143,6 +143,16 @@ struct Survey {
 }
 
 /// Hunts the latent NaNs of `case`'s model (see the module docs).
+///
+/// ```no_run
+/// use nanhunt::hunt::{hunt, HuntOptions};
+/// use nanhunt::models::BuiltinFactory;
+/// let case = nanhunt::Case::example("cnn").expect("a built-in family");
+/// let factory = BuiltinFactory::new(&case.model).expect("a built-in family");
+/// let report = hunt(&case, &factory, &HuntOptions::default().out_to("hunt-out"))?;
+/// println!("{}", report.to_markdown());
+/// # Ok::<(), nanhunt::Error>(())
+/// ```
 pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Result<RiskReport> {
     let quiet = RunOptions {
         dump: None,
