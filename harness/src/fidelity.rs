@@ -14,7 +14,7 @@ use crate::error::Result;
 pub use crate::finding::{
     CandleRule, FrameworkMark, FrameworkVerdict, PrecisionCheck, Rerun, Robustness,
 };
-use crate::finding::{Finding, FindingKind, Phase};
+use crate::finding::{Finding, FindingKind, Phase, Zeros};
 use crate::intervention::Intervention;
 use crate::models::{ModelFactory, Tracer};
 use crate::runner::{RunOptions, Session, Snapshot};
@@ -52,7 +52,7 @@ struct SessionRerun<'a> {
 }
 
 impl crate::checks::precision::Rerunner for SessionRerun<'_> {
-    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<usize>)> {
+    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<Zeros>)> {
         let (case, factory, opts, finding, before) = (
             self.case,
             self.factory,
@@ -126,7 +126,7 @@ fn rerun(
     finding: &Finding,
     before: &Snapshot,
     precision: Precision,
-) -> Result<(Rerun, Option<usize>)> {
+) -> Result<(Rerun, Option<Zeros>)> {
     let name = precision.name();
     let master = precision.master_dtype();
     let mut session = match restored(case, factory, opts, finding, before, precision)? {
@@ -237,8 +237,9 @@ fn converted(before: &Snapshot, dtype: DType, case: &Case) -> Result<Snapshot> {
 
 /// The exactly-zero elements of the gradient of the parameter a NaN in
 /// the update names (`param.<name>` or `optimizer.<kind>.<name>`), at the
-/// session's current state and the finding's batch.
-fn exact_zero_gradients(session: &Session, finding: &Finding) -> Result<Option<usize>> {
+/// session's current state and the finding's batch, and how many are
+/// structural.
+fn exact_zero_gradients(session: &Session, finding: &Finding) -> Result<Option<Zeros>> {
     let (names, vars) = session.vars();
     let Some(i) = finding.nan_update_param(names) else {
         return Ok(None);
@@ -246,10 +247,7 @@ fn exact_zero_gradients(session: &Session, finding: &Finding) -> Result<Option<u
     let Ok(batch) = session.batch(finding.step)? else {
         return Ok(None);
     };
-    let loss = session.forward_loss(&batch, &mut Tracer::off())?.loss;
-    let grads = loss.backward()?;
-    let Some(g) = grads.get(vars[i].as_tensor()) else {
-        return Ok(None);
-    };
-    Ok(Some(crate::probe::exact_zeros(g)?))
+    crate::probe::zero_gradients(vars, i, || {
+        Ok(session.forward_loss(&batch, &mut Tracer::off())?.loss)
+    })
 }

@@ -6,7 +6,7 @@
 //! re-runs a check takes, and what they say, is this.
 
 use crate::error::Result;
-use crate::finding::{Finding, FrameworkMark, PrecisionCheck, Rerun};
+use crate::finding::{Finding, FrameworkMark, PrecisionCheck, Rerun, Zeros};
 use crate::spec::HalfType;
 use candle_core::DType;
 
@@ -15,8 +15,9 @@ pub(crate) trait Rerunner {
     /// The failing step computed in `dtype` (f32 or f64), with every
     /// stage's output and gradient stored in `storage` when given
     /// (PyTorch's half-precision rounding); with f64, also the exact zeros
-    /// of the failing parameter's gradient for a NaN in the update.
-    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<usize>)>;
+    /// of the failing parameter's gradient for a NaN in the update
+    /// ([`crate::probe::zero_gradients`]).
+    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<Zeros>)>;
 }
 
 /// The precision check of `finding`, whose step computed in `dtype`,

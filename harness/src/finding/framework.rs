@@ -146,20 +146,38 @@ impl FrameworkMark {
         emulated: Option<&Rerun>,
     ) -> FrameworkMark {
         if check.verdict == Robustness::HangsOnExactZeros {
-            return FrameworkMark::specific(
-                CandleRule::ExactZeros,
-                "0/0 on gradient elements that are exactly 0.0",
-            );
+            return exact_zeros(check);
         }
         let masked = finding
             .explanation
             .as_ref()
             .is_some_and(|e| matches!(e.pattern, Pattern::MaskedRow | Pattern::MaskInsideSoftmax));
         let Some(run) = emulated else {
-            return match masked {
-                true => FrameworkMark::specific(CandleRule::FullyMaskedRow, "every position of a row is masked"),
-                false => FrameworkMark::fails_too(
+            if masked {
+                return FrameworkMark::specific(
+                    CandleRule::FullyMaskedRow,
+                    "every position of a row is masked",
+                );
+            }
+            return match check.verdict {
+                Robustness::ReproducesInF64 => FrameworkMark::fails_too(
                     "at f32 and f64 candle computes as PyTorch does, up to the rules docs/NUMERICS.md lists, and none applies",
+                ),
+                Robustness::NotChecked => {
+                    FrameworkMark::not_judged("the step was not re-run at a higher precision")
+                }
+                // A NaN in an f32 update that f64 does not show can hinge
+                // on gradient elements that candle's f32 summation leaves
+                // exactly 0.0 and PyTorch's does not: not judged.
+                _ if finding.phase == Phase::Update && finding.kind == FindingKind::Nan => {
+                    FrameworkMark::not_judged(
+                        "a NaN in the update that f64 does not show: it may hinge on gradient elements candle's summation leaves exactly 0.0 and PyTorch's does not, which is not emulated",
+                    )
+                }
+                // An op past the dtype's range there is past it in PyTorch's
+                // f32 too.
+                _ => FrameworkMark::fails_too(
+                    "at f32 candle computes as PyTorch does, up to the rules docs/NUMERICS.md lists, and none applies (the step is healthy in f64: the dtype's range is PyTorch's too)",
                 ),
             };
         };
@@ -185,6 +203,30 @@ impl FrameworkMark {
     }
 }
 
+/// The mark of a finding that hinges on exactly-zero gradient elements:
+/// PyTorch fails too where every zero is structural (it stays 0.0 when
+/// the parameters move by 1e-6: a weight behind a dead unit, an embedding
+/// row never indexed); a zero that moves came from candle's rounding,
+/// where PyTorch's summation order can leave noise instead.
+fn exact_zeros(check: &PrecisionCheck) -> FrameworkMark {
+    match (check.exact_zero_gradients, check.structural_zero_gradients) {
+        (Some(n), Some(s)) if n > 0 && s == n => FrameworkMark::fails_too(format!(
+            "its {n} exactly-zero gradient elements are structural: they stay 0.0 when every parameter moves by 1e-6 (a weight behind a dead unit, an embedding row never indexed), so PyTorch's gradient is 0.0 there too"
+        )),
+        (Some(n), Some(s)) => FrameworkMark::specific(
+            CandleRule::ExactZeros,
+            &format!(
+                "0/0 on gradient elements that are exactly 0.0, {} of {n} from rounding (they move when the parameters move by 1e-6)",
+                n - s
+            ),
+        ),
+        _ => FrameworkMark::specific(
+            CandleRule::ExactZeros,
+            "0/0 on gradient elements that are exactly 0.0",
+        ),
+    }
+}
+
 /// The rule a half-precision finding that PyTorch's rounding does not
 /// reproduce hinges on, from what its stage computes.
 fn rule_of(finding: &Finding) -> CandleRule {
@@ -201,5 +243,31 @@ fn rule_of(finding: &Finding) -> CandleRule {
         }
         _ if pattern == Some(Pattern::AccumulationOverflow) => CandleRule::HalfAccumulation,
         _ => CandleRule::HalfIntermediate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_zeros_are_candles_only_where_some_came_from_rounding() {
+        let check = |exact, structural| PrecisionCheck {
+            verdict: Robustness::HangsOnExactZeros,
+            reruns: Vec::new(),
+            exact_zero_gradients: Some(exact),
+            structural_zero_gradients: Some(structural),
+            framework: None,
+        };
+        let all = exact_zeros(&check(5, 5));
+        assert_eq!(all.verdict, FrameworkVerdict::FailsToo);
+        let some = exact_zeros(&check(5, 3));
+        assert_eq!(
+            (some.verdict, some.rule),
+            (
+                FrameworkVerdict::CandleSpecific,
+                Some(CandleRule::ExactZeros)
+            )
+        );
     }
 }

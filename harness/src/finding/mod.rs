@@ -27,7 +27,7 @@ pub use framework::{CandleRule, FrameworkMark, FrameworkVerdict};
 pub use history::{Trace, TraceMark};
 pub use jump::{Grew, Jump};
 pub use op::{OpKind, OpSource, StageOp};
-pub use precision::{PrecisionCheck, Rerun, Robustness};
+pub use precision::{PrecisionCheck, Rerun, Robustness, Zeros};
 pub use replay::{ReplayReport, ReplayVerdict, SEED_THEM};
 pub use rewrite::{is_place, line_diffs, lit, LineDiff, Rewrite, RewriteForm};
 pub use signature::{replace_indices, stage_key, user_stage_key, Signature, StageKeys, Subject};

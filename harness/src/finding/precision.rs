@@ -56,6 +56,14 @@ pub struct Rerun {
     pub note: String,
 }
 
+/// The exactly-zero elements of a gradient, and how many of them are
+/// structural (they stay 0.0 when the parameters move by 1e-6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Zeros {
+    pub exact: usize,
+    pub structural: usize,
+}
+
 /// A finding's precision check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrecisionCheck {
@@ -65,6 +73,12 @@ pub struct PrecisionCheck {
     /// gradient that are exactly 0.0 in the f64 re-run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_zero_gradients: Option<usize>,
+    /// How many of those stay exactly 0.0 when every parameter moves by a
+    /// relative 1e-6: structural zeros (a weight behind a dead unit, an
+    /// embedding row never indexed), which any framework's gradient has;
+    /// the others are rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structural_zero_gradients: Option<usize>,
     /// Would PyTorch fail too, or is it one of candle's rules?
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework: Option<super::FrameworkMark>,
@@ -184,18 +198,21 @@ impl PrecisionCheck {
             verdict: Robustness::ReproducesInF64,
             reruns: Vec::new(),
             exact_zero_gradients: None,
+            structural_zero_gradients: None,
             framework: None,
         }
     }
 
     /// The check from its re-runs: in f32 (half-precision runs only) and
     /// in f64, with the exact-zero gradient elements of the f64 one.
-    pub fn of(f32_run: Option<Rerun>, f64_run: Rerun, zeros: Option<usize>) -> PrecisionCheck {
-        let verdict = Robustness::of(f32_run.as_ref(), Some(&f64_run), zeros);
+    pub fn of(f32_run: Option<Rerun>, f64_run: Rerun, zeros: Option<Zeros>) -> PrecisionCheck {
+        let exact = zeros.map(|z| z.exact);
+        let verdict = Robustness::of(f32_run.as_ref(), Some(&f64_run), exact);
         PrecisionCheck {
             verdict,
             reruns: f32_run.into_iter().chain([f64_run]).collect(),
-            exact_zero_gradients: zeros,
+            exact_zero_gradients: exact,
+            structural_zero_gradients: zeros.map(|z| z.structural),
             framework: None,
         }
     }

@@ -10,7 +10,9 @@ use super::optim::SavedOptimizer;
 use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptions, Rebuild};
 use crate::error::Result;
-use crate::finding::{Finding, FindingKind, FrameworkMark, PrecisionCheck, Rerun, Robustness};
+use crate::finding::{
+    Finding, FindingKind, FrameworkMark, PrecisionCheck, Rerun, Robustness, Zeros,
+};
 use crate::intervention::Intervention;
 use crate::spec::{HalfType, OptimizerSpec, PrecisionKind};
 use candle_core::{DType, Tensor};
@@ -38,6 +40,7 @@ impl Guard {
                 verdict: Robustness::NotChecked,
                 reruns: vec![Rerun::not_run("f64", NO_REBUILD)],
                 exact_zero_gradients: None,
+                structural_zero_gradients: None,
                 framework: None,
             };
             let emulated = half.map(|h| Rerun::not_run(&h.stored_in_f32_name(), NO_REBUILD));
@@ -66,7 +69,7 @@ impl Guard {
         finding: &Finding,
         before: &Before,
         batch: &Batch,
-    ) -> Result<(Rerun, Option<usize>)> {
+    ) -> Result<(Rerun, Option<Zeros>)> {
         let name = match storage {
             Some(h) => h.stored_in_f32_name(),
             None => PrecisionKind::of_dtype(dtype).name().to_string(),
@@ -122,9 +125,7 @@ impl Guard {
         let batch = batch_in(batch, dtype)?;
         let zeros = match (dtype, finding.nan_update_param(&self.names)) {
             (DType::F64, Some(i)) => {
-                let grads = (rebuilt.loss)(&batch)?.backward()?;
-                let g = grads.get(guard.vars[i].as_tensor());
-                g.map(crate::probe::exact_zeros).transpose()?
+                crate::probe::zero_gradients(&guard.vars, i, || Ok((rebuilt.loss)(&batch)?))?
             }
             _ => None,
         };
@@ -157,7 +158,7 @@ struct GuardRerun<'a> {
 }
 
 impl crate::checks::precision::Rerunner for GuardRerun<'_> {
-    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<usize>)> {
+    fn rerun(&self, dtype: DType, storage: Option<HalfType>) -> Result<(Rerun, Option<Zeros>)> {
         self.guard.rerun(
             self.rebuild,
             dtype,
