@@ -247,7 +247,7 @@ fn exact_zero_gradients(session: &Session, finding: &Finding) -> Result<Option<Z
     let Ok(batch) = session.batch(finding.step)? else {
         return Ok(None);
     };
-    crate::probe::zero_gradients(vars, i, || {
+    crate::checks::precision::zero_gradients(vars, i, || {
         Ok(session.forward_loss(&batch, &mut Tracer::off())?.loss)
     })
 }

@@ -431,54 +431,6 @@ pub fn exact_zeros(t: &Tensor) -> Result<usize> {
     Ok(values.iter().filter(|&&v| v == 0.0).count())
 }
 
-/// The exactly-zero elements of `vars[i]`'s gradient of `loss`, and how
-/// many stay exactly zero when every variable moves by a seeded relative
-/// 1e-6: structural zeros (a weight behind a dead unit, an embedding row
-/// never indexed), which any framework's gradient has, where a zero that
-/// moves came from rounding (a sum that cancelled exactly). The variables
-/// are put back. `None` when the variable gets no gradient.
-pub fn zero_gradients(
-    vars: &[candle_core::Var],
-    i: usize,
-    mut loss: impl FnMut() -> Result<Tensor>,
-) -> Result<Option<crate::finding::Zeros>> {
-    let values = |loss: &mut dyn FnMut() -> Result<Tensor>| -> Result<Option<Vec<f64>>> {
-        let grads = loss()?.backward()?;
-        grads
-            .get(vars[i].as_tensor())
-            .map(|g| Ok(g.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?))
-            .transpose()
-    };
-    let Some(first) = values(&mut loss)? else {
-        return Ok(None);
-    };
-    let originals: Vec<Tensor> = vars
-        .iter()
-        .map(|v| v.as_tensor().copy())
-        .collect::<candle_core::Result<_>>()?;
-    let mut rng = crate::rng::Rng::keyed(0, "zero_gradients", i as u64);
-    for v in vars.iter().filter(|v| v.dtype().is_float()) {
-        let t = v.as_tensor();
-        let factors: Vec<f64> = (0..t.elem_count())
-            .map(|_| 1.0 + 1e-6 * rng.uniform_in(-1.0, 1.0))
-            .collect();
-        let factors = Tensor::from_vec(factors, t.shape(), t.device())?.to_dtype(t.dtype())?;
-        v.set(&(t * factors)?)?;
-    }
-    let moved = values(&mut loss);
-    for (v, o) in vars.iter().zip(&originals) {
-        v.set(o)?;
-    }
-    let moved = moved?.unwrap_or_default();
-    let exact = first.iter().filter(|&&g| g == 0.0).count();
-    let structural = first
-        .iter()
-        .zip(&moved)
-        .filter(|(&a, &b)| a == 0.0 && b == 0.0)
-        .count();
-    Ok(Some(crate::finding::Zeros { exact, structural }))
-}
-
 /// Summary statistics of an offending tensor (finite entries only for the moments).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorStats {

@@ -125,7 +125,9 @@ impl Guard {
         let batch = batch_in(batch, dtype)?;
         let zeros = match (dtype, finding.nan_update_param(&self.names)) {
             (DType::F64, Some(i)) => {
-                crate::probe::zero_gradients(&guard.vars, i, || Ok((rebuilt.loss)(&batch)?))?
+                crate::checks::precision::zero_gradients(&guard.vars, i, || {
+                    Ok((rebuilt.loss)(&batch)?)
+                })?
             }
             _ => None,
         };
