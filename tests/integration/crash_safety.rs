@@ -378,6 +378,82 @@ fn a_killed_campaign_takes_its_workers_with_it() {
     assert!(!running(worker), "worker {worker} outlived its campaign");
 }
 
+/// A worker terminated from outside (a scheduler's SIGTERM) is not its
+/// run's crash: the campaign stops with the run unjournaled, and
+/// `--resume` runs it, ending with the journal of an uninterrupted run.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_worker_terminated_from_outside_is_no_crash_and_resume_runs_its_case() {
+    let dir = scratch("terminated");
+    let args = |d: &std::path::Path| {
+        let mut v: Vec<String> = [
+            "fuzz", "--runs", "3", "--seed", "3", "--jobs", "1", "--quiet", "--out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push(d.to_str().unwrap().to_string());
+        v
+    };
+    // The worker hangs in its first run and is sent SIGTERM there.
+    let campaign = Command::new(binary())
+        .args(args(&dir))
+        .env(nanhunt::campaign::workers::HANG_INDEX_ENV, "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let worker = worker_child(campaign.id()).expect("the campaign starts a worker");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let term = Command::new("kill")
+        .args(["-TERM", &worker.to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let out = campaign.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        !matches!(out.status.code(), Some(0 | 1)) && err.contains("terminated from outside"),
+        "{:?}: {err}",
+        out.status.code()
+    );
+    let crashes = journal(&dir)
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Entry::Run {
+                    verdict: nanhunt::Verdict::Crash,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(
+        crashes, 0,
+        "a terminated worker's run is journaled as a crash"
+    );
+    // Resumed, it ends as the campaign run without interruption does.
+    let resumed = Command::new(binary())
+        .args(args(&dir))
+        .arg("--resume")
+        .output()
+        .unwrap();
+    assert!(
+        matches!(resumed.status.code(), Some(0 | 1)),
+        "{}",
+        stderr(&resumed)
+    );
+    let whole = scratch("terminated-whole");
+    let plain = Command::new(binary()).args(args(&whole)).output().unwrap();
+    assert!(
+        matches!(plain.status.code(), Some(0 | 1)),
+        "{}",
+        stderr(&plain)
+    );
+    assert_eq!(runs(&journal(&dir)), runs(&journal(&whole)));
+}
+
 #[test]
 fn a_run_past_the_case_timeout_is_journaled_and_its_worker_replaced() {
     let dir = scratch("timeout");

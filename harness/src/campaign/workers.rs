@@ -199,6 +199,10 @@ enum Failure {
     Died(String),
     /// The child ran past the request's time limit and was killed.
     TimedOut(Duration),
+    /// The child was terminated from outside (SIGTERM, SIGINT, SIGHUP: a
+    /// scheduler or a user ending the campaign's processes; a case cannot
+    /// send them to itself): no verdict on its run.
+    Terminated(String),
 }
 
 /// A running child and the pipes to it. Its answers arrive through a
@@ -257,7 +261,7 @@ impl Worker {
         })
         .is_err()
         {
-            return Err(Failure::Gone(self.death()));
+            return Err(self.death(Failure::Gone));
         }
         match self.lines.recv_timeout(timeout) {
             Ok(Ok(line)) if !line.is_empty() => serde_json::from_str(&line)
@@ -267,16 +271,18 @@ impl Worker {
                 let _ = self.child.wait();
                 Err(Failure::TimedOut(timeout))
             }
-            _ => Err(Failure::Died(self.death())),
+            _ => Err(self.death(Failure::Died)),
         }
     }
 
-    /// Reaps a child whose pipe closed and describes its end.
-    fn death(&mut self) -> String {
+    /// Reaps a child whose pipe closed and describes its end, as `how`
+    /// unless it was terminated from outside.
+    fn death(&mut self, how: fn(String) -> Failure) -> Failure {
         let _ = self.child.kill();
         match self.child.wait() {
-            Ok(status) => describe(status),
-            Err(e) => format!("the worker process was lost: {e}"),
+            Ok(status) if terminated(status) => Failure::Terminated(describe(status)),
+            Ok(status) => how(describe(status)),
+            Err(e) => how(format!("the worker process was lost: {e}")),
         }
     }
 }
@@ -389,6 +395,31 @@ fn without_sigpipe<T>(write: impl FnOnce() -> std::io::Result<T>) -> std::io::Re
     write()
 }
 
+/// A worker terminated from outside is not its request's crash: the
+/// campaign stops with the request unjournaled, and `--resume` redoes it.
+fn terminated_outside(how: String) -> Error {
+    Error::Worker(format!(
+        "{how}: terminated from outside, not by its case; the campaign stops, and `--resume` runs it again"
+    ))
+}
+
+/// Whether a child ended by a signal that only comes from outside.
+fn terminated(status: std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        matches!(
+            status.signal(),
+            Some(libc::SIGTERM | libc::SIGINT | libc::SIGHUP)
+        )
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
 fn describe(status: std::process::ExitStatus) -> String {
     #[cfg(unix)]
     {
@@ -482,6 +513,7 @@ impl Executor {
             Some((_, Err(Failure::Died(how) | Failure::Gone(how)))) => {
                 failed(Verdict::Crash, self.with_memory_note(how))
             }
+            Some((_, Err(Failure::Terminated(how)))) => return Err(terminated_outside(how)),
         })
     }
 
@@ -506,6 +538,7 @@ impl Executor {
         };
         let entry = match response {
             Ok(Response::Reproduce(Ok(entry))) => return Ok(entry),
+            Err(Failure::Terminated(how)) => return Err(terminated_outside(how)),
             Ok(Response::Reproduce(Err(e))) => return Err(Error::Worker(e)),
             Ok(other) => {
                 return Err(Error::Worker(format!(
