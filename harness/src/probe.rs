@@ -424,13 +424,6 @@ fn device_row(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(Tensor::stack(&row, 0)?)
 }
 
-/// The elements of `t` that are exactly 0.0 (the precision check's
-/// exact-zero rule).
-pub fn exact_zeros(t: &Tensor) -> Result<usize> {
-    let values: Vec<f64> = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
-    Ok(values.iter().filter(|&&v| v == 0.0).count())
-}
-
 /// Summary statistics of an offending tensor (finite entries only for the moments).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorStats {

@@ -139,18 +139,14 @@ impl Rewrite {
             ),
             RewriteForm::Softplus => {
                 let x = self.from.as_ref()?.operands.first()?;
-                bound(x, |x| {
-                    format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)")
-                })
+                bound(x, softplus)
             }
             RewriteForm::NegSoftplus => {
                 let x = match &self.input {
                     Some(name) => name,
                     None => self.from.as_ref()?.operands.first()?,
                 };
-                bound(x, |x| {
-                    format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)?.neg()")
-                })
+                bound(x, |x| format!("{}?.neg()", softplus(x)))
             }
             RewriteForm::LogSumExp { keepdim_at } => {
                 let x = self.from.as_ref()?.operands.first()?;
@@ -382,6 +378,11 @@ pub fn is_place(x: &str) -> bool {
         && x.starts_with(|c: char| c.is_alphabetic() || c == '_')
         && x.chars()
             .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+}
+
+/// The softplus of place `x` that cannot overflow, as code (a `Result`).
+fn softplus(x: &str) -> String {
+    format!("(({x}.abs()?.neg()?.exp()? + 1.0)?.log()? + {x}.relu()?)")
 }
 
 /// `body` of operand `x`, which it reads twice: `x` itself where it is a

@@ -200,9 +200,8 @@ pub fn hunt(case: &Case, factory: &dyn ModelFactory, opts: &HuntOptions) -> Resu
     if end.is_none_or(|e| Instant::now() < e) {
         drift(case, &ground, opts, &targets, &mut status)?;
     }
-    let mut unsafe_free = seen.safe.clone();
-    let stages = report_stages(seen, status, &owners, bound, opts.token_swaps, &ground);
-    listed_once(&mut unsafe_free, &stages);
+    let (stages, unsafe_free) =
+        report_stages(seen, status, &owners, bound, opts.token_swaps, &ground);
     Ok(RiskReport {
         model: case.family().to_string(),
         dataset: dataset_name(case),
@@ -599,7 +598,8 @@ fn drift(
 }
 
 /// Every risky stage with its margin and what was found there, and the
-/// stages that fired without being risky (a finding credited to its own op).
+/// stages that fired without being risky (a finding credited to its own op);
+/// with the count, by kind, of the recorded ops not searched.
 fn report_stages(
     seen: Survey,
     mut status: BTreeMap<String, RiskStatus>,
@@ -607,7 +607,7 @@ fn report_stages(
     bound: f64,
     swaps: usize,
     ground: &Ground,
-) -> Vec<StageRisk> {
+) -> (Vec<StageRisk>, BTreeMap<String, usize>) {
     let tokens = tokens_in(ground);
     let mut out: Vec<StageRisk> = seen
         .risky
@@ -630,36 +630,30 @@ fn report_stages(
             }
         })
         .collect();
-    out.extend(status.into_iter().map(|(stage, status)| {
+    // The stages that fired without an unsafe domain of their own: rows,
+    // and no longer counted as "not searched".
+    let mut unsafe_free = seen.safe;
+    for (stage, status) in status {
         let owner = owners.get(&stage);
-        StageRisk {
-            op: owner.and_then(|o| o.op).map_or(OpKind::Other, |op| op.kind),
+        let op = owner.and_then(|o| o.op).map_or(OpKind::Other, |op| op.kind);
+        let site = owner.and_then(|o| o.site.clone());
+        if let Some(n) = unsafe_free.get_mut(op.as_str()).filter(|_| site.is_some()) {
+            *n = n.saturating_sub(1);
+        }
+        out.push(StageRisk {
+            op,
             op_from_name: owner.and_then(|o| o.op).is_some_and(|op| op.guessed()),
             risk: "none".into(),
             domain: "no unsafe domain of its own".into(),
-            site: owner.and_then(|o| o.site.clone()),
+            site,
             margin: None,
             status,
             stage,
-        }
-    }));
-    out.sort_by(|a, b| a.stage.cmp(&b.stage));
-    out
-}
-
-/// The ops without an unsafe domain that the table lists (one that fired
-/// all the same) taken out of their count, so that none is both a row and
-/// "not searched".
-fn listed_once(unsafe_free: &mut BTreeMap<String, usize>, stages: &[StageRisk]) {
-    for s in stages
-        .iter()
-        .filter(|s| s.risk == "none" && s.site.is_some())
-    {
-        if let Some(n) = unsafe_free.get_mut(s.op.as_str()) {
-            *n = n.saturating_sub(1);
-        }
+        });
     }
     unsafe_free.retain(|_, n| *n > 0);
+    out.sort_by(|a, b| a.stage.cmp(&b.stage));
+    (out, unsafe_free)
 }
 
 /// Whether the model reads token ids.

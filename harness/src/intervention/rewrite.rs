@@ -41,14 +41,8 @@ pub fn rewritten(
         },
         RewriteForm::MaxSubtracted => x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?.exp()?,
         RewriteForm::ClampBeforeCast { limit } => x.clamp(-limit, limit)?.to_dtype(out.dtype())?,
-        RewriteForm::Softplus => {
-            let z = read()?;
-            ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?
-        }
-        RewriteForm::NegSoftplus => {
-            let z = read()?;
-            ((z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?)?.neg()?
-        }
+        RewriteForm::Softplus => softplus(read()?)?,
+        RewriteForm::NegSoftplus => softplus(read()?)?.neg()?,
         RewriteForm::LogSumExp { keepdim_at } => {
             let lse = read()?.log_sum_exp(D::Minus1)?;
             match keepdim_at {
@@ -92,6 +86,11 @@ fn unary(op: &str, x: &Tensor, scalar: Option<f64>) -> Result<Tensor> {
         ("powf", Some(e)) => x.powf(e),
         _ => bail!("no rewrite of `{op}` with its input moved"),
     }
+}
+
+/// log(1 + exp(−|z|)) + relu(z): the softplus that cannot overflow.
+fn softplus(z: &Tensor) -> Result<Tensor> {
+    (z.abs()?.neg()?.exp()? + 1.0)?.log()? + z.relu()?
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! be written from the operands' text), the explanation's repair in words
 //! stands alone.
 
-use super::walk::{Arg, Cx};
+use super::walk::{one_minus, Arg, Cx};
 use crate::error::Result;
 use crate::finding::{is_place, Explanation, OpKind, Pattern, Rewrite, RewriteForm};
 use crate::intervention::substitute::{eps, exp_cap, mask_fill, norm_eps};
@@ -152,18 +152,13 @@ fn neg_softplus(cx: &Cx, i: usize) -> Result<Option<Rewrite>> {
     let Some(at) = cx.site(i) else {
         return Ok(None);
     };
-    let Some(one_minus) = cx.reads(i).first().copied() else {
+    let Some(read) = cx.reads(i).first().copied() else {
         return Ok(None);
     };
-    let Some((j, _)) = cx.maker_through_views(&one_minus)? else {
+    let Some((j, _)) = cx.maker_through_views(&read)? else {
         return Ok(None);
     };
-    let is_one_minus = match cx.site(j).map(|s| s.op.as_str()) {
-        Some("affine") => cx.g.scalars(j) == [-1.0, 1.0],
-        Some("-") => matches!(cx.args(j).first(), Some(Arg::Scalar(v)) if *v == 1.0),
-        _ => false,
-    };
-    let Some(gate) = cx.reads(j).first().copied().filter(|_| is_one_minus) else {
+    let Some(gate) = cx.reads(j).first().copied().filter(|_| one_minus(cx, j)) else {
         return Ok(None);
     };
     let Some((from, z)) = sigmoid_logits(cx, &gate)? else {

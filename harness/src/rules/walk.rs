@@ -482,14 +482,17 @@ pub fn underflow(cx: &Cx, z: &Read) -> Result<Option<String>> {
 
 /// `1 − g` (op `j`, a subtraction of a gate from 1) where `g` is a sigmoid
 /// that rounded to exactly 1: the words, and the gate's logits' record.
-fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> {
-    // 1 − g, or g·(−1) + 1 (`affine(-1.0, 1.0)`).
-    let one_minus = match cx.site(j).map(|s| s.op.as_str()) {
+/// Whether op `j` is 1 − g: `1.0 - g`, or g·(−1) + 1 (`affine(-1.0, 1.0)`).
+pub fn one_minus(cx: &Cx, j: usize) -> bool {
+    match cx.site(j).map(|s| s.op.as_str()) {
         Some("affine") => cx.g.scalars(j) == [-1.0, 1.0],
         Some("-") => matches!(cx.args(j).first(), Some(Arg::Scalar(v)) if *v == 1.0),
         _ => false,
-    };
-    if !one_minus {
+    }
+}
+
+fn saturated_gate(cx: &Cx, j: usize) -> Result<Option<(String, Option<usize>)>> {
+    if !one_minus(cx, j) {
         return Ok(None);
     }
     let reads = cx.reads(j);
