@@ -66,7 +66,7 @@ pub(crate) mod training;
 
 pub use error::{Error, Result};
 pub use finding::OpKind;
-pub use finding::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict};
+pub use finding::{Finding, FindingKind, Outcome, Phase, Signature, Trace, Verdict, Warning};
 pub use runner::RunOptions;
 pub use spec::{Case, Limits};
 pub use trace::{trace, trace_as, traced};

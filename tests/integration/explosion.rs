@@ -10,7 +10,7 @@ use nanhunt::diagnose::{diagnose, CauseKind};
 use nanhunt::explosion::JUMP;
 use nanhunt::models::{Model, Tracer};
 use nanhunt::spec::*;
-use nanhunt::{run, run_model, FindingKind, Outcome, Phase, RunOptions, Trace};
+use nanhunt::{run, run_model, FindingKind, Outcome, Phase, RunOptions, Trace, Warning};
 
 /// A tanh RNN written by hand: h ← tanh(x·Wx + h·Wh + b), head on the last h.
 struct TanhRnn {
@@ -85,6 +85,14 @@ fn a_finite_tanh_rnn_explosion_is_found_at_step_0_and_clipping_keeps_it_stable()
     println!("{}: {}", f.signature, f.detail);
     // Every value stayed finite.
     assert!(f.trace.losses.iter().all(|l| l.is_finite()));
+    // The runner warned of the jump when it happened, as the guard does
+    // (the finding's trace ends at the jump's step, its warning included).
+    let jump = f
+        .trace
+        .warnings
+        .iter()
+        .find(|w| matches!(w, Warning::Jump(_)));
+    assert_eq!(jump.map(|w| w.step()), Some(0), "{:?}", f.trace.warnings);
     let check = f.precision.as_ref().expect("checked at higher precision");
     assert!(
         check.reruns.iter().all(|r| r.reproduced),

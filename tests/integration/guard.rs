@@ -8,7 +8,7 @@ use candle_nn::{linear, Linear, VarBuilder, VarMap};
 use nanhunt::guard::{Batch, Guard, GuardError, GuardOptimizer, GuardOptions};
 use nanhunt::rng::Rng;
 use nanhunt::spec::OptimizerSpec;
-use nanhunt::{FindingKind, Phase};
+use nanhunt::{FindingKind, Phase, Warning};
 
 /// A user's model: an encoder with a nested block, and a head.
 struct Net {
@@ -342,13 +342,18 @@ fn a_gradient_that_jumps_by_orders_of_magnitude_is_warned_about() {
             })
             .unwrap();
     }
-    let warned: Vec<&String> = guard
+    let warned: Vec<&Warning> = guard
         .warnings()
         .iter()
-        .filter(|w| w.contains("finite explosion"))
+        .filter(|w| matches!(w, Warning::Jump(_)))
         .collect();
     assert_eq!(warned.len(), 1, "{:?}", guard.warnings());
-    assert!(warned[0].starts_with("step 6:"), "{}", warned[0]);
+    assert_eq!(warned[0].step(), 6);
+    let text = warned[0].to_string();
+    assert!(
+        text.starts_with("step 6:") && text.contains("finite explosion"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -678,7 +683,11 @@ fn half_precision_gradients_near_overflow_are_warned_about() {
         .step(1, &b, &mut opt, |_| (&w * 20000.0)?.sum_all())
         .unwrap();
     assert_eq!(guard.warnings().len(), 1, "{:?}", guard.warnings());
-    assert!(guard.warnings()[0].contains("`w`") && guard.warnings()[0].contains("F16"));
+    let Warning::HalfMargin { tensor, dtype, .. } = &guard.warnings()[0] else {
+        panic!("{:?}", guard.warnings());
+    };
+    assert_eq!((tensor.as_str(), dtype.as_str()), ("w", "F16"));
+    assert!(guard.warnings()[0].to_string().contains("`w`"));
 }
 
 /// A model that traces nothing: sqrt of its input (NaN where the input is

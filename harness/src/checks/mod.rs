@@ -16,7 +16,7 @@ pub(crate) mod pending;
 pub(crate) mod precision;
 
 use crate::error::Result;
-use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp};
+use crate::finding::{Failure, FindingKind, GradientCoverage, OpKind, Phase, StageOp, Warning};
 use crate::probe::{Diverged, DivergenceTracker, Judged, TensorScan, TensorStats};
 use crate::spec::dtype_max;
 use candle_core::{DType, Tensor};
@@ -320,14 +320,41 @@ pub const HALF_MARGIN: f64 = 8.0;
 
 /// The warning for a half-precision gradient that came within
 /// [`HALF_MARGIN`] of overflowing, if it did.
-pub fn half_margin(step: usize, name: &str, dtype: DType, scan: &TensorScan) -> Option<String> {
+pub fn half_margin(step: usize, name: &str, dtype: DType, scan: &TensorScan) -> Option<Warning> {
     let limit = dtype_max(dtype);
     (matches!(dtype, DType::F16 | DType::BF16) && scan.max_abs > limit / HALF_MARGIN).then(|| {
-        format!(
-            "step {step}: the gradient of `{name}` reached {:.4e}, within {HALF_MARGIN}x of the largest {dtype:?} value {limit:.4e}",
-            scan.max_abs
-        )
+        Warning::HalfMargin {
+            step,
+            tensor: name.to_string(),
+            dtype: format!("{dtype:?}"),
+            max_abs: scan.max_abs,
+            limit,
+            margin: HALF_MARGIN,
+        }
     })
+}
+
+/// Adds the half-margin warning of each gradient of a healthy step (its
+/// variables' `names` and `dtypes`: a gradient has its variable's dtype),
+/// once per variable over a run: the first time says how close it came.
+pub fn warn_half_margins(
+    step: usize,
+    (names, dtypes): (&[String], &[DType]),
+    scans: &[TensorScan],
+    warnings: &mut Vec<Warning>,
+) {
+    for ((name, &dtype), scan) in names.iter().zip(dtypes).zip(scans) {
+        // Nothing to search for without a warning.
+        let Some(w) = half_margin(step, name, dtype, scan) else {
+            continue;
+        };
+        let seen = warnings
+            .iter()
+            .any(|o| matches!(o, Warning::HalfMargin { tensor, .. } if tensor == name));
+        if !seen {
+            warnings.push(w);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -370,11 +397,24 @@ mod tests {
     #[test]
     fn a_half_precision_gradient_near_its_range_is_warned_about() {
         assert!(half_margin(3, "w", DType::F16, &scan(&[5000.0])).is_none());
-        let w = half_margin(3, "w", DType::F16, &scan(&[20000.0])).unwrap();
+        let w = half_margin(3, "w", DType::F16, &scan(&[20000.0]))
+            .unwrap()
+            .to_string();
         assert!(
             w.starts_with("step 3:") && w.contains("`w`") && w.contains("F16"),
             "{w}"
         );
         assert!(half_margin(3, "w", DType::F32, &scan(&[1e38])).is_none());
+    }
+
+    #[test]
+    fn a_variable_is_warned_of_once_a_run_and_only_in_half_precision() {
+        let names = ["a".to_string(), "b".to_string()];
+        let near = [scan(&[20000.0]), scan(&[30000.0])];
+        let mut warnings = Vec::new();
+        warn_half_margins(1, (&names, &[DType::F16, DType::F32]), &near, &mut warnings);
+        warn_half_margins(2, (&names, &[DType::F16, DType::F16]), &near, &mut warnings);
+        let got: Vec<(usize, &str)> = warnings.iter().map(|w| (w.step(), w.tensor())).collect();
+        assert_eq!(got, [(1, "a"), (2, "b")]);
     }
 }

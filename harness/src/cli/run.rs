@@ -161,4 +161,7 @@ fn print_summary(trace: &Trace) {
         .map(|v| format!("{v:.4e}"))
         .collect();
     println!("  last losses: [{}]", tail.join(", "));
+    for w in &trace.warnings {
+        println!("  warning: {w}");
+    }
 }

@@ -29,6 +29,9 @@ pub struct Trace {
     /// The loss scale at the end (mixed precision only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f64>,
+    /// What the run warned of and went on (half-precision margins, jumps).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<super::Warning>,
 }
 
 /// The length of a trace's histories at some moment (a trace only grows
@@ -40,6 +43,7 @@ pub struct TraceMark {
     param_norms: usize,
     lrs: usize,
     skipped_steps: usize,
+    warnings: usize,
 }
 
 impl Trace {
@@ -50,6 +54,7 @@ impl Trace {
             param_norms: self.param_norms.len(),
             lrs: self.lrs.len(),
             skipped_steps: self.skipped_steps,
+            warnings: self.warnings.len(),
         }
     }
 
@@ -60,6 +65,7 @@ impl Trace {
         self.param_norms.truncate(mark.param_norms);
         self.lrs.truncate(mark.lrs);
         self.skipped_steps = mark.skipped_steps;
+        self.warnings.truncate(mark.warnings);
     }
 
     /// A copy as it was at `mark`.
@@ -79,6 +85,7 @@ impl Trace {
             lrs: self.lrs[mark.lrs.min(self.lrs.len())..].to_vec(),
             skipped_steps: self.skipped_steps.saturating_sub(mark.skipped_steps),
             loss_scale: self.loss_scale,
+            warnings: self.warnings[mark.warnings.min(self.warnings.len())..].to_vec(),
         }
     }
 

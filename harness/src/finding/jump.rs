@@ -1,10 +1,10 @@
 //! A finite explosion's jump as a finding carries it (the rule that sees
 //! it is [`crate::checks::explosion`]).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which norm jumped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grew {
     /// The global gradient norm, against the run's largest before it.
@@ -14,7 +14,7 @@ pub enum Grew {
 }
 
 /// A jump seen at a step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Jump {
     pub step: usize,
     pub grew: Grew,

@@ -19,6 +19,7 @@ mod rewrite;
 mod signature;
 mod site;
 mod substitute;
+mod warning;
 
 pub use coverage::{Cut, CutKind, FlowStop, FrozenModule, GradientCoverage, NoBackwardOp};
 pub use explanation::{Explanation, Pattern};
@@ -33,6 +34,7 @@ pub use rewrite::{is_place, line_diffs, lit, LineDiff, Rewrite, RewriteForm};
 pub use signature::{replace_indices, stage_key, user_stage_key, Signature, StageKeys, Subject};
 pub use site::{short_type_name, OpSite};
 pub use substitute::{Axis, Formulation, Substitute};
+pub use warning::Warning;
 
 use crate::probe::TensorStats;
 use serde::{Deserialize, Serialize};

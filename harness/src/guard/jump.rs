@@ -10,6 +10,7 @@ use super::state::Before;
 use super::{Batch, Guard, GuardError, GuardOptimizer};
 use crate::checks::explosion::{Grew, Jump};
 use crate::error::Result;
+use crate::finding::Warning;
 
 impl Guard {
     /// A norm jumped at `step` (from `was` to `now`, led by `leader`): a
@@ -32,10 +33,7 @@ impl Guard {
             after: now,
             tensor: leader,
         };
-        self.warnings.push(format!(
-            "step {step}: {}: a finite explosion unless the loss recovers; clip the gradient norm or lower the learning rate",
-            jump.describe()
-        ));
+        self.trace.warnings.push(Warning::Jump(jump.clone()));
         let kept = keep((&self.vars, &self.trace), step, before, opt)?;
         self.pending.keep_jump(jump, kept);
         Ok(())

@@ -44,7 +44,7 @@ pub use crate::checks::HALF_MARGIN;
 
 use crate::checks::explosion::JumpWatch;
 use crate::error::Error;
-use crate::finding::{Finding, FindingKind, StageKeys, Subject, Trace};
+use crate::finding::{Finding, FindingKind, StageKeys, Subject, Trace, Warning};
 use crate::probe::DivergenceTracker;
 use crate::spec::{DeviceSpec, OptimizerSpec, PrecisionKind};
 use candle_core::{DType, Result as CandleResult, Tensor, Var};
@@ -123,9 +123,6 @@ pub struct Guard {
     trace: Trace,
     /// The batch's names and per-sample dims, from the first step.
     layout: Option<Vec<(String, DType, Vec<usize>)>>,
-    /// Half-precision gradients that came near their dtype's largest value
-    /// (at most one per variable), and jumps of the norms.
-    warnings: Vec<String>,
     /// The explosion rule's running norms, as in the runner.
     watch: JumpWatch,
     /// The parameters' global norm when the guard was made.
@@ -193,7 +190,6 @@ impl Guard {
             opts,
             trace: Trace::default(),
             layout: None,
-            warnings: Vec::new(),
             watch: JumpWatch::new(init_norm),
             init_norm,
             pending: Default::default(),
@@ -227,8 +223,8 @@ impl Guard {
     /// Half-precision gradients that came within [`HALF_MARGIN`] of
     /// overflowing, and norms that jumped (the run goes on; these say how
     /// close it came).
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+    pub fn warnings(&self) -> &[Warning] {
+        &self.trace.warnings
     }
 
     /// What the loop is, for its findings' signatures: the guard's name,

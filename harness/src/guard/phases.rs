@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::finding::{Failure, Grew, Phase};
 use crate::probe::{first_non_finite, global_norm, scan_all, TensorScan, TensorStats};
 use candle_core::backprop::GradStore;
-use candle_core::{Result as CandleResult, Tensor, Var};
+use candle_core::{DType, Result as CandleResult, Tensor, Var};
 use std::borrow::Cow;
 
 /// The value a phase handed on, or the step's failure.
@@ -125,18 +125,10 @@ impl Guard {
             return Ok(Err(f));
         }
         // Outside half precision there is no margin to warn of.
-        let vars: &[Var] = if self.half() { &self.vars } else { &[] };
-        for ((v, scan), name) in vars.iter().zip(scans.iter()).zip(&self.names) {
-            // The warning first: nothing to format or search for without
-            // one. (A gradient has its variable's dtype: candle
-            // accumulates it in zeros like it.)
-            let Some(w) = checks::half_margin(step, name, v.dtype(), scan) else {
-                continue;
-            };
-            let tag = format!("`{name}`");
-            if !self.warnings.iter().any(|w| w.contains(&tag)) {
-                self.warnings.push(w);
-            }
+        if self.half() {
+            let dtypes: Vec<DType> = self.vars.iter().map(|v| v.dtype()).collect();
+            let names = (&self.names[..], &dtypes[..]);
+            checks::warn_half_margins(step, names, &scans, &mut self.trace.warnings);
         }
         let norm = global_norm(&scans);
         self.trace.grad_norms.push(norm);

@@ -118,7 +118,6 @@ impl Guard {
             extra: Vec::new(),
             mix_lambda: None,
             include: &self.opts.include,
-            warnings: &self.warnings,
             device: finding.signature.device.to_string(),
             deterministic,
         };

@@ -8,7 +8,7 @@ use super::{Readback, Session, Snapshot};
 use crate::checks::explosion::{self, Grew, Jump, JumpWatch};
 use crate::checks::pending::Kept;
 use crate::error::Result;
-use crate::finding::{Finding, TraceMark};
+use crate::finding::{Finding, TraceMark, Warning};
 use candle_core::Tensor;
 
 /// What a healthy step leaves for the jump check: the norms' counts and
@@ -30,7 +30,6 @@ impl Session<'_> {
         if !self.probe || !self.watch_divergence || self.pending.jump().is_some() {
             return Ok(());
         }
-        let now = self.trace.mark();
         if let Some(&norm) = self.trace.grad_norms.get(seen.grad_norms) {
             if let Some(before) = self.watch.gradient(norm) {
                 let jump = Jump {
@@ -40,11 +39,13 @@ impl Session<'_> {
                     after: norm,
                     tensor: self.names[explosion::largest(&self.grad_sq)].clone(),
                 };
+                // Warned of when seen; the kept trace ends with the warning.
+                self.trace.warnings.push(Warning::Jump(jump.clone()));
                 let kept = Kept {
                     step,
                     index: step,
                     state: seen.before.cloned(),
-                    through: now,
+                    through: self.trace.mark(),
                 };
                 self.pending.keep_jump(jump, kept);
                 return Ok(());
@@ -56,10 +57,11 @@ impl Session<'_> {
         let Some(last) = self.watch.parameters(norm) else {
             return Ok(());
         };
-        // Read in place, this step's update; deferred, the previous step's.
+        // Read in place, this step's update; deferred, the previous step's
+        // (whose kept trace ends before this step, its warning included).
         let (at, snapshot, through) = match self.readback {
-            Readback::InPlace => (step, seen.before.cloned(), now),
-            Readback::Deferred => (step.saturating_sub(1), seen.previous, seen.mark),
+            Readback::InPlace => (step, seen.before.cloned(), None),
+            Readback::Deferred => (step.saturating_sub(1), seen.previous, Some(seen.mark)),
         };
         let tensor = match &snapshot {
             Some(s) => self.fastest_growing(&s.params)?,
@@ -72,11 +74,12 @@ impl Session<'_> {
             after: norm,
             tensor,
         };
+        self.trace.warnings.push(Warning::Jump(jump.clone()));
         let kept = Kept {
             step: at,
             index: at,
             state: snapshot,
-            through,
+            through: through.unwrap_or_else(|| self.trace.mark()),
         };
         self.pending.keep_jump(jump, kept);
         Ok(())

@@ -452,7 +452,6 @@ impl<'a> Session<'a> {
                     .map(|(n, t)| (format!("source/{n}"), t))
                     .collect(),
                 include: &[],
-                warnings: &[],
                 device: self.case.device.to_string(),
                 deterministic: self.deterministic(step, &batch),
             },

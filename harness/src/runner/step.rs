@@ -110,10 +110,11 @@ impl Session<'_> {
             }
         };
         if self.grads_checked_in_update(scale, fine, readback) {
-            go!(self.checked_update_phase(&grads, lr, tracer, &grad_store));
+            go!(self.checked_update_phase(step, (&grads, lr), tracer, &grad_store));
             return self.watch_phase(loss_value, readback);
         }
-        let norm = go!(self.scan_phase(&forward.loss, &grads, scans, scale, tracer, &grad_store));
+        let scanned = (step, scans, scale);
+        let norm = go!(self.scan_phase(&forward.loss, &grads, scanned, tracer, &grad_store));
         go!(self.clip_phase(&mut grads, norm, scale, fine));
         go!(self.update_phase(&grads, lr, readback));
         self.watch_phase(loss_value, readback)
@@ -143,8 +144,8 @@ impl Session<'_> {
     /// phase checks them; then the update's check as the update phase's.
     fn checked_update_phase(
         &mut self,
-        grads: &[Tensor],
-        lr: f64,
+        step: usize,
+        (grads, lr): (&[Tensor], f64),
         tracer: &Tracer,
         grad_store: &GradStore,
     ) -> Result<Flow<()>> {
@@ -166,7 +167,7 @@ impl Session<'_> {
             let namer = self.namer();
             return fail(namer.backward_failure(i, &scans[i], &grads[i], tracer, grad_store)?);
         }
-        let norm = self.grad_norm(scans);
+        let norm = self.grad_norm(step, scans);
         self.trace.grad_norms.push(norm);
         std::mem::swap(&mut self.optimizer, &mut self.staging);
         optim::set(&self.vars, new)?;
@@ -359,8 +360,7 @@ impl Session<'_> {
         &mut self,
         loss: &Tensor,
         grads: &[Tensor],
-        scans: Option<Vec<TensorScan>>,
-        scale: f64,
+        (step, scans, scale): (usize, Option<Vec<TensorScan>>, f64),
         tracer: &Tracer,
         grad_store: &GradStore,
     ) -> Result<Flow<Option<f64>>> {
@@ -413,11 +413,18 @@ impl Session<'_> {
             }
             _ => {}
         }
-        Ok(Flow::Go(Some(self.grad_norm(&scans) / scale)))
+        Ok(Flow::Go(Some(self.grad_norm(step, &scans) / scale)))
     }
 
-    /// The global norm of the gradients these scans describe.
-    fn grad_norm(&mut self, scans: &[TensorScan]) -> f64 {
+    /// The global norm of the healthy gradients of `step` these scans
+    /// describe (in half precision, warned of where one came near its
+    /// dtype's largest value).
+    fn grad_norm(&mut self, step: usize, scans: &[TensorScan]) -> f64 {
+        if self.half {
+            let dtypes: Vec<DType> = self.vars.iter().map(|v| v.dtype()).collect();
+            let names = (&self.names[..], &dtypes[..]);
+            checks::warn_half_margins(step, names, scans, &mut self.trace.warnings);
+        }
         self.grad_sq.clear();
         self.grad_sq.extend(scans.iter().map(|s| s.sum_sq));
         optim::global_norm(&self.grad_sq)

@@ -183,7 +183,6 @@ pub struct SceneParts<'a> {
     pub mix_lambda: Option<f64>,
     /// Only tensors whose name starts with one of these are saved (empty: all).
     pub include: &'a [String],
-    pub warnings: &'a [String],
     /// The device the step ran on.
     pub device: String,
     /// Whether two runs of the step's loss gave the same bits ([`same_bits`]).
@@ -265,7 +264,7 @@ pub fn write(dir: &Path, s: &SceneParts) -> Result<()> {
         scaler: s.scaler.cloned(),
         history: s.history.clone(),
         environment: Environment::collect(&s.device),
-        warnings: s.warnings.to_vec(),
+        warnings: s.history.warnings.iter().map(|w| w.to_string()).collect(),
         deterministic: s.deterministic,
         origin: s.origin.map(|c| c.with_paths_relative_to(dir)),
     };
