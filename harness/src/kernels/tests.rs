@@ -784,7 +784,7 @@ fn leaky_relu_has_its_negative_slope_at_zero_on_both_paths() {
 }
 
 /// candle's own rule, which the built-in activations deliberately do not
-/// follow (docs/ARCHITECTURE.md names it). When this fails, candle changed
+/// follow (docs/INTERNALS.md names it). When this fails, candle changed
 /// its convention: update the docs and this test.
 #[test]
 fn candle_relu_keeps_slope_one_at_zero() {
