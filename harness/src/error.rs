@@ -3,13 +3,20 @@
 
 use std::path::PathBuf;
 
+/// The library's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Why an operation could not be done (never an instability: that is an `Outcome`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A case that parsed but cannot be run as written.
     #[error("invalid case: field `{field}`: {reason}")]
-    InvalidCase { field: String, reason: String },
+    InvalidCase {
+        /// The field, as a JSON path.
+        field: String,
+        /// Why it cannot run.
+        reason: String,
+    },
 
     /// A case the runner rejected as written (the reason names the field):
     /// `Outcome::Rejected` where a command needs a case that runs.
@@ -18,7 +25,12 @@ pub enum Error {
 
     /// A command or library option out of its range.
     #[error("invalid option `{field}`: {reason}")]
-    InvalidOption { field: String, reason: String },
+    InvalidOption {
+        /// The option's name.
+        field: String,
+        /// Why it is out of range.
+        reason: String,
+    },
 
     /// Text that is not a well-formed document of its kind.
     #[error("cannot parse {0}: {1}")]
@@ -28,31 +40,47 @@ pub enum Error {
     /// names the kind, the file and what is wrong (a line, a tensor).
     #[error("cannot parse {document} {path}: {reason}")]
     Malformed {
+        /// The kind of document it was read as.
         document: Document,
+        /// The file.
         path: PathBuf,
+        /// What is wrong, and where.
         reason: String,
     },
 
     /// A dataset that cannot feed the case: missing, changed since the case
     /// pinned its hash, or shaped unlike the model's input.
     #[error("dataset {name}: {reason}")]
-    Data { name: String, reason: String },
+    Data {
+        /// The dataset's name or path.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
 
     /// A campaign worker process failed in a way that is not the case's
     /// doing (it could not be started, or answered nonsense).
     #[error("worker process: {0}")]
     Worker(String),
 
+    /// A file or directory that could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The path.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
 
     /// The requested device cannot be opened (not compiled in, absent, ...).
     #[error("device `{device}`: {reason}")]
-    Device { device: String, reason: String },
+    Device {
+        /// The device as the case names it.
+        device: String,
+        /// Why it cannot be opened.
+        reason: String,
+    },
 
     /// candle's message, without the backtrace candle attaches when
     /// `RUST_BACKTRACE` is set (common in CI).
@@ -63,10 +91,15 @@ pub enum Error {
 /// What kind of file a [`Error::Malformed`] was read as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Document {
+    /// A case.
     Case,
+    /// A campaign journal.
     Journal,
+    /// A scene or dump.
     Dump,
+    /// A reproducer.
     Reproducer,
+    /// A dataset file.
     Dataset,
 }
 
@@ -97,6 +130,7 @@ fn candle_message(e: &candle_core::Error) -> String {
 }
 
 impl Error {
+    /// An invalid case field and why.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidCase {
             field: field.into(),
@@ -104,6 +138,7 @@ impl Error {
         }
     }
 
+    /// An option out of its range and why.
     pub fn option(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidOption {
             field: field.into(),
@@ -111,6 +146,7 @@ impl Error {
         }
     }
 
+    /// A file that is not a well-formed document of its kind.
     pub fn malformed(
         document: Document,
         path: &std::path::Path,
@@ -131,6 +167,7 @@ impl Error {
         }
     }
 
+    /// A dataset that cannot feed the case, and why.
     pub fn data(name: impl std::fmt::Display, reason: impl Into<String>) -> Self {
         Error::Data {
             name: name.to_string(),
@@ -138,6 +175,7 @@ impl Error {
         }
     }
 
+    /// An I/O failure at `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

@@ -23,7 +23,7 @@ use candle_core::DType;
 use std::sync::Arc;
 
 /// Re-runs `finding`'s step from `before` at the higher precisions (the
-/// check itself is the guard's too: [`crate::checks::precision`]).
+/// check itself is the guard's too: `checks::precision`).
 pub fn check(
     case: &Case,
     factory: &dyn ModelFactory,

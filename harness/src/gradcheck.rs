@@ -53,6 +53,7 @@ impl Verdict {
         )
     }
 
+    /// The verdict's name.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Agrees => "agrees",
@@ -67,19 +68,24 @@ impl Verdict {
 /// The comparison of one tensor's analytic and numeric gradients.
 #[derive(Clone, Debug, Serialize)]
 pub struct TensorCheck {
+    /// The tensor's name.
     pub name: String,
+    /// Coordinates compared.
     pub checked: usize,
     /// The largest errors over the coordinates compared at the check's step.
     #[serde(with = "crate::floats::one")]
     pub max_abs_err: f64,
+    /// The largest relative error.
     #[serde(with = "crate::floats::one")]
     pub max_rel_err: f64,
     /// Whether a gradient was produced at all.
     pub has_gradient: bool,
+    /// What the comparison says.
     pub verdict: Verdict,
     /// What the verdict rests on, when it is not plain agreement.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Whether it passed.
     pub passed: bool,
 }
 
@@ -87,13 +93,18 @@ pub struct TensorCheck {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckPrecision {
+    /// f64.
     F64,
+    /// f32, at a rounding-derived tolerance.
     F32,
 }
 
+/// A gradient check's result for a case.
 #[derive(Clone, Debug, Serialize)]
 pub struct GradcheckReport {
+    /// The model family.
     pub family: String,
+    /// The loss.
     pub loss: String,
     /// The dtype the model ran in.
     pub precision: CheckPrecision,
@@ -107,13 +118,18 @@ pub struct GradcheckReport {
     pub lower_precision: Vec<String>,
     /// The checked point: the batch of this step, the case at this seed.
     pub batch: usize,
+    /// The case seed.
     pub seed: u64,
     /// The loss at the checked point.
     #[serde(with = "crate::floats::one")]
     pub loss_value: f64,
+    /// How the tolerance was chosen.
     pub tolerance: Tolerance,
+    /// The relative tolerance.
     pub rtol: f64,
+    /// The absolute tolerance.
     pub atol: f64,
+    /// Each tensor's comparison.
     pub tensors: Vec<TensorCheck>,
     /// Weights their hint created as exact zeros (candle's `VarBuilder::get`
     /// default): a near-singular point often sits there.
@@ -125,6 +141,7 @@ pub struct GradcheckReport {
     /// What kept the check from running (a non-finite loss at the point).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Whether every tensor passed.
     pub passed: bool,
 }
 

@@ -29,7 +29,9 @@ use std::sync::OnceLock;
 pub struct Site {
     /// The source file, as `file!()` gives it (relative to the workspace).
     pub file: &'static str,
+    /// The line.
     pub line: u32,
+    /// The column.
     pub column: u32,
     /// The op's expression as written (spacing normalized).
     pub text: &'static str,
@@ -49,6 +51,7 @@ pub struct Site {
 /// An operand an instrumented op read.
 #[derive(Clone, Debug)]
 pub enum Operand {
+    /// A tensor.
     Tensor(Tensor),
     /// A number (a literal, an `f64` or `f32` value).
     Scalar(f64),
@@ -120,11 +123,13 @@ pub struct Look<'a, T: ?Sized>(pub &'a T);
 /// Seeing an operand whose type holds a tensor or a number: what the op
 /// read, while a traced re-run is active.
 pub trait LookTensor {
+    /// What the op read, when it is a tensor or a number.
     fn look(&self) -> Option<Operand>;
 }
 
 /// Any other operand: nothing to see.
 pub trait LookOther {
+    /// Nothing.
     #[inline(always)]
     fn look(&self) -> Option<Operand> {
         None
@@ -194,6 +199,7 @@ impl<const N: usize> LookTensor for Look<'_, &[&Tensor; N]> {
 pub struct Made<T>(Cell<Option<T>>);
 
 impl<T> Made<T> {
+    /// Holds an op's result until it is handed on.
     #[inline(always)]
     pub fn new(value: T) -> Self {
         Made(Cell::new(Some(value)))
@@ -210,7 +216,9 @@ pub type Owner = Option<fn() -> &'static str>;
 
 /// Recording a tensor result.
 pub trait MadeTensor {
+    /// The result handed on.
     type Out;
+    /// Records the result at `site` with what the op read, and hands it on.
     fn made<const N: usize>(
         &self,
         site: &'static Site,
@@ -221,6 +229,7 @@ pub trait MadeTensor {
 
 /// Any other result: handed back as it was.
 pub trait MadeOther<T> {
+    /// Hands the result on.
     fn made<const N: usize>(
         &self,
         site: &'static Site,

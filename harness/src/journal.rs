@@ -20,6 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The journal's file name in a campaign directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 /// The lock file beside the journal (see [`Journal::open`]).
 pub const LOCK_FILE: &str = ".lock";
@@ -36,16 +37,23 @@ fn is_default_mutation_rate(rate: &f64) -> bool {
     *rate == DEFAULT_MUTATION_RATE
 }
 
+/// One line of the journal.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Entry {
     /// The first line: what the campaign is.
     Start {
+        /// The version that started the campaign.
         nanhunt_version: String,
+        /// The campaign seed.
         seed: u64,
+        /// The families it draws from.
         families: Vec<String>,
+        /// Whether the data pathologies are off.
         clean_data: bool,
+        /// This shard's (index, count).
         shard: (u64, u64),
+        /// The device its runs train on.
         #[serde(default)]
         device: String,
         /// The budget the campaign was started with (`2h`, `100 runs`).
@@ -64,15 +72,24 @@ pub enum Entry {
     },
     /// One training run.
     Run {
+        /// The run's index in the campaign.
         index: u64,
+        /// The model family.
         family: String,
+        /// The loss's name.
         loss: String,
+        /// The optimizer's name.
         optimizer: String,
+        /// The precision's name.
         precision: String,
+        /// The device.
         device: String,
+        /// How it ended.
         verdict: Verdict,
+        /// An unstable run's signature.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<Signature>,
+        /// An unstable run's failing step.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<usize>,
         /// An unstable run's precision check verdict.
@@ -81,7 +98,9 @@ pub enum Entry {
         /// An unstable run's explained pattern at its producing stage.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pattern: Option<crate::finding::Pattern>,
+        /// The base learning rate.
         lr: f64,
+        /// Wall time of the run.
         millis: u64,
         /// The loss of each executed step, rounded to f32 (for the report's curves).
         #[serde(default, with = "crate::floats::vec")]
@@ -92,28 +111,42 @@ pub enum Entry {
     },
     /// A signature seen for the first time, with the case that showed it.
     Finding {
+        /// The run that showed it.
         index: u64,
+        /// The signature.
         signature: Signature,
+        /// The run's case.
         case: Box<Case>,
     },
     /// The reproducer written for a signature.
     Reproducer {
+        /// The signature.
         signature: Signature,
+        /// The reproducer's file, relative to the campaign directory.
         file: String,
+        /// Runs the minimizer spent.
         runs_used: usize,
+        /// The case's size before.
         before: CaseSize,
+        /// The reproducer's size.
         after: CaseSize,
     },
     /// A minimization of a signature that ended without a reproducer.
     Unminimized {
+        /// The signature.
         signature: Signature,
+        /// Why.
         reason: Unminimized,
+        /// What happened.
         message: String,
     },
     /// The signatures a session reported as new: it exited 1 for them.
     /// Signatures found but in no such entry (their session was killed)
     /// are reported by the next session that ends.
-    Reported { signatures: Vec<String> },
+    Reported {
+        /// The signatures' slugs.
+        signatures: Vec<String>,
+    },
 }
 
 /// Why a minimization left no reproducer.
@@ -205,10 +238,15 @@ pub fn reproducers(entries: &[Entry]) -> BTreeMap<String, String> {
 /// shards merged, must agree on all of it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CampaignId {
+    /// The campaign seed.
     pub seed: u64,
+    /// The families it draws from.
     pub families: Vec<String>,
+    /// Whether the data pathologies are off.
     pub clean_data: bool,
+    /// The dataset every case trains on, if any.
     pub data: Option<String>,
+    /// The share of runs that mutate an earlier finding.
     pub mutation_rate: f64,
     /// (index, count).
     pub shard: (u64, u64),
@@ -286,6 +324,7 @@ impl CampaignId {
     }
 }
 
+/// An open, locked campaign journal: appends are fsync'd whole lines.
 pub struct Journal {
     path: PathBuf,
     file: File,

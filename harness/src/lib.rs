@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! nanhunt: a test harness and fuzzer for the numerical stability of
 //! neural-network training, on candle.
 //!
@@ -18,7 +19,7 @@ pub mod diagnose;
 pub(crate) mod differential;
 pub mod error;
 pub mod explain;
-/// Finite explosions (the rule is [`checks::explosion`], the jump a
+/// Finite explosions (the rule is `checks::explosion`, the jump a
 /// finding carries is [`finding::Jump`]).
 pub mod explosion {
     pub use crate::checks::explosion::*;

@@ -120,6 +120,7 @@ fn selected(targets: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// logits (rows × classes, in the loss dtype) against dense targets of the
 /// same shape. Any `Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>` is one.
 pub trait UserLoss: Send + Sync {
+    /// The loss of `logits` against `targets`, a scalar.
     fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor>;
 }
 

@@ -22,11 +22,13 @@ use serde::Serialize;
 
 pub use crate::spec::{round1, CaseSize};
 
+/// How the minimizer shrinks. Built from `MinimizeOptions::default()`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct MinimizeOptions {
     /// Training runs the minimizer may spend (the first reproduction included).
     pub max_runs: usize,
+    /// How each candidate runs.
     pub run: RunOptions,
     /// Stop starting candidates after this moment (a campaign's budget);
     /// what was kept so far is the result.
@@ -85,15 +87,20 @@ pub fn measured_size(case: &Case, factory: Option<&dyn ModelFactory>) -> CaseSiz
     size
 }
 
+/// A minimized failing case.
 #[derive(Clone, Debug, Serialize)]
 pub struct Minimized {
+    /// The smallest case that still fails the same way.
     pub case: Case,
+    /// Its signature.
     pub signature: Signature,
     /// The failing step of the minimized case.
     pub step: usize,
     /// Training runs spent, the first reproduction included.
     pub runs: usize,
+    /// The case's size before.
     pub before: CaseSize,
+    /// Its size after.
     pub after: CaseSize,
     /// Whether a full pass found nothing more to remove (else the budget ran out).
     pub fixpoint: bool,

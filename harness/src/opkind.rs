@@ -87,6 +87,7 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The kind's name (`log`, `div`, …).
     pub fn as_str(self) -> &'static str {
         match self {
             OpKind::Log => "log",

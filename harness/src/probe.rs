@@ -17,7 +17,9 @@ use std::ops::Range;
 pub struct TensorScan {
     /// Σx² over finite entries, accumulated in f64.
     pub sum_sq: f64,
+    /// NaN entries.
     pub nan: usize,
+    /// ±inf entries.
     pub inf: usize,
     /// max |x| over finite entries; NaN where the scan left it out (the
     /// optimizer's checked pass over finite values, see
@@ -26,6 +28,7 @@ pub struct TensorScan {
 }
 
 impl TensorScan {
+    /// No NaN and no ±inf.
     pub fn is_finite(&self) -> bool {
         self.nan == 0 && self.inf == 0
     }
@@ -427,21 +430,30 @@ fn device_row(t: &Tensor, dtype: DType) -> Result<Tensor> {
 /// Summary statistics of an offending tensor (finite entries only for the moments).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorStats {
+    /// The tensor's shape.
     pub shape: Vec<usize>,
+    /// Its element count.
     pub count: usize,
+    /// NaN entries.
     pub nan: usize,
+    /// ±inf entries.
     pub inf: usize,
+    /// The finite entries' mean.
     #[serde(with = "crate::floats::one")]
     pub mean: f64,
+    /// The finite entries' variance.
     #[serde(with = "crate::floats::one")]
     pub var: f64,
+    /// The smallest finite entry.
     #[serde(with = "crate::floats::one")]
     pub min: f64,
+    /// The largest finite entry.
     #[serde(with = "crate::floats::one")]
     pub max: f64,
 }
 
 impl TensorStats {
+    /// The statistics of `values`, a tensor of this shape.
     pub fn of_values(shape: &[usize], values: impl Iterator<Item = f64>) -> Self {
         let (mut n, mut sum, mut sum_sq) = (0usize, 0.0, 0.0);
         let (mut nan, mut inf, mut count) = (0, 0, 0);
@@ -480,11 +492,13 @@ impl TensorStats {
         }
     }
 
+    /// The statistics of a tensor (copied to the host).
     pub fn of_tensor(t: &Tensor) -> Result<Self> {
         let values = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
         Ok(TensorStats::of_values(t.dims(), values.into_iter()))
     }
 
+    /// The statistics of f32 host values.
     pub fn of_host(shape: &[usize], values: &[f32]) -> Self {
         TensorStats::of_values(shape, values.iter().map(|&v| v as f64))
     }
@@ -557,13 +571,18 @@ pub enum Judged {
 /// reached when it crossed, and how many steps after the crossing.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Diverged {
+    /// The smoothed loss now.
     pub smoothed: f64,
+    /// The best smoothed loss when it crossed.
     pub best: f64,
+    /// Steps since the crossing.
     pub steps_after: usize,
+    /// How it was judged.
     pub judged: Judged,
 }
 
 impl DivergenceTracker {
+    /// A tracker that flags a smoothed loss above `factor` × its best.
     pub fn new(factor: f64) -> Self {
         DivergenceTracker {
             factor,
@@ -667,10 +686,12 @@ impl DivergenceTracker {
         self.pending()
     }
 
+    /// The factor of the divergence line.
     pub fn factor(&self) -> f64 {
         self.factor
     }
 
+    /// The best smoothed loss so far.
     pub fn best(&self) -> f64 {
         self.best
     }

@@ -9,11 +9,16 @@ use serde::{Deserialize, Serialize};
 /// The record of one run, as journaled (and sent by worker processes).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
+    /// How it ended.
     pub verdict: Verdict,
+    /// An unstable run's signature.
     pub signature: Option<Signature>,
+    /// An unstable run's failing step.
     pub step: Option<usize>,
+    /// The loss of each step, rounded to f32.
     #[serde(with = "crate::floats::vec")]
     pub losses: Vec<f64>,
+    /// What went wrong, for errors and panics.
     pub message: Option<String>,
     /// An unstable run's precision check verdict ([`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,12 +11,17 @@ use std::path::Path;
 /// The reproducer format this build reads and writes.
 pub const REPRO_FORMAT: u32 = 1;
 
+/// A checked-in failing case: the case, the signature it must keep giving, where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reproducer {
+    /// Format version: [`REPRO_FORMAT`].
     pub format: u32,
+    /// The minimized case.
     pub case: Case,
+    /// What it must keep producing.
     pub expected: Expected,
+    /// Where it came from.
     #[serde(default)]
     pub provenance: Provenance,
 }
@@ -25,14 +30,17 @@ pub struct Reproducer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expected {
+    /// The signature.
     pub signature: Signature,
     /// The step of the failure when the reproducer was written.
     pub step: usize,
 }
 
+/// Where a reproducer came from.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Provenance {
+    /// The version that wrote it.
     pub nanhunt_version: String,
     /// The case before minimization.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,6 +58,7 @@ pub struct Provenance {
 }
 
 impl Reproducer {
+    /// Parses a reproducer.
     pub fn from_json(text: &str) -> Result<Reproducer> {
         let r: Reproducer = serde_json::from_str(text)
             .map_err(|e| Error::Parse(crate::error::Document::Reproducer, e.to_string()))?;
@@ -78,6 +87,7 @@ impl Reproducer {
         Ok(r)
     }
 
+    /// The reproducer as pretty-printed JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a reproducer always serializes")
     }

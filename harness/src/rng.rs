@@ -37,6 +37,7 @@ pub fn box_muller(u1: f64, u2: f64) -> f64 {
 }
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         let mut st = seed;
         let s = [
@@ -55,6 +56,7 @@ impl Rng {
         Rng::new(mixed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;
@@ -72,6 +74,7 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// A uniform draw from [lo, hi).
     pub fn uniform_in(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.uniform()
     }
@@ -132,6 +135,7 @@ impl Rng {
         }
     }
 
+    /// A Beta(a, b) draw.
     pub fn beta(&mut self, a: f64, b: f64) -> f64 {
         let x = self.gamma(a);
         let y = self.gamma(b);

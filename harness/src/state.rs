@@ -14,8 +14,12 @@ use candle_core::Tensor;
 pub struct Snapshot {
     /// Parameter values in creation order (deep copies: `Var::set` writes in place).
     pub params: Vec<Tensor>,
+    /// The optimizer's state.
     pub optimizer: Optimizer,
+    /// The loss scaler.
     pub scaler: LossScaler,
+    /// The divergence tracker.
     pub tracker: DivergenceTracker,
+    /// The history's length.
     pub history: TraceMark,
 }

@@ -20,6 +20,7 @@ pub struct StrategyOptions {
     pub clean_data: bool,
     /// Only cases inside the documented safe envelope (see [`safe_envelope`]).
     pub safe_envelope: bool,
+    /// The most training steps a case may draw.
     pub max_steps: usize,
     /// Train every case on this dataset: the model is fitted to its samples
     /// and classes, the data is fixed, every other knob is fuzzed.
@@ -669,6 +670,7 @@ pub fn recommended_lr(family: &str) -> f64 {
 /// The smallest optimizer eps the safe envelope allows.
 pub const SAFE_EPS: f64 = 1e-8;
 
+/// Holds `case` inside the documented safe envelope: f32, clean data at a bounded scale, mild augmentations, a stable loss, at most the family's recommended learning rate, an optimizer eps of at least [`SAFE_EPS`], gradients clipped to norm 1, a bounded init gain and every norm's eps at least 1e-5.
 pub fn safe_envelope(case: &mut Case) {
     let recommended = recommended_lr(case.family());
     case.precision = Precision::F32;

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! `#[nanhunt::instrument]`: each tensor operation of a function's body
 //! becomes a recorded op — its site (file, line, column, the expression's
 //! text), its kind (from the method, the function or the operator, as a

@@ -15,7 +15,9 @@ pub const MAX_SHARDS: u64 = 1 << 20;
 /// `--shard I/N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
+    /// This shard's index, from 0.
     pub index: u64,
+    /// Shards in all.
     pub count: u64,
 }
 
@@ -80,20 +82,27 @@ pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
 
 const MAX_DURATION_S: f64 = 100.0 * 365.25 * 86400.0;
 
+/// How a campaign runs. Built from `CampaignOptions::default()`; fields may be added.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct CampaignOptions {
+    /// How cases are drawn.
     pub strategy: StrategyOptions,
     /// Stop after this long (checked between runs).
     pub budget: Option<Duration>,
     /// Stop after this many runs of this shard (resumed runs count).
     pub runs: Option<u64>,
+    /// Worker threads.
     pub jobs: usize,
+    /// The campaign seed: a run's case is a function of it and the run's index.
     pub seed: u64,
+    /// The device cases train on.
     pub device: DeviceSpec,
+    /// The campaign's directory (journal, reproducers, summary).
     pub out: PathBuf,
     /// Continue the campaign journaled in `out` (else `out` must be new or empty).
     pub resume: bool,
+    /// This process's shard of the run indices.
     pub shard: Shard,
     /// Training runs each minimization may spend.
     pub minimize_runs: usize,

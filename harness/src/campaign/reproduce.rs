@@ -13,16 +13,23 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The reproducers' directory under a campaign's.
 pub const REPRO_DIR: &str = "repro";
 
 /// What minimizing a finding needs besides the case.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReproduceJob {
+    /// The run that found it.
     pub index: u64,
+    /// The failing case.
     pub case: Case,
+    /// Its signature.
     pub signature: Signature,
+    /// The campaign's directory.
     pub out: PathBuf,
+    /// Training runs the minimizer may spend.
     pub minimize_runs: usize,
+    /// The campaign seed (the reproducer's name and provenance).
     pub campaign_seed: u64,
     /// The campaign's case limits, which every candidate is held to.
     #[serde(default)]

@@ -8,14 +8,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+/// The summary's file name in a campaign directory.
 pub const SUMMARY_FILE: &str = "summary.json";
 
 /// One distinct signature of a campaign.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SignatureSummary {
+    /// The signature's slug.
     pub slug: String,
+    /// The signature.
     pub signature: Signature,
+    /// Runs that showed it.
     pub count: u64,
+    /// The first run that did.
     pub first_index: u64,
     /// The reproducer file under `repro/`, once minimized.
     pub reproducer: Option<String>,
@@ -27,24 +32,35 @@ pub struct SignatureSummary {
 /// `summary.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
+    /// The campaign seed.
     pub seed: u64,
+    /// The families it draws from.
     pub families: Vec<String>,
+    /// This shard's (index, count).
     pub shard: (u64, u64),
+    /// Runs journaled, all sessions.
     pub runs: u64,
+    /// Runs made by this session.
     pub runs_this_session: u64,
+    /// Stable runs.
     pub stable: u64,
+    /// Unstable runs.
     pub unstable: u64,
+    /// Rejected cases.
     pub rejected: u64,
     /// Runs that ended in an error, a panic or a crash.
     pub errors: u64,
     /// Runs stopped at `--case-timeout`: neither stable nor a finding.
     #[serde(default)]
     pub timeouts: u64,
+    /// Each signature found.
     pub signatures: Vec<SignatureSummary>,
     /// Signatures that no earlier session reported: found in this session,
     /// or in one that was killed before it ended (the exit code is 1 when any).
     pub new_signatures: Vec<String>,
+    /// This session's wall time.
     pub elapsed_s: f64,
+    /// This session's throughput.
     pub runs_per_s: f64,
 }
 

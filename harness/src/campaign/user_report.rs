@@ -16,7 +16,9 @@ use crate::training::run_model;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct UserCampaign {
+    /// Runs.
     pub runs: u64,
+    /// The campaign seed.
     pub seed: u64,
 }
 

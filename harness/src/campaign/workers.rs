@@ -83,7 +83,10 @@ pub enum Workers {
     Threads,
     /// Each worker thread drives a child process of this executable, which
     /// must understand the hidden `worker` subcommand (the nanhunt binary).
-    Processes { exe: PathBuf },
+    Processes {
+        /// The executable (the nanhunt binary, or a user's).
+        exe: PathBuf,
+    },
 }
 
 /// Runs one case in this process under `limits`; a panic is caught and reported.
@@ -112,16 +115,23 @@ pub fn run_case(case: &Case, limits: &Limits) -> RunResult {
 /// Borrowed when sent, owned when received.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request<'a> {
+    /// Run a case.
     Run {
+        /// The run's index.
         index: u64,
+        /// Its case.
         case: Cow<'a, Case>,
+        /// The limits it runs under.
         limits: Cow<'a, Limits>,
     },
+    /// Minimize a finding into a reproducer.
     Reproduce(Cow<'a, ReproduceJob>),
 }
 
+/// A worker's answer, one JSON line.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Response {
+    /// The run's result.
     Run(RunResult),
     /// The journal entry of the minimization (`reproducer` or
     /// `unminimized`), or the error that stopped it.
@@ -445,6 +455,7 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// An executor of `workers`, each child process held to `limits`.
     pub fn new(workers: &Workers, limits: WorkerLimits) -> Executor {
         let exe = match workers {
             Workers::Threads => None,

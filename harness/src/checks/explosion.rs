@@ -58,6 +58,7 @@ pub struct Recovery {
 }
 
 impl Recovery {
+    /// The recovery after the jump at `step`, from the losses (`None` before any loss after it).
     pub fn of(losses: &[f64], step: usize, chance: Option<f64>) -> Option<Recovery> {
         let (upto, after) = losses.split_at((step + 1).min(losses.len()));
         if after.len() < RECOVERY_WINDOW || upto.is_empty() {
@@ -82,6 +83,7 @@ impl Recovery {
             .map_or(self.best_before, |c| c.min(self.best_before))
     }
 
+    /// Whether the loss came back (to its best before the jump, or to chance).
     pub fn recovered(&self) -> bool {
         self.best_after <= self.baseline()
     }

@@ -17,6 +17,7 @@ pub const STEP: f64 = 1e-6;
 /// The small step keeps ReLU and max-pool kinks from being crossed. A wrong
 /// backward formula is off by O(|gradient|), far above RTOL.
 pub const RTOL: f64 = 1e-5;
+/// The absolute tolerance of an f64 check.
 pub const ATOL: f64 = 1e-7;
 /// The step and tolerance of a check, which follow from its precision.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -26,6 +27,7 @@ pub struct Tolerance {
     /// A coordinate agrees when
     /// |analytic - numeric| <= atol + rtol * max(|analytic|, |numeric|).
     pub atol: f64,
+    /// The relative tolerance.
     pub rtol: f64,
 }
 
@@ -61,6 +63,7 @@ impl Tolerance {
         }
     }
 
+    /// Whether an analytic and a numeric derivative agree within it.
     pub fn holds(self, analytic: f64, numeric: f64) -> bool {
         (analytic - numeric).abs() <= self.atol + self.rtol * analytic.abs().max(numeric.abs())
     }

@@ -29,6 +29,7 @@ use crate::{Case, Limits};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
+/// The command line's exit codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     /// Stable, or nothing found.

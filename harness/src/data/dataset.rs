@@ -20,6 +20,7 @@ pub struct SampleShape {
 }
 
 impl SampleShape {
+    /// Values per sample.
     pub fn numel(&self) -> usize {
         self.dims.iter().product()
     }
@@ -30,7 +31,9 @@ impl SampleShape {
 pub struct Rows {
     /// Input values (token ids as integral floats), row-major.
     pub values: Vec<f32>,
+    /// Class labels.
     pub labels: Vec<i64>,
+    /// Dense targets.
     pub targets: Vec<f32>,
 }
 
@@ -38,10 +41,13 @@ pub struct Rows {
 pub trait Dataset: Send + Sync {
     /// How reports, reproducers and failures name the dataset.
     fn name(&self) -> String;
+    /// Samples.
     fn len(&self) -> usize;
+    /// Whether it holds no sample.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// What one sample holds.
     fn shape(&self) -> SampleShape;
     /// Appends sample `index` (< `len`) to `rows`: `shape().numel()`
     /// values, `shape().labels` labels and `shape().targets` targets.
@@ -51,10 +57,15 @@ pub trait Dataset: Send + Sync {
 /// A dataset held in memory (what a dataset file loads into).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryDataset {
+    /// What reports and reproducers call it.
     pub name: String,
+    /// What one sample holds.
     pub shape: SampleShape,
+    /// Input values, row-major.
     pub values: Vec<f32>,
+    /// Class labels.
     pub labels: Vec<i64>,
+    /// Dense targets.
     pub targets: Vec<f32>,
     /// SHA-256 of the bytes read (hex), for files.
     pub sha256: Option<String>,

@@ -25,12 +25,23 @@ use crate::spec::{Case, DataSpec, Distribution, InputSpec, TargetKind};
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostInput {
     /// Real values, row-major, with dims (batch, ...).
-    Real { values: Vec<f32>, dims: Vec<usize> },
+    Real {
+        /// The values.
+        values: Vec<f32>,
+        /// The batch's dimensions.
+        dims: Vec<usize>,
+    },
     /// Token ids with dims (batch, seq_len).
-    Tokens { ids: Vec<u32>, dims: Vec<usize> },
+    Tokens {
+        /// The ids.
+        ids: Vec<u32>,
+        /// The batch's dimensions.
+        dims: Vec<usize>,
+    },
 }
 
 impl HostInput {
+    /// The batch's dimensions.
     pub fn dims(&self) -> &[usize] {
         match self {
             HostInput::Real { dims, .. } | HostInput::Tokens { dims, .. } => dims,
@@ -42,13 +53,16 @@ impl HostInput {
 /// and mixup's second target set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostBatch {
+    /// The model's inputs.
     pub input: HostInput,
     /// Class labels, one per target row (may be out of range under the
     /// `label_out_of_range` pathology).
     pub labels: Vec<i64>,
     /// Dense targets (rows × classes) in the form the loss wants.
     pub targets: Vec<f32>,
+    /// The classes the targets range over.
     pub classes: usize,
+    /// The form the targets take.
     pub target_kind: TargetKind,
     /// Mixup: the mixing weight λ and the permuted targets.
     pub mix: Option<(f64, Vec<f32>)>,
@@ -57,6 +71,7 @@ pub struct HostBatch {
 }
 
 impl HostBatch {
+    /// Samples in the batch.
     pub fn rows(&self) -> usize {
         self.labels.len()
     }
@@ -79,6 +94,7 @@ pub struct Generator {
 }
 
 impl Generator {
+    /// The seeded generator of `case`'s synthetic data.
     pub fn new(case: &Case) -> Self {
         let input = case.model.input();
         let classes = case.model.classes();

@@ -19,8 +19,11 @@ use std::f64::consts::TAU;
 /// The affine map from a template value and a normal draw to a batch value.
 #[derive(Clone, Copy, Debug)]
 pub struct NoiseMap {
+    /// The noise's standard deviation, relative to the template's.
     pub noise: f64,
+    /// Multiplies every value.
     pub scale: f64,
+    /// Added after scaling.
     pub offset: f64,
 }
 

@@ -361,7 +361,9 @@ fn argmax(row: &[f32]) -> usize {
 /// A dump's saved batch for its failing step; any other step is an error
 /// (a dump replays one step).
 pub struct Saved {
+    /// The dump's step.
     pub step: usize,
+    /// Its batch.
     pub batch: HostBatch,
 }
 

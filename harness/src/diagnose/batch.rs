@@ -11,14 +11,19 @@ pub const EXTREME: f64 = 1e6;
 /// What the data check saw in the failing step's batch.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct BatchScan {
+    /// Values in the batch.
     pub values: usize,
+    /// NaN values.
     pub nan: usize,
+    /// ±inf values.
     pub inf: usize,
     /// |x| > 1e6.
     pub extreme: usize,
+    /// Labels outside the class range.
     pub labels_out_of_range: usize,
     /// Features (channels, sequence features) constant across the batch.
     pub constant_features: Vec<usize>,
+    /// Samples whose every value is 0.
     pub all_zero_samples: usize,
     /// Dataset indices of the samples with a NaN, Inf or extreme value, a
     /// label out of range or all zeros (batches drawn from a dataset).
@@ -27,6 +32,7 @@ pub struct BatchScan {
 }
 
 impl BatchScan {
+    /// The scan of `batch`.
     pub fn of(batch: &HostBatch) -> Self {
         let mut s = BatchScan {
             labels_out_of_range: batch

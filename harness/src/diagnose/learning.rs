@@ -29,6 +29,7 @@ pub const FLOOR_TOLERANCE: f64 = 0.05;
 /// How a stable run of a fix trained.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Learning {
+    /// The first step's loss.
     pub first_loss: f64,
     /// The mean of the last losses (a tenth of the run, 1 to 10 steps).
     pub final_loss: f64,

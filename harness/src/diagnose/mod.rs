@@ -48,7 +48,9 @@ pub use causes::INPUT_SCALE;
 /// A changed case and what happened when it ran.
 #[derive(Clone, Debug, Serialize)]
 pub struct Fix {
+    /// What the fix changes, in words.
     pub description: String,
+    /// The case fields it changes.
     pub changes: Vec<FieldChange>,
     /// The changed case trained stably and learned.
     pub verified: bool,
@@ -77,14 +79,20 @@ pub struct Fix {
 /// A candidate root cause with its evidence and the fixes that were tried.
 #[derive(Clone, Debug, Serialize)]
 pub struct Cause {
+    /// What it is.
     pub kind: CauseKind,
+    /// Its title in reports.
     pub title: String,
     /// The declared knob a `model_knob` cause turns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub knob: Option<String>,
+    /// The source article's step it belongs to (1–5).
     pub article_step: u8,
+    /// What points at it.
     pub evidence: Vec<String>,
+    /// The fixes tried, best first.
     pub fixes: Vec<Fix>,
+    /// How it ranks (higher first).
     pub score: i32,
     /// How well it fits the failure (the score without its fixes).
     #[serde(skip)]
@@ -115,6 +123,7 @@ impl Cause {
         }
     }
 
+    /// Whether one of its fixes is verified.
     pub fn verified(&self) -> bool {
         self.fixes.iter().any(|f| f.verified)
     }
@@ -141,12 +150,14 @@ impl Cause {
     }
 }
 
+/// What `diagnose` found: the evidence of the five steps and the causes, ranked.
 #[derive(Clone, Debug, Serialize)]
 pub struct Diagnosis {
     /// The failure being diagnosed; `None` when the case trained stably.
     pub finding: Option<Finding>,
     /// Step 2: the failing batch before and after augmentation.
     pub batch_raw: Option<BatchScan>,
+    /// Step 2: the failing batch after augmentation.
     pub batch_augmented: Option<BatchScan>,
     /// Step 2 over the whole dataset (cases that draw from one): the scan
     /// of every sample the case draws.
@@ -168,6 +179,7 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// The causes with a verified fix.
     pub fn verified_causes(&self) -> impl Iterator<Item = &Cause> {
         self.causes.iter().filter(|c| c.verified())
     }

@@ -14,6 +14,7 @@ pub struct GradientCoverage {
     pub parameters: usize,
     /// Tensors without a gradient, and their elements.
     pub frozen_tensors: usize,
+    /// Their elements.
     pub frozen_parameters: usize,
     /// `frozen_parameters / parameters`: the share of the model that would
     /// silently never train.
@@ -53,6 +54,7 @@ pub enum CutKind {
 /// One place where the gradient stops, read from which tensors lost it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cut {
+    /// What cut the flow.
     pub kind: CutKind,
     /// The module the op is in (a branch's: the module whose projections
     /// split; a norm's and a trunk's: the frozen module itself).
@@ -97,6 +99,7 @@ pub struct FrozenModule {
     pub module: String,
     /// The tensors' own names (`weight`, `bias`).
     pub tensors: Vec<String>,
+    /// Their elements.
     pub parameters: usize,
 }
 
@@ -114,6 +117,7 @@ pub struct FlowStop {
 /// An op of candle with no backward pass.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NoBackwardOp {
+    /// The op's name as candle's error gives it.
     pub op: String,
     /// The differentiable op or module to use instead.
     pub replacement: String,

@@ -50,7 +50,7 @@ pub enum Pattern {
     /// A softmax whose rows turn NaN in full from finite scores: a mask
     /// added inside the stage left those rows no position.
     MaskInsideSoftmax,
-    /// A ratio of a tensor to itself shifted by one (x[i+1] / x[i]) where
+    /// A ratio of a tensor to itself shifted by one (x\[i+1\] / x\[i\]) where
     /// it holds consecutive exact zeros (an underflowed cumulative product).
     ShiftedRatio,
     /// The backward pass of a root of a sum of squares (sqrt(a² + b²), a
@@ -73,6 +73,7 @@ pub enum Pattern {
 }
 
 impl Pattern {
+    /// The pattern's name as reports give it.
     pub fn as_str(self) -> &'static str {
         match self {
             Pattern::LogOfZero => "log of exact zeros",
@@ -106,6 +107,7 @@ impl Pattern {
 /// What the stage did, and what would repair it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
+    /// What the stage did.
     pub pattern: Pattern,
     /// The producing stage.
     pub stage: String,

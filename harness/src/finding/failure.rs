@@ -11,7 +11,9 @@ use super::Finding;
 /// What a check or the localization saw go wrong.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
+    /// What went wrong.
     pub kind: FindingKind,
+    /// Where in the step.
     pub phase: Phase,
     /// The producing stage, precisely.
     pub stage: String,
@@ -30,6 +32,7 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A failure of `kind` in `phase` at `stage`, described by `detail`.
     pub fn new(
         kind: FindingKind,
         phase: Phase,
@@ -49,26 +52,31 @@ impl Failure {
         }
     }
 
+    /// With the offending tensor's statistics.
     pub fn with_stats(mut self, stats: TensorStats) -> Self {
         self.stats = Some(stats);
         self
     }
 
+    /// With what the stage computes.
     pub fn with_op(mut self, op: Option<StageOp>) -> Self {
         self.op = op;
         self
     }
 
+    /// With the op's site.
     pub fn with_site(mut self, site: Option<OpSite>) -> Self {
         self.site = site;
         self
     }
 
+    /// With a `no_gradient` failure's coverage.
     pub fn with_coverage(mut self, coverage: GradientCoverage) -> Self {
         self.coverage = Some(Box::new(coverage));
         self
     }
 
+    /// With what the producing stage did.
     pub fn with_explanation(mut self, explanation: Explanation) -> Self {
         self.explanation = Some(Box::new(explanation));
         self

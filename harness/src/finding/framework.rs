@@ -46,6 +46,7 @@ pub enum CandleRule {
 }
 
 impl FrameworkVerdict {
+    /// The verdict as reports give it.
     pub fn as_str(self) -> &'static str {
         match self {
             FrameworkVerdict::FailsToo => "PyTorch would fail too",
@@ -56,6 +57,7 @@ impl FrameworkVerdict {
 }
 
 impl CandleRule {
+    /// The rule as reports give it.
     pub fn as_str(self) -> &'static str {
         match self {
             CandleRule::HalfAccumulation => "half-precision accumulation",
@@ -90,6 +92,7 @@ impl CandleRule {
 /// A finding's framework mark.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FrameworkMark {
+    /// Whether PyTorch would fail too, and why.
     pub verdict: FrameworkVerdict,
     /// The rule a candle-specific finding hinges on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -47,6 +47,7 @@ pub struct TraceMark {
 }
 
 impl Trace {
+    /// The histories' lengths now (to undo a step with [`Trace::truncate`]).
     pub fn mark(&self) -> TraceMark {
         TraceMark {
             losses: self.losses.len(),
@@ -89,10 +90,12 @@ impl Trace {
         }
     }
 
+    /// The first step's loss.
     pub fn first_loss(&self) -> Option<f64> {
         self.losses.first().copied()
     }
 
+    /// The last step's loss.
     pub fn last_loss(&self) -> Option<f64> {
         self.losses.last().copied()
     }

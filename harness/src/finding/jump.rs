@@ -16,9 +16,13 @@ pub enum Grew {
 /// A jump seen at a step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Jump {
+    /// The step whose norm jumped.
     pub step: usize,
+    /// Which norm.
     pub grew: Grew,
+    /// The norm before.
     pub before: f64,
+    /// The norm after.
     pub after: f64,
     /// The tensor that leads it: the largest gradient, or the parameter
     /// that grew most.
@@ -26,6 +30,7 @@ pub struct Jump {
 }
 
 impl Jump {
+    /// How many times the norm grew.
     pub fn factor(&self) -> f64 {
         self.after / self.before
     }
@@ -38,6 +43,7 @@ impl Jump {
         }
     }
 
+    /// The jump in words.
     pub fn describe(&self) -> String {
         let what = match self.grew {
             Grew::GradientNorm => "the gradient norm",

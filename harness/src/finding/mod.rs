@@ -39,17 +39,23 @@ pub use warning::Warning;
 use crate::probe::TensorStats;
 use serde::{Deserialize, Serialize};
 
+/// How a run ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Outcome {
+    /// It trained to its last step with no finding.
     Stable {
+        /// Its history.
         trace: Trace,
     },
+    /// It failed.
     Unstable {
+        /// The first failure.
         finding: Box<Finding>,
     },
     /// The case cannot run as written (the reason names the field).
     Rejected {
+        /// Why (it names the field).
         reason: String,
     },
 }
@@ -61,8 +67,11 @@ pub enum Outcome {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Verdict {
+    /// It trained to its last step with no finding.
     Stable,
+    /// It failed.
     Unstable,
+    /// The case cannot run as written.
     Rejected,
     /// The run ended in an `Err` (a bug or an I/O failure).
     Error,
@@ -75,6 +84,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict's name (`stable`, `crash`, …).
     pub fn name(self) -> &'static str {
         match self {
             Verdict::Stable => "stable",
@@ -102,6 +112,7 @@ impl PartialEq<&str> for Verdict {
 }
 
 impl Outcome {
+    /// The verdict of this outcome.
     pub fn verdict(&self) -> Verdict {
         match self {
             Outcome::Stable { .. } => Verdict::Stable,
@@ -110,6 +121,7 @@ impl Outcome {
         }
     }
 
+    /// The finding, when it failed.
     pub fn finding(&self) -> Option<&Finding> {
         match self {
             Outcome::Unstable { finding } => Some(finding),
@@ -117,6 +129,7 @@ impl Outcome {
         }
     }
 
+    /// The history, when it ran.
     pub fn trace(&self) -> Option<&Trace> {
         match self {
             Outcome::Stable { trace } => Some(trace),
@@ -126,11 +139,14 @@ impl Outcome {
     }
 }
 
+/// What went wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum FindingKind {
+    /// A NaN value.
     Nan,
+    /// An infinite value.
     Inf,
     /// A value beyond the range of a half-precision dtype.
     Overflow,
@@ -145,7 +161,7 @@ pub enum FindingKind {
     NoGradient,
     /// A finite explosion: the gradient or parameter norm jumped by orders
     /// of magnitude in one step and the loss never recovered
-    /// ([`crate::checks::explosion`]).
+    /// (`crate::explosion`).
     Explosion,
     /// A gradient present but wrong: its derivative along a random
     /// direction disagrees with the loss's finite difference, steadily
@@ -153,14 +169,21 @@ pub enum FindingKind {
     WrongGradient,
 }
 
+/// Where in the step a failure was produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// The batch from the data source.
     Data,
+    /// An augmentation.
     Augment,
+    /// The forward pass.
     Forward,
+    /// The loss.
     Loss,
+    /// The backward pass.
     Backward,
+    /// The optimizer's update.
     Update,
 }
 
@@ -173,6 +196,7 @@ impl FindingKind {
         )
     }
 
+    /// The kind's name (`nan`, `no_gradient`, …).
     pub fn as_str(self) -> &'static str {
         match self {
             FindingKind::Nan => "nan",
@@ -189,6 +213,7 @@ impl FindingKind {
 }
 
 impl Phase {
+    /// The phase's name (`forward`, …).
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Data => "data",
@@ -201,11 +226,14 @@ impl Phase {
     }
 }
 
+/// A failure, where it was produced, and the evidence around it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     /// 0-based step at which the failure was first seen.
     pub step: usize,
+    /// What went wrong.
     pub kind: FindingKind,
+    /// Where in the step.
     pub phase: Phase,
     /// The producing stage, precisely (`data.pathologies[0].nan`, `augment[1].normalize`,
     /// `output`, `loss.naive_cross_entropy`, `grad.<param>`, `param.<param>`, ...).
@@ -237,7 +265,9 @@ pub struct Finding {
     /// What the producing stage did, read from its records ([`crate::explain`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub explanation: Option<Box<Explanation>>,
+    /// The deduplication key.
     pub signature: Signature,
+    /// The history up to the failing step.
     pub trace: Trace,
 }
 

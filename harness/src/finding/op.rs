@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::opkind::OpKind;
 
+/// How a stage's op kind is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OpSource {
@@ -21,11 +22,14 @@ pub enum OpSource {
 /// The kind of a stage's op and how it is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StageOp {
+    /// What the stage computes.
     pub kind: OpKind,
+    /// How that is known.
     pub source: OpSource,
 }
 
 impl StageOp {
+    /// An op kind the model declared.
     pub fn declared(kind: OpKind) -> StageOp {
         StageOp {
             kind,

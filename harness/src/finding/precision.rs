@@ -28,6 +28,7 @@ pub enum Robustness {
 }
 
 impl Robustness {
+    /// The verdict as reports give it.
     pub fn as_str(self) -> &'static str {
         match self {
             Robustness::PrecisionDependent => "precision-dependent",
@@ -43,6 +44,7 @@ impl Robustness {
 /// One re-run of the failing step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rerun {
+    /// The precision it ran at (`f32`, `f64`, `pytorch_f16`, …).
     pub precision: String,
     /// The step could be run at this precision.
     pub ran: bool,
@@ -60,14 +62,18 @@ pub struct Rerun {
 /// structural (they stay 0.0 when the parameters move by 1e-6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Zeros {
+    /// Exactly-zero elements.
     pub exact: usize,
+    /// Those that stay zero when the parameters move.
     pub structural: usize,
 }
 
 /// A finding's precision check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrecisionCheck {
+    /// What the re-runs say.
     pub verdict: Robustness,
+    /// Each re-run.
     pub reruns: Vec<Rerun>,
     /// For a NaN in the update: the elements of the failing parameter's
     /// gradient that are exactly 0.0 in the f64 re-run.

@@ -4,6 +4,7 @@
 use super::{Finding, Signature};
 use serde::Serialize;
 
+/// What a replay showed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -16,11 +17,14 @@ pub enum ReplayVerdict {
     Different,
 }
 
+/// A replay's result, against what was recorded.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayReport {
+    /// What it showed.
     pub verdict: ReplayVerdict,
     /// The recorded signature; `None` for a healthy step's dump.
     pub expected: Option<Signature>,
+    /// The recorded failing step.
     pub expected_step: usize,
     /// The failure seen now, if any.
     pub actual: Option<Finding>,
@@ -30,6 +34,7 @@ pub struct ReplayReport {
     /// when the scene was written (`false`: the model draws random numbers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deterministic: Option<bool>,
+    /// The verdict in words.
     pub message: String,
 }
 
@@ -39,6 +44,7 @@ pub const SEED_THEM: &str =
     "seed them: nanhunt::models::seeded::Dropout for dropout, seeded::var_builder for the initialization";
 
 impl ReplayReport {
+    /// A report from what was expected and what was seen.
     pub fn new(
         expected: Option<Signature>,
         expected_step: usize,
@@ -109,6 +115,7 @@ impl ReplayReport {
         self
     }
 
+    /// Whether the recorded signature came back.
     pub fn reproduced(&self) -> bool {
         self.verdict == ReplayVerdict::Reproduced && self.bit_identical != Some(false)
     }

@@ -21,23 +21,38 @@ pub enum RewriteForm {
     LogSoftmax,
     /// f(x) → f(x + eps): a root or a fractional power at 0 (its slope),
     /// a log of exact zeros that a 0 multiplies (0·log(eps) is 0).
-    OperandPlusEps { eps: f64 },
+    OperandPlusEps {
+        /// Added to the operand.
+        eps: f64,
+    },
     /// f(x) → f(max(x, floor)): a log of a value that rounds to 0 (1 − a
     /// gate saturated to exactly 1).
-    OperandFloor { floor: f64 },
+    OperandFloor {
+        /// The operand's floor.
+        floor: f64,
+    },
     /// a / b → a / max(b, floor): a count or a norm in the denominator.
-    DenominatorFloor { floor: f64 },
+    DenominatorFloor {
+        /// The denominator's floor.
+        floor: f64,
+    },
     /// exp(x) → exp(x − max(x)) over the last dimension: an exp whose
     /// output is normalized by its own sum (the ratio is unchanged).
     MaxSubtracted,
     /// x.to_dtype(half) → x clamped into ±limit first: a constant past
     /// the half dtype's range (a −1e9 mask) becomes a finite one that
     /// leaves room to add scores to it.
-    ClampBeforeCast { limit: f64 },
+    ClampBeforeCast {
+        /// The magnitude clamped to.
+        limit: f64,
+    },
     /// a − b → clamp(a) − clamp(b) into ±limit: infinities that cancel
     /// (a row's max subtracted from a row entirely −inf) become finite
     /// values that do (a finite mask value).
-    FiniteOperands { limit: f64 },
+    FiniteOperands {
+        /// The magnitude clamped to.
+        limit: f64,
+    },
     /// log(exp(x) + 1) → relu(x) + log(1 + exp(−|x|)): a softplus by hand
     /// whose exp overflows; `x` is what the exp at `from` read.
     Softplus,
@@ -49,19 +64,32 @@ pub enum RewriteForm {
     /// subtracted inside); the log's expression is rewritten, `x` is what
     /// the exp at `from` read, and a keepdim sum's dimension is put back at
     /// `keepdim_at`.
-    LogSumExp { keepdim_at: Option<usize> },
+    LogSumExp {
+        /// Where a keepdim sum's dimension goes back.
+        keepdim_at: Option<usize>,
+    },
     /// exp(x) → exp(min(x, cap)): an exp that nothing normalizes, capped
     /// below the dtype's range (its slope is 0 past the cap).
-    ClampedExp { cap: f64 },
+    ClampedExp {
+        /// The exp's input cap.
+        cap: f64,
+    },
     /// var(x) → mean((x − mean(x))²): the biased variance, 0 (not 0/0)
     /// over one value.
-    BiasedVariance { dim: usize, keepdim: bool },
+    BiasedVariance {
+        /// The reduced dimension.
+        dim: usize,
+        /// Whether it is kept.
+        keepdim: bool,
+    },
 }
 
 /// A rewrite of the op at `site`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Rewrite {
+    /// The op rewritten.
     pub site: OpSite,
+    /// How.
     pub form: RewriteForm,
     /// The op whose operands the rewrite reads, when it is not `site`
     /// (the softmax a log is taken of).
@@ -308,9 +336,13 @@ fn source_line(file: &str, line: u32) -> Option<String> {
 /// A source line as written and as repaired.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LineDiff {
+    /// The source file.
     pub file: String,
+    /// The line.
     pub line: u32,
+    /// The line as written.
     pub before: String,
+    /// The line rewritten.
     pub after: String,
     /// `before` is the whole line as the file holds it; otherwise the
     /// op's expression alone (the file was not readable from here, or the

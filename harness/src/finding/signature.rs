@@ -8,12 +8,19 @@ use serde::{Deserialize, Serialize};
 /// indices, see [`stage_key`]), under which configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Signature {
+    /// What went wrong.
     pub kind: FindingKind,
+    /// Where in the step.
     pub phase: Phase,
+    /// The stage, without indices.
     pub stage: String,
+    /// The model family.
     pub family: String,
+    /// The optimizer's name.
     pub optimizer: String,
+    /// The precision.
     pub precision: PrecisionKind,
+    /// The device.
     pub device: DeviceSpec,
 }
 
@@ -29,6 +36,7 @@ pub enum StageKeys {
 }
 
 impl StageKeys {
+    /// The stage's signature key under these keys.
     pub fn key(self, stage: &str) -> String {
         match self {
             StageKeys::Family => stage_key(stage),
@@ -43,14 +51,20 @@ impl StageKeys {
 /// and the user's variables; both build every signature through it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Subject {
+    /// The model family.
     pub family: String,
+    /// The optimizer's name.
     pub optimizer: String,
+    /// The precision.
     pub precision: PrecisionKind,
+    /// The device.
     pub device: DeviceSpec,
+    /// How stages become signature keys.
     pub keys: StageKeys,
 }
 
 impl Subject {
+    /// What a run of `case` is.
     pub fn of_case(case: &Case) -> Subject {
         Subject {
             family: case.family().to_string(),

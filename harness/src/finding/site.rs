@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 /// An op's site as a finding carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpSite {
+    /// The source file, as `file!()` gives it.
     pub file: String,
+    /// The line.
     pub line: u32,
+    /// The column.
     pub column: u32,
     /// The op's expression as written.
     pub text: String,
@@ -21,6 +24,7 @@ pub struct OpSite {
     pub op: String,
     /// The function it is in, with its type for a method (`Net::forward`).
     pub function: String,
+    /// What the op computes.
     pub kind: OpKind,
     /// The name its statement binds its result to (`let h = x.exp()?;`):
     /// what a rewrite elsewhere in the function calls it.

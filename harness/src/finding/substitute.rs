@@ -25,62 +25,116 @@ pub enum Axis {
 #[non_exhaustive]
 pub enum Substitute {
     /// x + eps: a log or a root of exact zeros, 0·log(0).
-    AddEps { eps: f64 },
+    AddEps {
+        /// Added.
+        eps: f64,
+    },
     /// max(x, min): a log or a root of negative values.
-    ClampMin { min: f64 },
+    ClampMin {
+        /// The floor.
+        min: f64,
+    },
     /// x clamped into [min, max]: a gate saturated to exactly 1 or 0.
-    ClampRange { min: f64, max: f64 },
+    ClampRange {
+        /// The lower bound.
+        min: f64,
+        /// The upper bound.
+        max: f64,
+    },
     /// max(x, fill): a finite mask value where the mask is -inf.
-    FiniteMask { fill: f64 },
+    FiniteMask {
+        /// The value in place of −inf.
+        fill: f64,
+    },
     /// log_softmax(x) over the last dimension for log(softmax(x)).
     LogSoftmax,
     /// x / sqrt(sum(x²) + eps) over the last dimension for x / ‖x‖.
-    NormEps { eps: f64 },
+    NormEps {
+        /// Added under the root.
+        eps: f64,
+    },
     /// sqrt(x + eps) (of relu(x) when `rectified`) for sqrt(x): a root's
     /// slope at exactly 0.
-    SqrtEps { eps: f64, rectified: bool },
+    SqrtEps {
+        /// Added under the root.
+        eps: f64,
+        /// Of relu(x).
+        rectified: bool,
+    },
     /// sqrt(sum(x²) + eps) over the last dimension for sqrt(sum(x²)).
-    RootEps { eps: f64, keepdim: bool },
+    RootEps {
+        /// Added under the root.
+        eps: f64,
+        /// Whether the sum keeps its dimension.
+        keepdim: bool,
+    },
     /// max + log(sum(exp(x − max))) over the last dimension for
     /// log(sum(exp(x))).
-    LogSumExp { keepdim: bool },
+    LogSumExp {
+        /// Whether the sum keeps its dimension.
+        keepdim: bool,
+    },
     /// exp(min(scale·x, cap)) for exp(scale·x).
-    ClampedScaledExp { scale: f64, cap: f64 },
+    ClampedScaledExp {
+        /// The exp's input scale.
+        scale: f64,
+        /// The cap.
+        cap: f64,
+    },
     /// (x − mean) / sqrt(var + eps) for (x − mean) / std.
     Standardize {
+        /// The axis the statistics are over.
         axis: Axis,
+        /// Bessel's correction.
         unbiased: bool,
+        /// Added under the root.
         eps: f64,
     },
     /// The rows a mask added inside a softmax left entirely masked get the
     /// softmax of their scores (what a finite mask value gives them).
     SoftmaxOfMaskedRows,
-    /// x[i+1] / (x[i] + eps) along `dim` for x[i+1] / x[i].
-    ShiftedRatioEps { dim: usize, eps: f64 },
+    /// `x[i+1] / (x[i] + eps)` along `dim` for `x[i+1] / x[i]`.
+    ShiftedRatioEps {
+        /// The dimension.
+        dim: usize,
+        /// Added to the denominator.
+        eps: f64,
+    },
     /// The factors x[i+1] themselves for the ratio of a cumulative
     /// product of x to itself shifted by one (the product in log space).
-    FactorOfCumprod { dim: usize },
+    FactorOfCumprod {
+        /// The dimension.
+        dim: usize,
+    },
     /// The probabilities a loss takes the log of, recomputed from the
     /// logits in log space: the value exp(log_softmax(x)) floored (at
     /// 2/sqrt of the dtype's largest value, where 1/p² stays finite), the
     /// gradient that of log_softmax (what a loss on the logits computes).
-    LogSpaceSoftmax { floor: f64 },
+    LogSpaceSoftmax {
+        /// The probabilities' floor.
+        floor: f64,
+    },
     /// A gate recomputed from its logits: sigmoid(x) clamped into
     /// [eps, 1 − eps] with the slope g·(1 − g) of the clamped value, so a
     /// log of it or of 1 − it downstream has the gradient of a binary
     /// cross-entropy on the logits (g − t), not the clamp's 0.
-    LogSpaceSigmoid { eps: f64 },
+    LogSpaceSigmoid {
+        /// The clamp's margin.
+        eps: f64,
+    },
 }
 
 /// A substitute and the record it reads: the record before the stage,
 /// or one further back (the logits a softmax's log is recomputed from).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Formulation {
+    /// The record it reads.
     pub reads: String,
     /// The record the substitute recomputes when it is not the stage (the
     /// probabilities a loss takes the log of); `None`: the stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<String>,
+    /// The stable formulation.
     pub substitute: Substitute,
 }
 

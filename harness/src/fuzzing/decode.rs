@@ -402,10 +402,15 @@ fn finite_value(u: &mut Unstructured, max_abs: f64) -> Result<f32> {
 /// Input of the `losses` target: a loss and a (rows × classes) batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossInput {
+    /// The loss.
     pub loss: LossSpec,
+    /// Rows.
     pub rows: usize,
+    /// Classes.
     pub classes: usize,
+    /// The logits, rows × classes.
     pub logits: Vec<f32>,
+    /// One label per row.
     pub labels: Vec<i64>,
 }
 
@@ -439,15 +444,20 @@ pub fn loss_input(u: &mut Unstructured, max_abs: impl Fn(&LossSpec) -> f64) -> R
 /// Input of the `augmentations` target: an augmentation and a finite batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AugmentInput {
+    /// The augmentation.
     pub augment: Augment,
     /// (batch, channels, height, width), or (batch, seq_len, features) for time masks.
     pub dims: Vec<usize>,
+    /// The batch's values.
     pub values: Vec<f32>,
+    /// The augmentation's seed.
     pub seed: u64,
+    /// The step it runs at.
     pub step: usize,
 }
 
 impl AugmentInput {
+    /// The batch it augments.
     pub fn batch(&self) -> HostBatch {
         let rows = self.dims[0];
         let classes = 2;

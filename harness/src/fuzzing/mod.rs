@@ -34,10 +34,14 @@ pub const TARGETS: [&str; 5] = [
 /// The targets whose inputs are training runs (their artifacts become reproducers).
 pub const TRAINING_TARGETS: [&str; 2] = ["case_runs", "safe_envelope"];
 
+/// What a fuzz target's check says of an input.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
+    /// Not a valid input: libFuzzer should not keep it.
     Reject,
+    /// Valid, and every claim held.
     Pass,
+    /// A claim failed: a bug (the target panics with this message).
     Violation(String),
 }
 
@@ -62,6 +66,7 @@ impl Envelope {
         }
     }
 
+    /// Holds `case` to this envelope.
     pub fn apply(self, case: &mut Case) {
         safe_envelope(case);
         if self == Envelope::Planted {
@@ -237,12 +242,16 @@ pub fn case_json_text(data: &[u8]) -> Option<String> {
 /// How many `case_json` inputs reach validation: they parse as a case.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CaseJsonShare {
+    /// Inputs seen.
     pub inputs: usize,
+    /// Inputs that parse as a case.
     pub parse: usize,
+    /// Inputs that are valid cases.
     pub valid: usize,
 }
 
 impl CaseJsonShare {
+    /// Counts one input.
     pub fn add(&mut self, data: &[u8]) {
         self.inputs += 1;
         if let Some(case) = case_json_text(data).and_then(|t| Case::from_json(&t).ok()) {

@@ -1,12 +1,12 @@
 //! nanhunt in the user's own training loop: the guard is the second driver
 //! of the step engine. Each step of any candle loop goes through the same
-//! checks as the runner's ([`crate::checks`]: the batch, the loss, that
+//! checks as the runner's (`checks`: the batch, the loss, that
 //! every trainable variable got a gradient, every gradient, the loss
 //! trend, the update, the norms' jumps); the guard keeps what it needs to
 //! undo the step (nanhunt's optimizers are checked before they set
 //! anything), and on the first failure restores the state from before it,
 //! re-runs the step with tracing on to name the first producer
-//! ([`crate::localize`]), builds the finding with the one constructor the
+//! (`localize`), builds the finding with the one constructor the
 //! runner uses, writes the scene and stops the loop with a typed error.
 //!
 //! ```ignore
@@ -57,6 +57,7 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of named tensors (`x`, `y`, …), in the order given.
     pub fn new<S: Into<String>>(parts: impl IntoIterator<Item = (S, Tensor)>) -> Self {
         Batch {
             parts: parts.into_iter().map(|(n, t)| (n.into(), t)).collect(),
@@ -72,6 +73,7 @@ impl Batch {
             .ok_or_else(|| candle_core::Error::Msg(format!("the batch has no tensor `{name}`")))
     }
 
+    /// The named tensors, in order.
     pub fn parts(&self) -> &[(String, Tensor)] {
         &self.parts
     }
@@ -90,7 +92,9 @@ pub enum GuardError {
     #[error("{}: {} (step {}){}", .finding.signature, .finding.detail, .finding.step,
             .dump.as_ref().map(|d| format!("; scene in {}", d.display())).unwrap_or_default())]
     Unstable {
+        /// The finding.
         finding: Box<Finding>,
+        /// Where its scene was written, if it was.
         dump: Option<PathBuf>,
     },
     /// The guard was used wrongly (bad batch, a dump directory that exists)
@@ -106,6 +110,7 @@ impl From<candle_core::Error> for GuardError {
 }
 
 impl GuardError {
+    /// The finding, when the step failed.
     pub fn finding(&self) -> Option<&Finding> {
         match self {
             GuardError::Unstable { finding, .. } => Some(finding),
@@ -203,6 +208,7 @@ impl Guard {
         &self.vars
     }
 
+    /// The variables' names, in the guard's order.
     pub fn names(&self) -> &[String] {
         &self.names
     }

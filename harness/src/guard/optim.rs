@@ -13,6 +13,7 @@ use candle_core::{Result, Tensor, Var};
 /// An optimizer's state as a dump saves it.
 #[derive(Clone, Debug)]
 pub struct SavedOptimizer {
+    /// The optimizer's spec.
     pub spec: OptimizerSpec,
     /// Completed update steps.
     pub steps: usize,
@@ -42,6 +43,7 @@ impl SavedOptimizer {
 
 /// What a guard needs of an optimizer: a step, and its state if it can.
 pub trait GuardOptimizer {
+    /// One update from these gradients.
     fn apply(&mut self, grads: &GradStore) -> Result<()>;
     /// How dumps name it.
     fn name(&self) -> String;
@@ -53,6 +55,7 @@ pub trait GuardOptimizer {
     fn vars(&self) -> Option<Vec<Var>> {
         None
     }
+    /// Restores a saved state (an optimizer that cannot read it ignores it).
     fn restore(&mut self, _saved: &SavedOptimizer) -> Result<()> {
         Ok(())
     }

@@ -45,11 +45,14 @@ pub type LossFn = Box<dyn FnMut(&Batch) -> Result<Tensor>>;
 
 /// The model built again by a [`Rebuild`].
 pub struct Rebuilt {
+    /// The model's variables.
     pub varmap: candle_nn::VarMap,
+    /// Its loss over a batch.
     pub loss: LossFn,
 }
 
 impl Rebuilt {
+    /// The model built again: its variables and its loss.
     pub fn new(
         varmap: candle_nn::VarMap,
         loss: impl FnMut(&Batch) -> Result<Tensor> + 'static,
@@ -93,11 +96,13 @@ impl std::fmt::Debug for GuardOptions {
 }
 
 impl GuardOptions {
+    /// Write each finding's scene under `dir`.
     pub fn dump_to(mut self, dir: impl Into<PathBuf>) -> Self {
         self.dump = Some(dir.into());
         self
     }
 
+    /// The loop's name in its findings' signatures (its family).
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
@@ -109,6 +114,7 @@ impl GuardOptions {
         self
     }
 
+    /// The divergence line: the smoothed loss above `factor` × its best.
     pub fn divergence_factor(mut self, factor: f64) -> Self {
         self.divergence_factor = factor;
         self

@@ -2,7 +2,7 @@
 //! data has not fired yet.
 //!
 //! 1. Train the case, reading at checkpoints how close every risky stage
-//!    came to its op's unsafe domain (its margin, [`risk`]): a log's input
+//!    came to its op's unsafe domain (its margin, `risk`): a log's input
 //!    to 0, an exp's output to the dtype's largest value, a root's input to
 //!    0, a norm's row to all zeros, a division or a half-precision
 //!    accumulation to the range's end. A stage is risky by the op kind it
@@ -10,8 +10,8 @@
 //! 2. From the trained state, search inputs within a stated bound of a
 //!    training batch (multiples of the data's largest magnitude, growing)
 //!    that drive each risky stage across, by its pressure's gradient
-//!    with respect to the input ([`search`]); for token ids, swaps of the
-//!    tokens guided by that gradient at the embedding stage ([`tokens`]);
+//!    with respect to the input (`search.rs`); for token ids, swaps of the
+//!    tokens guided by that gradient at the embedding stage (`tokens.rs`);
 //!    then a plausible drift of the weights (a few steps at a higher
 //!    learning rate).
 //! 3. Confirm every candidate with the step engine: a trigger is an
@@ -63,6 +63,7 @@ pub struct HuntOptions {
     pub checkpoints: usize,
     /// Write each trigger's reproducer (a scene) under this directory.
     pub out: Option<PathBuf>,
+    /// How each training run runs.
     pub run: RunOptions,
     /// The whole hunt's wall-clock budget: stages not searched when it
     /// runs out are reported as such.

@@ -27,6 +27,7 @@ pub struct RiskReport {
     /// Token inputs: the most tokens swapped per row.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_swaps: Option<usize>,
+    /// Each risky stage or op, and what the hunt found there.
     pub stages: Vec<StageRisk>,
     /// The recorded ops without an unsafe domain in the dtype they compute
     /// in (not searched, none can fire by itself), counted by kind.
@@ -38,13 +39,16 @@ pub struct RiskReport {
 /// One risky stage.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StageRisk {
+    /// The stage or op.
     pub stage: String,
+    /// What it computes.
     pub op: OpKind,
     /// The op was read from the stage's name (the model did not declare it).
     pub op_from_name: bool,
-    /// The rule of its kind ([`crate::rules`]): its name, and its unsafe
+    /// The rule of its kind (`rules`): its name, and its unsafe
     /// domain in words.
     pub risk: String,
+    /// Its unsafe domain, in words.
     pub domain: String,
     /// Where the op is, in an instrumented function.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,6 +56,7 @@ pub struct StageRisk {
     /// The least margin seen in training, in decades (0: it reached its
     /// unsafe domain); `None` when it could not be read.
     pub margin: Option<f64>,
+    /// What the hunt found.
     #[serde(flatten)]
     pub status: RiskStatus,
 }
@@ -62,24 +67,42 @@ pub struct StageRisk {
 #[non_exhaustive]
 pub enum RiskStatus {
     /// Training on the data itself failed at the stage.
-    FiredOnData { step: usize, signature: String },
+    FiredOnData {
+        /// The step it failed at.
+        step: usize,
+        /// The finding's signature.
+        signature: String,
+    },
     /// A trigger the search found.
     Triggered(Box<Trigger>),
     /// Nothing within the bound made it fire.
-    NoTrigger { bound: f64 },
+    NoTrigger {
+        /// The largest perturbation searched.
+        bound: f64,
+    },
     /// Token inputs: nothing within `swaps` swapped tokens per row made
     /// it fire.
-    NoTokenTrigger { swaps: usize },
+    NoTokenTrigger {
+        /// The most tokens swapped per row.
+        swaps: usize,
+    },
     /// The stage could not be searched (and why).
-    NotSearched { why: String },
+    NotSearched {
+        /// Why not.
+        why: String,
+    },
     /// Searched: its candidates fired another op first (credited there),
     /// and none of its own within the bound.
-    FiredElsewhere { first: String },
+    FiredElsewhere {
+        /// The op that fired first.
+        first: String,
+    },
 }
 
 /// How a trigger was found, and what replays it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Trigger {
+    /// How it was found.
     #[serde(flatten)]
     pub by: TriggerKind,
     /// The finding the trigger gives (its signature, as a slug).
@@ -97,20 +120,36 @@ pub struct Trigger {
     pub unreproducible: Option<String>,
 }
 
+/// How a trigger was found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "by", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TriggerKind {
     /// Inputs within `perturbation` × the data's scale of the training
     /// batch (an L∞ distance), `rows` of them after minimization.
-    Input { perturbation: f64, rows: usize },
+    Input {
+        /// The L∞ distance, in multiples of the data's scale.
+        perturbation: f64,
+        /// Rows after minimization.
+        rows: usize,
+    },
     /// Token inputs: `swapped` tokens of the training batch swapped for
     /// others (guided by the gradient through the embedding), in `rows`
     /// rows after minimization.
-    Tokens { swapped: usize, rows: usize },
+    Tokens {
+        /// Tokens swapped.
+        swapped: usize,
+        /// Rows after minimization.
+        rows: usize,
+    },
     /// A few steps at `lr_factor` × the learning rate drift the weights
     /// until the training data fires it.
-    WeightDrift { lr_factor: f64, steps: usize },
+    WeightDrift {
+        /// The learning-rate factor.
+        lr_factor: f64,
+        /// Steps of drift.
+        steps: usize,
+    },
 }
 
 /// Three significant digits, for stable reports.
@@ -143,6 +182,7 @@ impl RiskReport {
         })
     }
 
+    /// The report as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a risk report serializes") + "\n"
     }
@@ -234,6 +274,7 @@ impl RiskReport {
         }
     }
 
+    /// The report as Markdown.
     pub fn to_markdown(&self) -> String {
         let mut out = format!(
             "# Risk report: {}\n\nData: {}; {}; {}; {} evaluations.\n\n",
@@ -288,6 +329,7 @@ impl RiskReport {
         ))
     }
 
+    /// The report as a self-contained HTML page.
     pub fn to_html(&self) -> String {
         let esc = crate::format::escape_html;
         let mut rows = String::new();

@@ -257,6 +257,7 @@ impl Intervention {
         }
     }
 
+    /// The intervention in words.
     pub fn describe(&self) -> String {
         if let (Some(half), true) = (self.storage, self.stage.is_empty()) {
             return format!(

@@ -1,4 +1,4 @@
-//! The arithmetic of a [`Rewrite`]: the op's output recomputed from the
+//! The arithmetic of a [`crate::finding::Rewrite`]: the op's output recomputed from the
 //! tensors it read (and, for a form that reads another op's operands,
 //! from those) with the stable form in place — candle ops with their
 //! gradients, so training runs through the rewrite as it would through

@@ -15,6 +15,7 @@
 use super::{fused_for, real, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
+/// ReLU, fused forward and backward (relu'(0) = 0).
 pub fn relu(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
         return super::reference::relu(x);

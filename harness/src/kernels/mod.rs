@@ -110,6 +110,7 @@ pub fn with_kernels<R>(kernels: Kernels, f: impl FnOnce() -> R) -> R {
 /// summation order only; f32 for summation order over a few hundred terms
 /// (a 3×3×16 convolution patch, a row of 64).
 pub const TOLERANCE_F64: f64 = 1e-12;
+/// The largest relative difference an f32 kernel may show against its reference.
 pub const TOLERANCE_F32: f64 = 1e-5;
 
 /// The named tolerance for a dtype (`None`: no fused kernel for it).

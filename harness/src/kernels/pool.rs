@@ -15,9 +15,12 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tenso
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 
+/// Which 2×2 pooling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
+    /// Max pooling.
     Max,
+    /// Average pooling.
     Avg,
 }
 

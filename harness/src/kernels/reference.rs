@@ -58,6 +58,7 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
     windows2x2(x)?.max(5)?.max(3)
 }
 
+/// 2×2 average pooling, stride 2, as candle ops.
 pub fn avg_pool2x2(x: &Tensor) -> Result<Tensor> {
     windows2x2(x)?.mean(5)?.mean(3)
 }

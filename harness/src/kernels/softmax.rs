@@ -6,6 +6,7 @@ use super::reference;
 use super::{fused_for, lane_max, lane_sum, slice, wide, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
+/// Softmax over the last dimension, fused forward and backward.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     if !fused_for(x) {
         return reference::softmax(x);

@@ -72,7 +72,9 @@ pub struct Curvature {
     /// trusted however well Lanczos converged.
     #[serde(default = "yes")]
     pub smooth: bool,
+    /// Lanczos iterations run.
     pub iterations: usize,
+    /// Gradient evaluations spent.
     pub gradient_evals: usize,
 }
 
@@ -88,19 +90,24 @@ fn yes() -> bool {
     true
 }
 
-/// The largest eigenvalue of a symmetric operator on ℝⁿ by Lanczos with
-/// full reorthogonalization, started from `start`.
+/// The largest eigenvalue of a symmetric operator on ℝⁿ, as Lanczos with
+/// full reorthogonalization found it from its start vector.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Eigen {
+    /// The eigenvalue.
     pub value: f64,
+    /// ‖A·y − λ·y‖ of its unit eigenvector y.
     pub residual: f64,
+    /// Whether the residual met the tolerance.
     pub converged: bool,
+    /// Lanczos iterations run.
     pub iterations: usize,
 }
 
 /// A symmetric operator on flat vectors.
 pub type Operator<'a, E> = dyn FnMut(&[f64]) -> std::result::Result<Vec<f64>, E> + 'a;
 
+/// The top eigenvalue of `apply` (see [`Eigen`]), within `settings`.
 pub fn lanczos_top<E>(
     start: Vec<f64>,
     settings: &CurvatureSettings,

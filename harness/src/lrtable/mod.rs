@@ -71,10 +71,13 @@ pub fn optimizer_named(name: &str) -> Option<OptimizerSpec> {
 /// One row of the table: a labelled base case (its LR is ignored).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The model family.
     pub family: String,
+    /// The size label (`default`, `large`).
     pub size: String,
     /// The optimizer's name in the table.
     pub optimizer: String,
+    /// The base case.
     pub case: Case,
 }
 
@@ -130,17 +133,21 @@ pub struct LrTableOptions {
     pub tolerance: f64,
     /// The search starts from [start_lo, start_hi] and widens within [min_lr, max_lr].
     pub start: (f64, f64),
+    /// The lowest learning rate the search may reach.
     pub min_lr: f64,
+    /// The highest learning rate the search may reach.
     pub max_lr: f64,
     /// Train every step on one batch (full-batch gradient descent).
     pub full_batch: bool,
     /// Estimate the sharpness at initialization and predict the divergence LR.
     pub curvature: bool,
+    /// How the curvature is estimated.
     pub curvature_settings: CurvatureSettings,
     /// Worker threads (seeds run in parallel).
     pub jobs: usize,
     /// Where to report the seeds measured (none: nowhere).
     pub progress: Option<crate::progress::Reporter>,
+    /// How each run runs.
     pub run: RunOptions,
 }
 
@@ -164,6 +171,7 @@ impl Default for LrTableOptions {
 }
 
 impl LrTableOptions {
+    /// Checks every option, naming the one out of range.
     pub fn validate(&self) -> Result<()> {
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
@@ -214,12 +222,14 @@ impl LrTableOptions {
         Ok(())
     }
 
+    /// The learning-rate grid.
     pub fn grid(&self) -> Grid {
         Grid {
             tolerance: self.tolerance,
         }
     }
 
+    /// Where the search starts and how far it may go.
     pub fn range(&self) -> Range {
         let g = self.grid();
         Range {
@@ -243,16 +253,23 @@ impl LrTableOptions {
 /// What one seed of one configuration showed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeedResult {
+    /// The case seed.
     pub seed: u64,
+    /// The divergence threshold.
     pub divergence: Threshold,
+    /// The non-finite threshold.
     pub non_finite: Threshold,
     /// Unstable LRs below the top transition (the threshold is the lowest).
     #[serde(default, skip_serializing_if = "Islands::is_empty")]
     pub divergence_islands: Islands,
+    /// Unstable LRs below the non-finite threshold's top transition.
     #[serde(default, skip_serializing_if = "Islands::is_empty")]
     pub non_finite_islands: Islands,
+    /// Training runs made.
     pub runs: usize,
+    /// Runs a grid sweep of the same resolution would have made.
     pub grid_runs: usize,
+    /// The sharpness at initialization, when estimated.
     pub curvature: Option<Curvature>,
 }
 
@@ -260,8 +277,11 @@ pub struct SeedResult {
 /// and the extremes, each possibly outside the searched range.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
+    /// The median over seeds.
     pub median: Threshold,
+    /// The lowest.
     pub min: Threshold,
+    /// The highest.
     pub max: Threshold,
 }
 
@@ -310,15 +330,23 @@ pub fn recommend(seeds: &[SeedResult]) -> Option<f64> {
 /// One configuration's measurements.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// The model family.
     pub family: String,
+    /// The size label.
     pub size: String,
+    /// The optimizer's name.
     pub optimizer: String,
+    /// The precision's name.
     pub precision: String,
     /// Why the configuration could not run (then nothing else is set).
     pub error: Option<String>,
+    /// Each seed's measurements.
     pub seeds: Vec<SeedResult>,
+    /// The divergence threshold over seeds.
     pub divergence: Option<Spread>,
+    /// The non-finite threshold over seeds.
     pub non_finite: Option<Spread>,
+    /// The recommended learning rate ([`RECOMMENDATION_RULE`]).
     pub recommended_lr: Option<f64>,
     /// Median over seeds of the curvature's predicted divergence LR.
     pub predicted_lr: Option<f64>,
@@ -330,10 +358,13 @@ pub struct Row {
     /// gives a prediction marked "not smooth" in every format.
     #[serde(default)]
     pub predicted_smooth: Option<bool>,
+    /// How the predicted LR is computed.
     pub prediction_rule: String,
     /// Median measured divergence LR (bracket middle) / predicted LR.
     pub measured_over_predicted: Option<f64>,
+    /// Training runs made.
     pub runs: usize,
+    /// Runs a grid sweep of the same resolution would have made.
     pub grid_runs: usize,
 }
 
@@ -404,20 +435,30 @@ fn lower_median(mut v: Vec<f64>) -> Option<f64> {
 /// The settings a table was measured with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
+    /// Seeds per configuration.
     pub seeds: usize,
+    /// Training steps per run.
     pub steps: usize,
+    /// The grid step, in decades of LR.
     pub tolerance_decades: f64,
+    /// The lowest LR searched.
     pub min_lr: f64,
+    /// The highest LR searched.
     pub max_lr: f64,
+    /// Whether every step trained on one batch.
     pub full_batch: bool,
+    /// The divergence rule, in words.
     pub divergence: String,
+    /// How the recommended LR is chosen.
     pub recommendation_rule: String,
 }
 
 /// A measured table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LrTable {
+    /// How it was measured.
     pub settings: Settings,
+    /// One row per configuration.
     pub rows: Vec<Row>,
     /// Training runs made by the searches, in all.
     pub runs: usize,

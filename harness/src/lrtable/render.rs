@@ -93,6 +93,7 @@ fn savings(table: &LrTable) -> String {
 }
 
 impl LrTable {
+    /// The table as Markdown.
     pub fn to_markdown(&self) -> String {
         let s = &self.settings;
         let mut out = String::new();
@@ -147,6 +148,7 @@ impl LrTable {
         out
     }
 
+    /// The table as CSV (one row per configuration).
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
             "family,size,optimizer,precision,divergence_median,divergence_min,divergence_max,\
@@ -186,6 +188,7 @@ impl LrTable {
         out
     }
 
+    /// The table as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a table always serializes") + "\n"
     }

@@ -37,6 +37,7 @@ pub struct Grid {
 }
 
 impl Grid {
+    /// The learning rate at a grid index.
     pub fn lr(&self, index: i64) -> f64 {
         10f64.powf(index as f64 * self.tolerance)
     }
@@ -57,16 +58,21 @@ impl Grid {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Threshold {
+    /// A transition between two grid steps.
     Found {
+        /// The largest LR seen stable.
         stable: f64,
+        /// The smallest LR seen unstable.
         unstable: f64,
     },
     /// Unstable already at the lowest LR searched.
     BelowRange {
+        /// The lowest LR searched.
         min: f64,
     },
     /// Still stable at the highest LR searched.
     AboveRange {
+        /// The highest LR searched.
         max: f64,
     },
 }
@@ -117,6 +123,7 @@ pub struct Islands {
 }
 
 impl Islands {
+    /// Whether no island was found.
     pub fn is_empty(&self) -> bool {
         self.unstable.is_empty()
     }
@@ -125,18 +132,26 @@ impl Islands {
 /// Where the search starts and how far it may go, as grid indices.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Range {
+    /// The bracket's lower start.
     pub start_lo: i64,
+    /// The bracket's upper start.
     pub start_hi: i64,
+    /// The lowest index the search may reach.
     pub floor: i64,
+    /// The highest index the search may reach.
     pub ceil: i64,
 }
 
 /// The result of searching both thresholds for one seed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Searched {
+    /// The divergence threshold.
     pub divergence: Threshold,
+    /// The non-finite threshold.
     pub non_finite: Threshold,
+    /// Unstable stretches below the divergence threshold's transition.
     pub divergence_islands: Islands,
+    /// Unstable stretches below the non-finite threshold's transition.
     pub non_finite_islands: Islands,
     /// Training runs made (distinct LRs).
     pub runs: usize,

@@ -16,19 +16,25 @@ use std::collections::HashMap;
 /// What an op read: the tensor, and the record that made it (if one did).
 #[derive(Clone, Copy, Debug)]
 pub struct Read<'r> {
+    /// The tensor.
     pub tensor: &'r Tensor,
+    /// The record that made it, if one did.
     pub from: Option<usize>,
 }
 
 /// The non-finite values a tensor holds, by class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NonFinite {
+    /// NaN values.
     pub nan: bool,
+    /// +inf values.
     pub pos_inf: bool,
+    /// −inf values.
     pub neg_inf: bool,
 }
 
 impl NonFinite {
+    /// The classes `t` holds.
     pub fn of(t: &Tensor) -> Result<NonFinite> {
         let scan = scan_all(&[t])?[0];
         if scan.is_finite() {
@@ -50,6 +56,7 @@ impl NonFinite {
         })
     }
 
+    /// Whether it holds any.
     pub fn any(self) -> bool {
         self.nan || self.pos_inf || self.neg_inf
     }
@@ -63,6 +70,7 @@ impl NonFinite {
         }
     }
 
+    /// The classes either holds.
     pub fn union(self, o: NonFinite) -> NonFinite {
         NonFinite {
             nan: self.nan || o.nan,
@@ -74,11 +82,13 @@ impl NonFinite {
 
 /// The records as a graph.
 pub struct OpGraph<'r> {
+    /// The step's records, in execution order.
     pub records: &'r [Record],
     made_by: HashMap<TensorId, usize>,
 }
 
 impl<'r> OpGraph<'r> {
+    /// The graph of `records`.
     pub fn new(records: &'r [Record]) -> OpGraph<'r> {
         let made_by = records
             .iter()

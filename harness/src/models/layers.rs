@@ -16,12 +16,14 @@ use candle_nn::{Init, VarBuilder};
 
 use super::weight_init;
 
+/// A linear map with the harness's init.
 pub struct Linear {
     w: Tensor,
     b: Tensor,
 }
 
 impl Linear {
+    /// A `fan_in` → `fan_out` map whose weights `init` draws.
     pub fn new(vb: VarBuilder, init: &InitSpec, fan_in: usize, fan_out: usize) -> Result<Self> {
         let w = vb.get_with_hints(
             (fan_out, fan_in),
@@ -32,10 +34,12 @@ impl Linear {
         Ok(Linear { w, b })
     }
 
+    /// The weight, (fan_out, fan_in).
     pub fn weight(&self) -> &Tensor {
         &self.w
     }
 
+    /// The bias, (fan_out).
     pub fn bias(&self) -> &Tensor {
         &self.b
     }
@@ -49,12 +53,14 @@ impl Linear {
     }
 }
 
+/// A 2-D convolution with the harness's init.
 pub struct Conv2d {
     w: Tensor,
     b: Tensor,
 }
 
 impl Conv2d {
+    /// A convolution whose weights `init` draws.
     pub fn new(
         vb: VarBuilder,
         init: &InitSpec,
@@ -87,12 +93,14 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// A layer norm over the last `dim` values.
     pub fn new(vb: VarBuilder, dim: usize, eps: f64) -> Result<Self> {
         let w = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
         let b = vb.get_with_hints(dim, "bias", Init::Const(0.0))?;
         Ok(LayerNorm { w, b, eps })
     }
 
+    /// Normalizes `x` over its last dimension.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         kernels::layer_norm(x, &self.w, &self.b, self.eps)
     }
@@ -108,6 +116,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// An RMS norm over the last `dim` values.
     pub fn new(vb: VarBuilder, dim: usize, eps: f64) -> Result<Self> {
         Ok(RmsNorm {
             w: vb.get_with_hints(dim, "weight", Init::Const(1.0))?,
@@ -131,6 +140,7 @@ impl RmsNorm {
     }
 }
 
+/// Batch normalization over a batch's channels (training mode).
 pub struct BatchNorm2d {
     w: Tensor,
     b: Tensor,
@@ -138,12 +148,14 @@ pub struct BatchNorm2d {
 }
 
 impl BatchNorm2d {
+    /// A batch norm over `channels`.
     pub fn new(vb: VarBuilder, channels: usize, eps: f64) -> Result<Self> {
         let w = vb.get_with_hints(channels, "weight", Init::Const(1.0))?;
         let b = vb.get_with_hints(channels, "bias", Init::Const(0.0))?;
         Ok(BatchNorm2d { w, b, eps })
     }
 
+    /// Normalizes `x` (N, C, H, W) by its channels' batch statistics.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mean = channel_mean(x)?;
         let centered = x.broadcast_sub(&mean)?;
@@ -160,6 +172,7 @@ fn channel_mean(x: &Tensor) -> Result<Tensor> {
     x.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)
 }
 
+/// `x` through `act`.
 pub fn activate(x: &Tensor, act: Activation) -> Result<Tensor> {
     match act {
         Activation::Relu => kernels::relu(x),
@@ -185,6 +198,7 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
     kernels::pool2x2(x, PoolKind::Max)
 }
 
+/// 2×2 average pooling, stride 2.
 pub fn avg_pool2x2(x: &Tensor) -> Result<Tensor> {
     kernels::pool2x2(x, PoolKind::Avg)
 }

@@ -30,6 +30,7 @@ use candle_nn::VarBuilder;
 /// (batch, seq_len). Outputs are (batch, outputs), or (batch, seq_len,
 /// outputs) for per-token heads.
 pub trait Model {
+    /// The model's output for `input`, recording its stages into `tracer`.
     fn forward(&self, input: &Tensor, tracer: &mut Tracer) -> Result<Tensor>;
 }
 
@@ -49,6 +50,7 @@ pub trait Model {
 /// replayed file) takes `Option<&dyn ModelFactory>`, where `None` is each
 /// case's built-in family, resolved by [`factory_for`].
 pub trait ModelFactory: Sync {
+    /// The model, its variables created through `vb`.
     fn build(&self, vb: VarBuilder<'static>) -> Result<Box<dyn Model>>;
 
     /// Builds the model of the case being run: `spec` is its model field and

@@ -48,11 +48,13 @@ pub fn matches_path(name: &str, pattern: &str) -> bool {
 /// Suffixes of non-trainable buffers (candle-nn's BatchNorm running statistics).
 const BUFFER_SUFFIXES: [&str; 2] = ["running_mean", "running_var"];
 
+/// Whether a variable holds state, not weights (batch-norm running statistics).
 pub fn is_buffer(name: &str) -> bool {
     BUFFER_SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
 impl ParamStore {
+    /// A store whose variables draw from `seed` under `init`, in `master` dtype, on `device`.
     pub fn new(seed: u64, init: InitSpec, master: DType, device: Device) -> Self {
         ParamStore {
             store: Arc::default(),
@@ -123,14 +125,17 @@ impl ParamStore {
             .collect()
     }
 
+    /// Elements of every variable.
     pub fn count(&self) -> usize {
         self.trainable().iter().map(|(_, v)| v.elem_count()).sum()
     }
 
+    /// The device.
     pub fn device(&self) -> &Device {
         &self.device
     }
 
+    /// The dtype variables are created in.
     pub fn master_dtype(&self) -> DType {
         self.master
     }

@@ -16,9 +16,13 @@ use std::sync::{Arc, OnceLock};
 /// starts from (its `custom` model spec, data, loss and defaults), the
 /// factory, and the dataset and loss closure the case may name.
 pub struct UserModel {
+    /// The case every command starts from.
     pub case: Case,
+    /// Builds the model.
     pub factory: Box<dyn ModelFactory + Send>,
+    /// The dataset a case's `user` source names.
     pub dataset: Option<Arc<dyn Dataset>>,
+    /// The loss a case's `custom` loss names.
     pub loss: Option<Arc<dyn UserLoss>>,
 }
 

@@ -44,10 +44,12 @@ pub struct Tracer {
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Record {
+    /// The stage's name.
     pub name: String,
     /// What the stage computes, when the model declared it
     /// ([`Tracer::record_as`], [`crate::trace_as`]).
     pub op: Option<OpKind>,
+    /// The stage's output.
     pub output: Tensor,
     /// The zero variable whose gradient is the gradient of `output`.
     pub grad_probe: candle_core::Var,
@@ -130,6 +132,7 @@ impl Tracer {
         Tracer::default()
     }
 
+    /// A tracer that records.
     pub fn on() -> Self {
         Tracer {
             enabled: true,
@@ -161,6 +164,7 @@ impl Tracer {
         self.enabled || self.intervention.is_some() || (self.thread && recording())
     }
 
+    /// Whether it records.
     #[inline]
     pub fn enabled(&self) -> bool {
         self.enabled
@@ -260,6 +264,7 @@ impl Tracer {
         self.records.borrow().update_from
     }
 
+    /// The records, in execution order.
     pub fn into_records(self) -> Vec<Record> {
         self.records.borrow().records.clone()
     }

@@ -43,6 +43,7 @@ impl Slot {
     }
 }
 
+/// A case's optimizer: its spec and per-parameter state.
 #[derive(Clone)]
 pub struct Optimizer {
     spec: OptimizerSpec,
@@ -55,6 +56,7 @@ pub struct Optimizer {
 pub const STATE_KINDS: [&str; 3] = ["momentum", "m", "v"];
 
 impl Optimizer {
+    /// An optimizer of `spec` over `params` tensors, with empty state.
     pub fn new(spec: &OptimizerSpec, params: usize) -> Self {
         Optimizer {
             spec: spec.clone(),
@@ -63,6 +65,7 @@ impl Optimizer {
         }
     }
 
+    /// Completed update steps.
     pub fn steps(&self) -> usize {
         self.steps
     }
@@ -271,7 +274,9 @@ pub struct UpdateScans {
     /// The gradients as the pass read them (a guard checks them from here
     /// instead of a pass of its own).
     pub grads: Vec<TensorScan>,
+    /// The updated parameters as the pass wrote them.
     pub params: Vec<TensorScan>,
+    /// The first optimizer state tensor that is not finite, if any.
     pub bad_state: Option<usize>,
 }
 

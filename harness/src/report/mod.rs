@@ -13,13 +13,20 @@ use crate::journal::Entry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// What the campaign was (from its journal's start line).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReportHeader {
+    /// The version that ran it.
     pub nanhunt_version: String,
+    /// The campaign seed.
     pub seed: u64,
+    /// The families it drew from.
     pub families: Vec<String>,
+    /// The device.
     pub device: String,
+    /// The budget it was started with.
     pub budget: String,
+    /// Whether the data pathologies were off.
     pub clean_data: bool,
     /// The data every case trained on, in words, when the campaign fixed
     /// it (a dataset file, a user's model's dataset).
@@ -27,10 +34,14 @@ pub struct ReportHeader {
     pub data: Option<String>,
 }
 
+/// Run counts by verdict.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
+    /// Every run.
     pub runs: u64,
+    /// Stable runs.
     pub stable: u64,
+    /// Unstable runs.
     pub unstable: u64,
     /// Rejected, errored or panicked runs.
     pub errors: u64,
@@ -42,28 +53,42 @@ pub struct Totals {
 /// One configuration: family × loss × optimizer × precision × device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Group {
+    /// The model family.
     pub family: String,
+    /// The loss.
     pub loss: String,
+    /// The optimizer.
     pub optimizer: String,
+    /// The precision.
     pub precision: String,
+    /// The device.
     pub device: String,
+    /// Its run counts.
     pub totals: Totals,
     /// Unstable runs by signature slug.
     pub failures: BTreeMap<String, u64>,
+    /// The earliest failing step.
     pub first_failure_step: Option<usize>,
+    /// Its reproducers' files.
     pub reproducers: Vec<String>,
     /// [lowest, highest] learning rate seen stable / unstable.
     pub lr_stable: Option<[f64; 2]>,
+    /// [lowest, highest] learning rate seen unstable.
     pub lr_unstable: Option<[f64; 2]>,
 }
 
+/// One signature found by the campaign.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SignatureRow {
+    /// The signature's slug.
     pub slug: String,
+    /// The signature.
     pub signature: Signature,
+    /// Runs that showed it.
     pub count: u64,
     /// The earliest step at which it appeared.
     pub first_step: usize,
+    /// Its reproducer's file, if written.
     pub reproducer: Option<String>,
     /// The precision check of its runs (the first one checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,10 +101,15 @@ pub struct SignatureRow {
 /// The loss curve of a representative run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Curve {
+    /// The run's family.
     pub family: String,
+    /// How it ended.
     pub verdict: Verdict,
+    /// The run's index.
     pub index: u64,
+    /// Its signature's slug, if unstable.
     pub signature: Option<String>,
+    /// The loss of each step.
     #[serde(with = "crate::floats::vec")]
     pub losses: Vec<f64>,
 }
@@ -87,21 +117,32 @@ pub struct Curve {
 /// Runs and failures in one decade of learning rate, per family.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LrBin {
+    /// The model family.
     pub family: String,
     /// floor(log10(lr)); lr 0 counts in the lowest decade seen.
     pub decade: i32,
+    /// Runs in the decade.
     pub runs: u64,
+    /// Unstable runs in it.
     pub unstable: u64,
 }
 
+/// A campaign's stability report: a view of its journal (JSON, Markdown, HTML).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StabilityReport {
+    /// What the campaign was.
     pub header: ReportHeader,
+    /// Run counts.
     pub totals: Totals,
+    /// Each signature found.
     pub signatures: Vec<SignatureRow>,
+    /// Per configuration.
     pub groups: Vec<Group>,
+    /// Every reproducer written.
     pub reproducers: Vec<String>,
+    /// Representative loss curves.
     pub curves: Vec<Curve>,
+    /// Runs and failures per decade of learning rate.
     pub lr_sweep: Vec<LrBin>,
 }
 
@@ -291,14 +332,17 @@ impl StabilityReport {
         Ok(StabilityReport::from_entries(&entries))
     }
 
+    /// The report as JSON (byte-identical for the same journal).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("reports serialize")
     }
 
+    /// The report as Markdown.
     pub fn to_markdown(&self) -> String {
         markdown::render(self)
     }
 
+    /// The report as a self-contained HTML page with plots.
     pub fn to_html(&self) -> String {
         html::render(self)
     }

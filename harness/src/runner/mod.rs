@@ -1,9 +1,9 @@
 //! The runner's driver of the step engine: a [`Session`] trains a `Case`
 //! step by step — batch → pathologies → augment → forward → loss →
-//! backward → clip → update — with the shared checks ([`crate::checks`])
+//! backward → clip → update — with the shared checks (`checks`)
 //! after every stage that can produce a non-finite value, and re-runs a
 //! failing step with tracing on to name its first producer. A whole run
-//! (to the end, with its precision check and dump) is [`crate::training`].
+//! (to the end, with its precision check and dump) is `training` ([`crate::run_model`]).
 
 use crate::device;
 use crate::error::{Error, Result};
@@ -192,22 +192,27 @@ impl<'a> Session<'a> {
         })
     }
 
+    /// The case it runs.
     pub fn case(&self) -> &Case {
         &self.case
     }
 
+    /// The parameters.
     pub fn params(&self) -> &ParamStore {
         &self.params
     }
 
+    /// The optimizer.
     pub fn optimizer(&self) -> &Optimizer {
         &self.optimizer
     }
 
+    /// The history so far.
     pub fn trace(&self) -> &Trace {
         &self.trace
     }
 
+    /// The history, the session ended.
     pub fn into_trace(mut self) -> Trace {
         if self.case.precision.loss_scaling().is_some() {
             self.trace.loss_scale = Some(self.scaler.scale);

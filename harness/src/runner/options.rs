@@ -18,6 +18,7 @@ pub struct RunOptions {
     pub probe: bool,
     /// Run on this device instead of the case's.
     pub device: Option<DeviceSpec>,
+    /// The case limits it runs under.
     pub limits: Limits,
     /// Write a crash dump of the first failure here (the directory must not exist).
     pub dump: Option<PathBuf>,
@@ -110,6 +111,7 @@ impl RunOptions {
         self
     }
 
+    /// With these case limits.
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self

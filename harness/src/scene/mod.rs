@@ -30,8 +30,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// The scene's JSON file.
 pub const SCENE_FILE: &str = "scene.json";
+/// The scene's tensors.
 pub const SCENE_TENSORS: &str = "scene.safetensors";
+/// The case of a run of a case.
 pub const CASE_FILE: &str = "case.json";
 /// How many of the most recent losses `scene.json` lists.
 pub const RECENT_LOSSES: usize = 20;
@@ -39,6 +42,7 @@ pub const RECENT_LOSSES: usize = 20;
 /// `scene.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scene {
+    /// The version that wrote it.
     pub nanhunt_version: String,
     /// The step of the scene; the saved state is from before it.
     pub step: usize,
@@ -47,6 +51,7 @@ pub struct Scene {
     /// The last (up to 20) losses, the step's own included when it computed one.
     #[serde(with = "crate::floats::exact")]
     pub recent_losses: Vec<f64>,
+    /// The gradient norms before the step.
     #[serde(with = "crate::floats::exact")]
     pub grad_norms: Vec<f64>,
     /// The batch's tensors in order, with their statistics.
@@ -57,6 +62,7 @@ pub struct Scene {
     pub mix_lambda: Option<f64>,
     /// Trainable variables, in the driver's order.
     pub vars: Vec<String>,
+    /// What the scene records of the optimizer.
     pub optimizer: OptimizerRecord,
     /// The optimizer's variables by name, in its order (a user's optimizer
     /// may order them otherwise).
@@ -67,12 +73,14 @@ pub struct Scene {
     /// Tensors the driver's `include` left out.
     #[serde(default)]
     pub omitted: Vec<String>,
+    /// The divergence tracker before the step.
     pub tracker: DivergenceTracker,
     /// The loss scaler before the step (a run of a case).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaler: Option<LossScaler>,
     /// The run's history before the step.
     pub history: Trace,
+    /// Where it ran.
     pub environment: Environment,
     /// Warnings given before the step (half-precision margins, jumps).
     #[serde(default)]
@@ -91,8 +99,11 @@ pub struct Scene {
 /// One of the batch's tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BatchPart {
+    /// The tensor's name (`inputs`, `targets`, …).
     pub name: String,
+    /// Its dtype.
     pub dtype: String,
+    /// Its statistics.
     pub stats: TensorStats,
 }
 
@@ -102,27 +113,43 @@ pub struct BatchPart {
 pub enum OptimizerRecord {
     /// nanhunt's optimizer: its spec and step count; the moments are in
     /// `scene.safetensors` under `optimizer/`.
-    Saved { spec: OptimizerSpec, steps: usize },
+    Saved {
+        /// The optimizer's spec.
+        spec: OptimizerSpec,
+        /// Steps it had taken.
+        steps: usize,
+    },
     /// An optimizer whose state cannot be read (candle-nn's): a replay
     /// starts it fresh.
-    NotAvailable { name: String },
+    NotAvailable {
+        /// The optimizer's name.
+        name: String,
+    },
 }
 
 /// Where the run happened (the article's step 5 starts here).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
+    /// The device.
     pub device: String,
+    /// Whether CUDA was compiled in.
     pub cuda_compiled: bool,
+    /// The operating system.
     pub os: String,
+    /// The CPU architecture.
     pub arch: String,
+    /// Cores available to the process.
     pub available_cores: usize,
     /// RAYON_NUM_THREADS, where set (candle's CPU thread count).
     pub rayon_num_threads: Option<String>,
     /// Resident and peak memory of this process, and the machine's memory, in KiB
     /// (from /proc where the OS has it).
     pub process_rss_kib: Option<u64>,
+    /// The process's peak memory.
     pub process_peak_kib: Option<u64>,
+    /// The machine's memory.
     pub machine_total_kib: Option<u64>,
+    /// The machine's available memory.
     pub machine_available_kib: Option<u64>,
 }
 
@@ -138,6 +165,7 @@ fn proc_field(file: &str, key: &str) -> Option<u64> {
 }
 
 impl Environment {
+    /// The environment of this process, running on `device`.
     pub fn collect(device: &str) -> Self {
         Environment {
             device: device.to_string(),
@@ -155,7 +183,7 @@ impl Environment {
 }
 
 /// What a driver hands over to write the scene of a step.
-pub struct SceneParts<'a> {
+pub(crate) struct SceneParts<'a> {
     /// The run's case, when a case was run (`case.json`).
     pub case: Option<&'a Case>,
     /// The case that one was cut from, where it was (a hunt's trigger).
@@ -220,7 +248,7 @@ pub fn ensure_free(dir: &Path) -> Result<()> {
 }
 
 /// Writes the scene of a step to `dir` (which must not exist), atomically.
-pub fn write(dir: &Path, s: &SceneParts) -> Result<()> {
+pub(crate) fn write(dir: &Path, s: &SceneParts) -> Result<()> {
     ensure_free(dir)?;
     let mut all: Vec<(String, Tensor)> = Vec::new();
     for (n, t) in s.vars.iter().zip(&s.params) {

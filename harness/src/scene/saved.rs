@@ -18,9 +18,13 @@ use std::path::{Path, PathBuf};
 
 /// A scene as loaded: its record, its case (a run of a case), its tensors.
 pub struct SavedScene {
+    /// The scene's directory.
     pub dir: PathBuf,
+    /// Its `scene.json`.
     pub scene: Scene,
+    /// Its `case.json`, for a run of a case.
     pub case: Option<Case>,
+    /// Its tensors by name.
     pub tensors: HashMap<String, Tensor>,
     /// The file the tensors came from (named in errors).
     tensors_path: PathBuf,

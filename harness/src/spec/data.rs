@@ -5,15 +5,19 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The distribution of the synthetic data's noise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Distribution {
+    /// Gaussian noise.
     Normal,
+    /// Uniform noise of the same standard deviation.
     Uniform,
     /// Student-t with 2 degrees of freedom: infinite variance, rare huge values.
     HeavyTailed,
 }
 
+/// What a case trains on: the synthetic generator's settings, the pathologies, or a source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSpec {
@@ -52,12 +56,14 @@ pub enum SourceSpec {
     User {
         /// What the user calls it (shown in reports and reproducers).
         name: String,
+        /// How samples are drawn into batches.
         #[serde(default, skip_serializing_if = "Sampling::is_default")]
         sampling: Sampling,
     },
 }
 
 impl SourceSpec {
+    /// Whether the samples come from the synthetic generator.
     pub fn is_synthetic(&self) -> bool {
         matches!(self, SourceSpec::Synthetic)
     }
@@ -71,6 +77,7 @@ impl SourceSpec {
         }
     }
 
+    /// How samples are drawn into batches, to change (finite sources only).
     pub fn sampling_mut(&mut self) -> Option<&mut Sampling> {
         match self {
             SourceSpec::Synthetic => None,
@@ -118,6 +125,7 @@ pub struct FileSource {
     /// whose content differs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// How samples are drawn into batches.
     #[serde(default, skip_serializing_if = "Sampling::is_default")]
     pub sampling: Sampling,
 }
@@ -144,12 +152,17 @@ impl FileSource {
     }
 }
 
+/// A dataset file's format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileFormat {
+    /// safetensors (tensors named by `inputs` and `targets`).
     Safetensors,
+    /// A NumPy `.npy` array.
     Npy,
+    /// A NumPy `.npz` archive of arrays.
     Npz,
+    /// Comma-separated values (a header row names the columns).
     Csv,
 }
 
@@ -170,6 +183,7 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// Whether this is the default sampling (then it is not written).
     pub fn is_default(&self) -> bool {
         *self == Sampling::default()
     }
@@ -206,47 +220,64 @@ impl Default for DataSpec {
 pub enum Pathology {
     /// NaN in this fraction of the input values (at least one).
     Nan {
+        /// The fraction of input values.
         fraction: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// +Inf or -Inf in this fraction of the input values (at least one).
     Inf {
+        /// The fraction of input values.
         fraction: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// Values of ±magnitude (up to 1e30) in this fraction of the inputs.
     Extreme {
+        /// The fraction of input values.
         fraction: f64,
+        /// The values' magnitude.
         magnitude: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// One feature (channel, or sequence feature) held at a constant value.
     ConstantFeature {
+        /// The feature's index.
         feature: usize,
+        /// The value it is held at.
         value: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// This fraction of the samples set to all zeros (at least one).
     AllZero {
+        /// The fraction of samples.
         fraction: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// This fraction of the input values replaced by subnormal f32 values.
     Subnormal {
+        /// The fraction of input values.
         fraction: f64,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
     /// This fraction of the labels set to `classes + offset` (outside the range).
     LabelOutOfRange {
+        /// The fraction of labels.
         fraction: f64,
+        /// How far past the last class the labels go.
         #[serde(default = "one")]
         offset: usize,
+        /// The first step whose batches have it.
         #[serde(default)]
         from_step: usize,
     },
@@ -257,6 +288,7 @@ fn one() -> usize {
 }
 
 impl Pathology {
+    /// The pathology's name as stages and reports give it.
     pub fn name(&self) -> &'static str {
         match self {
             Pathology::Nan { .. } => "nan",
@@ -269,6 +301,7 @@ impl Pathology {
         }
     }
 
+    /// The first step whose batches have it.
     pub fn from_step(&self) -> usize {
         match *self {
             Pathology::Nan { from_step, .. }
@@ -281,6 +314,7 @@ impl Pathology {
         }
     }
 
+    /// The fraction it affects, where it has one.
     pub fn fraction(&self) -> Option<f64> {
         match *self {
             Pathology::Nan { fraction, .. }

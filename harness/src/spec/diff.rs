@@ -7,8 +7,11 @@ use serde_json::Value;
 /// One changed field of a case.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FieldChange {
+    /// The field's JSON path (`optimizer.lr`).
     pub path: String,
+    /// Its value before.
     pub before: Value,
+    /// Its value after.
     pub after: Value,
 }
 

@@ -22,8 +22,10 @@ pub enum Size {
 }
 
 impl Size {
+    /// Every size, smallest first.
     pub const ALL: [Size; 3] = [Size::Small, Size::Default, Size::Large];
 
+    /// The size's name (`small`, `default`, `large`).
     pub fn name(self) -> &'static str {
         match self {
             Size::Small => "small",

@@ -2,16 +2,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The loss a case trains with, with its eps and clamp knobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LossSpec {
     /// Softmax cross-entropy via a stable log-sum-exp.
     CrossEntropy {
+        /// Label smoothing, in [0, 1).
         #[serde(default)]
         label_smoothing: f64,
     },
     /// -log(softmax(z)_y + eps): the log of a softmax, as written naively.
     NaiveCrossEntropy {
+        /// Added inside the log.
         #[serde(default)]
         eps: f64,
     },
@@ -21,17 +24,22 @@ pub enum LossSpec {
     /// Mean squared error; with `root`, sqrt(mse + eps) (RMSE), whose
     /// gradient at zero error is 0/0 when eps is 0.
     Mse {
+        /// Take the square root (RMSE).
         #[serde(default)]
         root: bool,
+        /// Added under the root.
         #[serde(default)]
         eps: f64,
     },
+    /// Huber loss: quadratic within `delta` of the target, linear beyond.
     Huber {
+        /// The error where quadratic turns linear.
         #[serde(default = "one")]
         delta: f64,
     },
     /// Binary cross-entropy on probabilities p = sigmoid(z), clamped to [eps, 1-eps].
     Bce {
+        /// The clamp's margin.
         #[serde(default)]
         eps: f64,
     },
@@ -39,19 +47,23 @@ pub enum LossSpec {
     BceWithLogits,
     /// KL(t ‖ softmax(z)) with the prediction clamped to [eps, 1-eps].
     KlDiv {
+        /// The clamp's margin.
         #[serde(default)]
         eps: f64,
     },
     /// Poisson NLL: exp(z) - t z when `log_input`, else z - t log(z + eps).
     PoissonNll {
+        /// `z` is log λ (the rate is exp(z)).
         #[serde(default = "yes")]
         log_input: bool,
+        /// Added inside the log when `log_input` is off.
         #[serde(default)]
         eps: f64,
     },
     /// The source article's custom loss, verbatim: mean(log(1 - p) * t) with
     /// p = sigmoid(z) clamped to [eps, 1-eps]; eps 0 leaves it unguarded.
     LogOneMinus {
+        /// The clamp's margin (0: unguarded).
         #[serde(default)]
         eps: f64,
     },
@@ -59,6 +71,7 @@ pub enum LossSpec {
     Custom {
         /// What the user calls it (in stage names and reports).
         name: String,
+        /// What the loss reads as targets.
         #[serde(default = "labels")]
         targets: TargetKind,
     },
@@ -109,6 +122,7 @@ impl LossSpec {
         }
     }
 
+    /// The loss's name as stages and reports give it.
     pub fn name(&self) -> &'static str {
         match self {
             LossSpec::CrossEntropy { .. } => "cross_entropy",
@@ -147,6 +161,7 @@ impl LossSpec {
         }
     }
 
+    /// What the loss reads as targets.
     pub fn target_kind(&self) -> TargetKind {
         match self {
             LossSpec::CrossEntropy { .. } | LossSpec::NaiveCrossEntropy { .. } | LossSpec::Nll => {

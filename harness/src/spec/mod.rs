@@ -34,27 +34,40 @@ use std::path::Path;
 /// The case format this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// One training run, fully specified: the document nanhunt runs, minimizes and replays.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Case {
     /// Format version; must be [`FORMAT_VERSION`].
     pub format: u32,
+    /// The seed every random draw of the run is keyed by.
     pub seed: u64,
+    /// Where the run trains.
     #[serde(default)]
     pub device: DeviceSpec,
+    /// The precision it trains in.
     #[serde(default)]
     pub precision: Precision,
+    /// Training steps.
     pub steps: usize,
+    /// Samples per batch.
     pub batch_size: usize,
+    /// The model.
     pub model: ModelSpec,
+    /// The data.
     #[serde(default)]
     pub data: DataSpec,
+    /// Batch augmentations, in order.
     #[serde(default)]
     pub augment: Vec<Augment>,
+    /// The loss.
     pub loss: LossSpec,
+    /// The optimizer.
     pub optimizer: OptimizerSpec,
+    /// The learning-rate schedule.
     #[serde(default)]
     pub schedule: ScheduleSpec,
+    /// Gradient clipping.
     #[serde(default)]
     pub clip: ClipSpec,
     /// Divergence: the smoothed loss exceeds this many times its best value.
@@ -88,6 +101,7 @@ impl Case {
         Case::load_with_limits(path, &Limits::default())
     }
 
+    /// Reads, parses and validates a case file against `limits`.
     pub fn load_with_limits(path: &Path, limits: &Limits) -> Result<Case> {
         let text = crate::files::read_text(path)?;
         let mut case = Case::from_json(&text).map_err(|e| e.in_file(path))?;
@@ -96,10 +110,12 @@ impl Case {
         Ok(case)
     }
 
+    /// The case as pretty-printed JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a Case always serializes")
     }
 
+    /// The model's family name.
     pub fn family(&self) -> &str {
         self.model.family()
     }
@@ -137,8 +153,10 @@ impl Case {
 /// Where a case runs: `cpu` or `cuda:N` (`cuda` means `cuda:0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum DeviceSpec {
+    /// The CPU.
     #[default]
     Cpu,
+    /// The CUDA device with this ordinal.
     Cuda(usize),
 }
 

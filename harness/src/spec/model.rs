@@ -2,11 +2,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A model configuration: a built-in family's, or the shape of a user's own model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "family", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ModelSpec {
+    /// A convolutional classifier over images.
     Cnn(CnnSpec),
+    /// A Transformer over tokens or continuous sequences.
     Transformer(TransformerSpec),
+    /// A recurrent network (tanh RNN, LSTM or GRU) over sequences.
     Rnn(RnnSpec),
     /// A Llama-style language model: RMSNorm, rotary positions,
     /// grouped-query causal attention, a SwiGLU MLP, next-token targets.
@@ -21,6 +25,7 @@ pub enum ModelSpec {
 }
 
 impl ModelSpec {
+    /// The family's name as signatures give it (`cnn`, …; a custom model's own name).
     pub fn family(&self) -> &str {
         match self {
             ModelSpec::Cnn(_) => "cnn",
@@ -66,6 +71,7 @@ impl ModelSpec {
         }
     }
 
+    /// The number of outputs per prediction (classes, or the vocabulary).
     pub fn classes(&self) -> usize {
         match self {
             ModelSpec::Cnn(c) => c.classes,
@@ -112,6 +118,7 @@ impl ModelSpec {
         }
     }
 
+    /// Sets the attention scale of a family with attention (others are unchanged).
     pub fn set_attention_scale(&mut self, scale: AttentionScale) {
         match self {
             ModelSpec::Transformer(t) => t.attention_scale = scale,
@@ -141,6 +148,7 @@ impl ModelSpec {
         }
     }
 
+    /// A custom model's declared knobs, to change (built-in families have none).
     pub fn knobs_mut(&mut self) -> Option<&mut std::collections::BTreeMap<String, KnobSpec>> {
         match self {
             ModelSpec::Custom(c) => Some(&mut c.knobs),
@@ -164,6 +172,7 @@ impl ModelSpec {
         }
     }
 
+    /// The family's initialization.
     pub fn init(&self) -> InitSpec {
         match self {
             ModelSpec::Cnn(c) => c.init,
@@ -194,16 +203,32 @@ impl ModelSpec {
 pub enum InputSpec {
     /// C×H×W images.
     Image {
+        /// Input channels.
         channels: usize,
+        /// Image height.
         height: usize,
+        /// Image width.
         width: usize,
     },
     /// Integer token ids in [0, vocab).
-    Tokens { seq_len: usize, vocab: usize },
+    Tokens {
+        /// Tokens per sample.
+        seq_len: usize,
+        /// The vocabulary size.
+        vocab: usize,
+    },
     /// seq_len × features real-valued sequences.
-    Sequence { seq_len: usize, features: usize },
+    Sequence {
+        /// Steps per sample.
+        seq_len: usize,
+        /// Values per step.
+        features: usize,
+    },
     /// A flat feature vector.
-    Vector { features: usize },
+    Vector {
+        /// Values per sample.
+        features: usize,
+    },
 }
 
 impl InputSpec {
@@ -221,6 +246,7 @@ impl InputSpec {
         }
     }
 
+    /// The per-sample dimensions of a batch.
     pub fn dims(&self) -> Vec<usize> {
         match *self {
             InputSpec::Image {
@@ -234,11 +260,13 @@ impl InputSpec {
         }
     }
 
+    /// Whether the input is token ids.
     pub fn is_tokens(&self) -> bool {
         matches!(self, InputSpec::Tokens { .. })
     }
 }
 
+/// How weights are drawn at initialization.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InitScheme {
@@ -248,9 +276,11 @@ pub enum InitScheme {
     Xavier,
 }
 
+/// A family's initialization: the scheme and its gain.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InitSpec {
+    /// The scheme weights are drawn by.
     pub scheme: InitScheme,
     /// Multiplies the scheme's standard deviation (1.0 = the textbook init).
     pub gain: f64,
@@ -265,33 +295,47 @@ impl Default for InitSpec {
     }
 }
 
+/// An activation function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
+    /// max(x, 0).
     Relu,
+    /// The Gaussian error linear unit (erf form).
     Gelu,
+    /// The hyperbolic tangent.
     Tanh,
+    /// The logistic sigmoid.
     Sigmoid,
+    /// max(x, 0.01·x).
     LeakyRelu,
 }
 
+/// Pooling after a convolutional block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pool {
+    /// 2×2 max pooling, stride 2.
     Max,
+    /// 2×2 average pooling, stride 2.
     Avg,
+    /// No pooling.
     None,
 }
 
+/// One convolutional block: convolution, optional batch-norm, activation, optional residual and pooling.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConvBlockSpec {
+    /// Output channels.
     pub channels: usize,
+    /// The square kernel's size (padding keeps the spatial size).
     #[serde(default = "default_kernel")]
     pub kernel: usize,
     /// Batch normalization with this eps; absent means no batch-norm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_norm_eps: Option<f64>,
+    /// The activation after the convolution.
     #[serde(default = "default_activation")]
     pub activation: Activation,
     /// Add the block's input to its output (needs equal channel counts).
@@ -312,14 +356,21 @@ fn default_pool() -> Pool {
     Pool::None
 }
 
+/// A convolutional classifier: blocks, then a linear head.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CnnSpec {
+    /// Input channels.
     pub channels: usize,
+    /// Input height.
     pub height: usize,
+    /// Input width.
     pub width: usize,
+    /// Output classes.
     pub classes: usize,
+    /// The convolutional blocks, in order.
     pub blocks: Vec<ConvBlockSpec>,
+    /// How the weights are drawn.
     #[serde(default)]
     pub init: InitSpec,
 }
@@ -338,21 +389,35 @@ impl CnnSpec {
     }
 }
 
+/// What a Transformer reads.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TokenOrContinuous {
-    Tokens { vocab: usize },
-    Continuous { features: usize },
+    /// Token ids, embedded.
+    Tokens {
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// Continuous vectors, projected.
+    Continuous {
+        /// Values per position.
+        features: usize,
+    },
 }
 
+/// Where a Transformer block normalizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NormPlacement {
+    /// Before attention and the MLP (pre-norm).
     Pre,
+    /// After each residual addition (post-norm, the original paper's).
     Post,
+    /// No normalization.
     None,
 }
 
+/// How attention scores are scaled before the softmax.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionScale {
@@ -362,6 +427,7 @@ pub enum AttentionScale {
     None,
 }
 
+/// What a Transformer predicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HeadKind {
@@ -371,27 +437,41 @@ pub enum HeadKind {
     PerToken,
 }
 
+/// A Transformer encoder with a classification or per-token head.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransformerSpec {
+    /// Tokens or continuous inputs.
     pub input: TokenOrContinuous,
+    /// Positions per sample.
     pub seq_len: usize,
+    /// The model width.
     pub d_model: usize,
+    /// Attention heads (divide `d_model`).
     pub heads: usize,
+    /// Blocks.
     pub layers: usize,
+    /// The MLP's hidden width as a multiple of `d_model`.
     #[serde(default = "default_mlp_ratio")]
     pub mlp_ratio: usize,
+    /// Where the blocks normalize.
     #[serde(default = "default_norm")]
     pub norm: NormPlacement,
+    /// The layer-norm epsilon.
     #[serde(default = "default_norm_eps")]
     pub norm_eps: f64,
+    /// How attention scores are scaled.
     #[serde(default = "default_attention_scale")]
     pub attention_scale: AttentionScale,
+    /// Masks attention to earlier positions.
     #[serde(default)]
     pub causal: bool,
+    /// One prediction per sample or per position.
     #[serde(default = "default_head")]
     pub head: HeadKind,
+    /// Output classes.
     pub classes: usize,
+    /// How the weights are drawn.
     #[serde(default = "default_xavier")]
     pub init: InitSpec,
 }
@@ -418,25 +498,36 @@ fn default_xavier() -> InitSpec {
     }
 }
 
+/// The recurrent cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CellKind {
     /// Vanilla Elman RNN with tanh.
     Rnn,
+    /// Long short-term memory.
     Lstm,
+    /// Gated recurrent unit.
     Gru,
 }
 
+/// A recurrent classifier over sequences: stacked layers, a head on the last step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RnnSpec {
+    /// The cell.
     pub cell: CellKind,
+    /// Values per step.
     pub features: usize,
+    /// Steps per sample.
     pub seq_len: usize,
+    /// The hidden state's width.
     pub hidden: usize,
+    /// Stacked layers.
     #[serde(default = "default_layers")]
     pub layers: usize,
+    /// Output classes.
     pub classes: usize,
+    /// How the weights are drawn.
     #[serde(default = "default_xavier")]
     pub init: InitSpec,
 }
@@ -452,13 +543,17 @@ fn default_layers() -> usize {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecoderSpec {
+    /// The vocabulary size.
     pub vocab: usize,
+    /// Tokens per sample.
     pub seq_len: usize,
+    /// The model width.
     pub d_model: usize,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads (grouped-query attention): divides `heads`.
     pub kv_heads: usize,
+    /// Blocks.
     pub layers: usize,
     /// The SwiGLU hidden width as a multiple of `d_model`.
     #[serde(default = "default_mlp_ratio")]
@@ -469,8 +564,10 @@ pub struct DecoderSpec {
     /// The rotary embedding's base.
     #[serde(default = "default_rope_theta")]
     pub rope_theta: f64,
+    /// How attention scores are scaled.
     #[serde(default = "default_attention_scale")]
     pub attention_scale: AttentionScale,
+    /// How the weights are drawn.
     #[serde(default = "default_xavier")]
     pub init: InitSpec,
 }
@@ -485,25 +582,35 @@ fn default_rope_theta() -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EncoderSpec {
+    /// The vocabulary size.
     pub vocab: usize,
+    /// Tokens per sample, padding included.
     pub seq_len: usize,
+    /// The model width.
     pub d_model: usize,
+    /// Attention heads (divide `d_model`).
     pub heads: usize,
+    /// Blocks.
     pub layers: usize,
+    /// The MLP's hidden width as a multiple of `d_model`.
     #[serde(default = "default_mlp_ratio")]
     pub mlp_ratio: usize,
     /// The layer-norm epsilon (BERT's is 1e-12).
     #[serde(default = "default_bert_eps")]
     pub norm_eps: f64,
+    /// How attention scores are scaled.
     #[serde(default = "default_attention_scale")]
     pub attention_scale: AttentionScale,
+    /// How attention ignores the padding.
     #[serde(default)]
     pub mask: MaskKind,
     /// The shortest sequence before padding; 0 lets a sample be padding
     /// only, so that its attention rows are fully masked.
     #[serde(default = "default_min_length")]
     pub min_length: usize,
+    /// Output classes.
     pub classes: usize,
+    /// How the weights are drawn.
     #[serde(default = "default_xavier")]
     pub init: InitSpec,
 }
@@ -514,7 +621,10 @@ pub struct EncoderSpec {
 pub enum MaskKind {
     /// BERT's: `(1 - keep) · value` added to the logits, computed in the
     /// compute dtype (f32::MIN is -inf in f16, and 0 · -inf is NaN).
-    Additive { value: f64 },
+    Additive {
+        /// The value added at a masked key.
+        value: f64,
+    },
     /// PyTorch's `masked_fill(-inf)`: a fully masked row is NaN after the softmax.
     NegInf,
 }
@@ -542,8 +652,11 @@ fn default_min_length() -> usize {
 pub struct CustomSpec {
     /// The family name the user's model reports in signatures.
     pub name: String,
+    /// What the model reads.
     pub input: InputSpec,
+    /// Outputs per prediction.
     pub outputs: usize,
+    /// The gain and scheme of the harness's init for the model's weights.
     #[serde(default)]
     pub init: InitSpec,
     /// The model predicts at every position of a sequence (a language
@@ -584,6 +697,7 @@ impl CustomSpec {
         }
     }
 
+    /// The harness's init with this scheme and gain.
     pub fn with_init(mut self, init: InitSpec) -> Self {
         self.init = init;
         self
@@ -619,9 +733,21 @@ impl CustomSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InitOverride {
-    Normal { std: f64 },
-    Uniform { bound: f64 },
-    Const { value: f64 },
+    /// Drawn from N(0, std²).
+    Normal {
+        /// The standard deviation.
+        std: f64,
+    },
+    /// Drawn from U(−bound, bound).
+    Uniform {
+        /// The half-width.
+        bound: f64,
+    },
+    /// Every element `value`.
+    Const {
+        /// The value.
+        value: f64,
+    },
 }
 
 /// A declared model knob: its value and the range worth trying.
@@ -629,8 +755,11 @@ pub enum InitOverride {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct KnobSpec {
+    /// The value the model is built with.
     pub value: f64,
+    /// The smallest value worth trying.
     pub min: f64,
+    /// The largest value worth trying.
     pub max: f64,
     /// The stage (or stage prefix) the knob acts on, as the model records
     /// it (`attn.mask`): a finding there makes the knob the first suspect.

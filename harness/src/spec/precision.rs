@@ -3,14 +3,18 @@
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
+/// A half-precision dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HalfType {
+    /// IEEE half precision (5 exponent bits, largest value 65504).
     F16,
+    /// bfloat16 (8 exponent bits, f32's range, 8 bits of mantissa).
     Bf16,
 }
 
 impl HalfType {
+    /// The candle dtype.
     pub fn dtype(self) -> DType {
         match self {
             HalfType::F16 => DType::F16,
@@ -34,37 +38,51 @@ impl HalfType {
     }
 }
 
+/// The precision a case trains in.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Precision {
+    /// Single precision throughout.
     #[default]
     F32,
+    /// Double precision throughout.
     F64,
+    /// f16 weights, activations, gradients and optimizer state.
     F16,
+    /// bf16 weights, activations, gradients and optimizer state.
     Bf16,
     /// f32 master weights and optimizer state, half-precision forward/backward.
     Mixed {
+        /// The half dtype of the forward and backward passes.
         compute: HalfType,
+        /// How the loss is scaled before the backward pass.
         #[serde(default)]
         loss_scaling: LossScaling,
     },
 }
 
+/// How mixed precision scales the loss.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LossScaling {
     /// No scaling (scale 1): f16 gradients may underflow or overflow.
     None,
     /// A fixed scale; an overflow is a finding.
-    Static { scale: f64 },
+    Static {
+        /// The factor the loss is multiplied by.
+        scale: f64,
+    },
     /// PyTorch's GradScaler: skip the step and halve the scale on overflow,
     /// double it after `growth_interval` clean steps. A scale below `floor`
     /// means overflow is not transient: that is a finding.
     Dynamic {
+        /// The first scale.
         #[serde(default = "init_scale")]
         init: f64,
+        /// Clean steps before the scale doubles.
         #[serde(default = "growth_interval")]
         growth_interval: usize,
+        /// The smallest scale before overflow is a finding.
         #[serde(default = "one")]
         floor: f64,
     },
@@ -119,15 +137,22 @@ impl std::str::FromStr for Precision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PrecisionKind {
+    /// f32.
     F32,
+    /// f64.
     F64,
+    /// f16.
     F16,
+    /// bf16.
     Bf16,
+    /// Mixed precision computing in f16.
     MixedF16,
+    /// Mixed precision computing in bf16.
     MixedBf16,
 }
 
 impl PrecisionKind {
+    /// The kind's name (`f32`, `mixed_f16`, …).
     pub fn name(self) -> &'static str {
         match self {
             PrecisionKind::F32 => "f32",
@@ -185,6 +210,7 @@ impl PartialEq<&str> for PrecisionKind {
 }
 
 impl Precision {
+    /// The precision's kind.
     pub fn kind(&self) -> PrecisionKind {
         match self {
             Precision::F32 => PrecisionKind::F32,
@@ -202,6 +228,7 @@ impl Precision {
         }
     }
 
+    /// The precision's name (`f32`, `mixed_f16`, …).
     pub fn name(&self) -> &'static str {
         self.kind().name()
     }
@@ -232,6 +259,7 @@ impl Precision {
         }
     }
 
+    /// The loss scaling, in mixed precision.
     pub fn loss_scaling(&self) -> Option<&LossScaling> {
         match self {
             Precision::Mixed { loss_scaling, .. } => Some(loss_scaling),

@@ -7,10 +7,15 @@ use serde::{Deserialize, Serialize};
 /// How big a case is, along the axes the minimizer shrinks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaseSize {
+    /// Training steps.
     pub steps: usize,
+    /// Samples per batch.
     pub batch_size: usize,
+    /// Trainable parameters.
     pub params: usize,
+    /// Augmentations.
     pub augmentations: usize,
+    /// Data pathologies.
     pub pathologies: usize,
     /// Leaf fields that differ from the family's default case.
     pub non_default_fields: usize,
@@ -20,6 +25,7 @@ pub struct CaseSize {
 }
 
 impl CaseSize {
+    /// The size of `case`.
     pub fn of(case: &Case) -> Self {
         let non_default_fields = Case::example(case.family())
             .map(|d| case_diff(&d, case).len())

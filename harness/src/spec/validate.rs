@@ -7,8 +7,11 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Limits {
+    /// The most trainable parameters.
     pub max_params: usize,
+    /// The most training steps.
     pub max_steps: usize,
+    /// The largest batch.
     pub max_batch: usize,
     /// Estimated peak bytes of parameters, optimizer state and activations.
     pub max_memory_bytes: usize,
@@ -26,21 +29,25 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// With this many steps at most.
     pub fn max_steps(mut self, steps: usize) -> Self {
         self.max_steps = steps;
         self
     }
 
+    /// With this many parameters at most.
     pub fn max_params(mut self, params: usize) -> Self {
         self.max_params = params;
         self
     }
 
+    /// With this batch size at most.
     pub fn max_batch(mut self, batch: usize) -> Self {
         self.max_batch = batch;
         self
     }
 
+    /// With this estimated peak memory at most.
     pub fn max_memory_bytes(mut self, bytes: usize) -> Self {
         self.max_memory_bytes = bytes;
         self

@@ -24,20 +24,27 @@ pub use narrow::Narrow;
 /// place where the file is mapped), any other dtype as f64 (`values`).
 #[derive(Clone, Debug, Default)]
 pub struct Chunk {
+    /// Inputs of any dtype but f32, as f64.
     pub values: Vec<f64>,
+    /// f32 inputs as the file holds them.
     pub narrow: Narrow,
+    /// Class labels.
     pub labels: Vec<i64>,
+    /// Dense targets.
     pub targets: Vec<f64>,
 }
 
 /// A chunk's inputs, in the form the reader held them.
 #[derive(Clone, Copy, Debug)]
 pub enum Inputs<'a> {
+    /// As f64.
     Wide(&'a [f64]),
+    /// As f32.
     Narrow(&'a [f32]),
 }
 
 impl Inputs<'_> {
+    /// Values.
     pub fn len(&self) -> usize {
         match self {
             Inputs::Wide(v) => v.len(),
@@ -45,12 +52,14 @@ impl Inputs<'_> {
         }
     }
 
+    /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 impl Chunk {
+    /// Empties it for the next samples.
     pub fn clear(&mut self) {
         self.values.clear();
         self.narrow.clear();
@@ -70,6 +79,7 @@ impl Chunk {
 
 /// A dataset file opened for reading, sample by sample.
 pub trait SampleReader {
+    /// What one sample holds.
     fn shape(&self) -> &SampleShape;
     /// Samples in the file, where the format says so before reading (CSV does not).
     fn samples(&self) -> Option<usize>;

@@ -92,6 +92,7 @@ impl std::fmt::Debug for Narrow {
 }
 
 impl Narrow {
+    /// The values.
     pub fn as_slice(&self) -> &[f32] {
         match &self.view {
             Some(v) => v.values(),
@@ -99,10 +100,12 @@ impl Narrow {
         }
     }
 
+    /// Values held.
     pub fn len(&self) -> usize {
         self.as_slice().len()
     }
 
+    /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -112,6 +115,7 @@ impl Narrow {
         self.view.is_some()
     }
 
+    /// Empties it.
     pub fn clear(&mut self) {
         self.view = None;
         self.owned.clear();

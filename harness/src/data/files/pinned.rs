@@ -38,6 +38,7 @@ impl Pins {
         self.held.iter().map(|(_, b)| b.len()).sum()
     }
 
+    /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -66,7 +67,9 @@ pub fn bytes(path: &Path) -> Option<Arc<[u8]>> {
 
 /// A file opened for reading: its pinned bytes, or the file itself.
 pub enum Opened {
+    /// Its pinned bytes.
     Held(Cursor<Arc<[u8]>>),
+    /// The file itself.
     File(File),
 }
 

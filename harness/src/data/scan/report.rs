@@ -33,15 +33,23 @@ impl Default for ScanOptions {
     }
 }
 
+/// What kind of problem a scan found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProblemKind {
+    /// NaN input values.
     Nan,
+    /// ±inf input values.
     Inf,
+    /// Values far outside the dataset's robust scale.
     Extreme,
+    /// Labels outside the class range.
     LabelOutOfRange,
+    /// Samples whose every value is 0.
     AllZeroSample,
+    /// Features with one value in every sample.
     ConstantFeature,
+    /// Samples that repeat an earlier one.
     DuplicateSample,
 }
 
@@ -96,6 +104,7 @@ impl ProblemKind {
 /// One kind of problem, with the samples (or features) it was seen in.
 #[derive(Clone, Debug, Serialize)]
 pub struct Problem {
+    /// What it is.
     pub kind: ProblemKind,
     /// `error` breaks training; `warning` deserves a look.
     pub severity: &'static str,
@@ -103,7 +112,9 @@ pub struct Problem {
     pub count: usize,
     /// The first of them, by index (at most `max_listed`).
     pub indices: Vec<usize>,
+    /// What was found, in words.
     pub detail: String,
+    /// What to do about it.
     pub fix: &'static str,
 }
 
@@ -111,30 +122,41 @@ pub struct Problem {
 /// dataset; non-finite values are counted, not averaged.
 #[derive(Clone, Debug, Serialize)]
 pub struct FeatureStats {
+    /// The feature's position in a sample.
     pub index: usize,
+    /// The smallest finite value.
     #[serde(with = "crate::floats::one")]
     pub min: f64,
+    /// The largest finite value.
     #[serde(with = "crate::floats::one")]
     pub max: f64,
+    /// The finite values' mean.
     #[serde(with = "crate::floats::one")]
     pub mean: f64,
+    /// The finite values' standard deviation.
     #[serde(with = "crate::floats::one")]
     pub std: f64,
     /// Median and interquartile range, estimated from a seeded uniform
     /// sample of the samples (`sketches.quantiles` says how exactly).
     #[serde(with = "crate::floats::one")]
     pub median: f64,
+    /// The interquartile range (estimated with the median).
     #[serde(with = "crate::floats::one")]
     pub iqr: f64,
+    /// NaN values.
     pub nan: usize,
+    /// ±inf values.
     pub inf: usize,
 }
 
+/// Statistics of the labels.
 #[derive(Clone, Debug, Serialize)]
 pub struct LabelStats {
     /// The class count checked against, and where it came from.
     pub classes: Option<usize>,
+    /// The smallest label.
     pub min: i64,
+    /// The largest label.
     pub max: i64,
     /// Samples per label value, for labels in 0..1024.
     pub counts: Vec<usize>,
@@ -143,15 +165,21 @@ pub struct LabelStats {
 /// The result of a scan.
 #[derive(Clone, Debug, Serialize)]
 pub struct DataScan {
+    /// The dataset's name or path.
     pub dataset: String,
+    /// Samples scanned.
     pub samples: usize,
     /// Values per sample, and their layout.
     pub features: usize,
+    /// The per-sample dimensions.
     pub dims: Vec<usize>,
     /// Bytes of values scanned (8 per value: they are scanned as f64).
     pub values: u64,
+    /// What was found, by kind.
     pub problems: Vec<Problem>,
+    /// Per-feature statistics.
     pub feature_stats: Vec<FeatureStats>,
+    /// Label statistics, where the dataset has labels.
     pub labels: Option<LabelStats>,
     /// Samples in the robust-scale reservoir.
     pub reservoir: usize,
@@ -162,7 +190,9 @@ pub struct DataScan {
 /// The error of the scan's two bounded-memory estimates.
 #[derive(Clone, Debug, Serialize)]
 pub struct Sketches {
+    /// How exact the duplicate count is.
     pub duplicates: DuplicateSketch,
+    /// How exact the medians and ranges are.
     pub quantiles: QuantileSketch,
 }
 
@@ -195,7 +225,9 @@ pub struct DuplicateSketch {
 /// target (95%), exact when every sample is in it.
 #[derive(Clone, Debug, Serialize)]
 pub struct QuantileSketch {
+    /// Samples in the uniform sample.
     pub samples: usize,
+    /// A quantile's rank error (95%), as a fraction of the samples.
     #[serde(with = "crate::floats::one")]
     pub rank_error: f64,
 }
@@ -234,6 +266,7 @@ impl DataScan {
         self.problems.iter().any(|p| p.kind.is_error())
     }
 
+    /// The problem of this kind, if one was found.
     pub fn problem(&self, kind: ProblemKind) -> Option<&Problem> {
         self.problems.iter().find(|p| p.kind == kind)
     }
@@ -251,10 +284,12 @@ impl DataScan {
         out
     }
 
+    /// The scan as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a scan always serializes")
     }
 
+    /// The scan as Markdown.
     pub fn to_markdown(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();

@@ -248,6 +248,7 @@ impl Scanner {
             .collect()
     }
 
+    /// The result, once every block is read.
     pub fn finish(mut self, dataset: String) -> DataScan {
         let f = self.shape.numel();
         let feature_stats = self.feature_stats();

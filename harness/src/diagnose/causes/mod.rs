@@ -33,20 +33,32 @@ use crate::finding::{Finding, Phase};
 use crate::spec::KnobSpec;
 use serde::Serialize;
 
+/// What a candidate root cause is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum CauseKind {
+    /// The data (the article's step 2).
     Data,
+    /// An augmentation.
     Augmentation,
+    /// The learning rate.
     LearningRate,
+    /// No gradient clipping.
     NoClipping,
+    /// An unsafe loss formulation.
     UnsafeLoss,
+    /// The optimizer's eps.
     OptimizerEps,
+    /// A normalization's eps.
     NormEps,
+    /// The initialization's scale.
     InitScale,
+    /// The precision.
     Precision,
+    /// The device (step 5).
     Device,
+    /// The thread count (step 5).
     Threads,
     /// A trainable tensor gets no gradient (an op without a backward pass).
     NoBackward,
@@ -81,6 +93,7 @@ impl CauseKind {
         }
     }
 
+    /// The cause's title in reports.
     pub fn title(self) -> &'static str {
         match self {
             CauseKind::Data => "bad values in the data",
