@@ -95,12 +95,16 @@ fn with_pytorch_rounding(
     if scaled && after_the_loss {
         return Ok(Rerun::not_run(&name, "its loss scaling is not emulated"));
     }
-    let storage = match &opts.intervention {
-        Some(iv) => Intervention {
-            storage: Some(half),
-            ..(**iv).clone()
-        },
-        None => Intervention::storage(half),
+    // torch.optim updates half-precision parameters in their dtype; under
+    // autocast the master weights and their update stay in f32.
+    let half_update = matches!(case.precision, Precision::F16 | Precision::Bf16);
+    let storage = Intervention {
+        storage: Some(half),
+        half_update,
+        ..match &opts.intervention {
+            Some(iv) => (**iv).clone(),
+            None => Intervention::storage(half),
+        }
     };
     let opts = RunOptions {
         intervention: Some(Arc::new(storage)),
@@ -114,7 +118,15 @@ fn with_pytorch_rounding(
     if forward_stage_fails(&session, finding, tracer)? {
         return Ok(Rerun::ran(&name, finding, Some(finding), None));
     }
-    Ok(stepped(&mut session, &name, finding))
+    let mut run = stepped(&mut session, &name, finding);
+    if half_update && finding.phase == Phase::Update {
+        let dtype = half.dtype().as_str();
+        run.note = format!(
+            "{}; the update in {dtype}, as torch.optim computes it on {dtype} parameters",
+            run.note
+        );
+    }
+    Ok(run)
 }
 
 /// The failing step at `precision`; with f64, also the exact zeros of the

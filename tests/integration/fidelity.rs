@@ -154,28 +154,34 @@ impl Model for DeadUnits {
     }
 }
 
-#[test]
-fn adam_eps_zero_on_structural_zero_gradients_hangs_on_them_and_fails_in_pytorch_too() {
+/// The finding of Adam with `eps` at `precision` behind units dead for the
+/// whole batch (positive inputs, hidden weights of −0.5).
+fn dead_units_finding(precision: Precision, eps: f64) -> Finding {
     let factory = |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
         Ok(Box::new(DeadUnits {
             hidden: linear(8, 16, vb.pp("hidden"))?,
             head: linear(16, 4, vb.pp("head"))?,
         }))
     };
-    let mut case = vector_case("dead_units", 8, Precision::F32);
+    let mut case = vector_case("dead_units", 8, precision);
     case.data.offset = 5.0;
     case.optimizer = OptimizerSpec::Adam {
         lr: 1e-3,
         beta1: 0.9,
         beta2: 0.999,
-        eps: 0.0,
+        eps,
         weight_decay: 0.0,
     };
     if let ModelSpec::Custom(c) = &mut case.model {
         c.init_overrides
             .insert("hidden.weight".into(), InitOverride::Const { value: -0.5 });
     }
-    let f = finding_of(&case, &factory);
+    finding_of(&case, &factory)
+}
+
+#[test]
+fn adam_eps_zero_on_structural_zero_gradients_hangs_on_them_and_fails_in_pytorch_too() {
+    let f = dead_units_finding(Precision::F32, 0.0);
     assert_eq!(f.kind, nanhunt::FindingKind::Nan, "{f:?}");
     assert_eq!(f.phase, nanhunt::Phase::Update, "{f:?}");
     assert_eq!(verdict(&f), Robustness::HangsOnExactZeros, "{f:?}");
@@ -192,6 +198,57 @@ fn adam_eps_zero_on_structural_zero_gradients_hangs_on_them_and_fails_in_pytorch
     assert_eq!(framework(&f), (FrameworkVerdict::FailsToo, None));
     let note = &check.framework.as_ref().unwrap().note;
     assert!(note.contains("structural"), "{note}");
+}
+
+/// Adam on f16 parameters behind dead ReLU units: eps 1e-8 is 0 in f16,
+/// so m̂/(√v̂ + eps) is 0/0 where the gradient is exactly 0. PyTorch's
+/// `torch.optim.Adam` on f16 parameters computes its update in f16
+/// (`exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` in the
+/// parameters' dtype) and fails the same way; the framework check computes
+/// the update in the parameters' dtype as it does, so the finding is not
+/// candle's.
+#[test]
+fn an_f16_adam_update_is_judged_with_the_update_in_f16_as_torch_optim_computes_it() {
+    let f = dead_units_finding(Precision::F16, 1e-8);
+    println!("{}: {}", f.signature, f.detail);
+    let check = f.precision.as_ref().unwrap();
+    println!("{}", check.summary());
+    assert_eq!(f.phase, nanhunt::Phase::Update, "{f:?}");
+    // In f32 eps 1e-8 is not 0: the step is healthy.
+    assert!(!check.reruns[0].reproduced, "{check:?}");
+    assert_eq!(
+        framework(&f),
+        (FrameworkVerdict::FailsToo, None),
+        "{check:?}"
+    );
+    let note = &check.framework.as_ref().unwrap().note;
+    assert!(note.contains("the update in f16"), "{note}");
+}
+
+/// A batch with values past 65504 in an f16 case: a PyTorch user casts the
+/// batch to the model's dtype (`x.half()`), where they are inf as well. The
+/// framework check holds the batch to the half dtype as that cast does, so
+/// the finding is not candle's.
+#[test]
+fn an_f16_batch_past_the_dtypes_range_fails_in_pytorch_too_once_the_batch_is_cast() {
+    let mut case = Case::example("cnn").unwrap();
+    case.precision = Precision::F16;
+    case.data.scale = 2e4;
+    let f = finding_of(
+        &case,
+        &nanhunt::models::BuiltinFactory::new(&case.model).unwrap(),
+    );
+    assert_eq!(
+        (f.kind, f.phase),
+        (nanhunt::FindingKind::Overflow, nanhunt::Phase::Data),
+        "{f:?}"
+    );
+    let check = f.precision.as_ref().unwrap();
+    assert_eq!(
+        framework(&f),
+        (FrameworkVerdict::FailsToo, None),
+        "{check:?}"
+    );
 }
 
 /// exp of logits near 100 overflows f32 (e^89 is past f32's range) and

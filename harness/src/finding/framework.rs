@@ -40,8 +40,10 @@ pub enum CandleRule {
     HalfIntermediate,
     /// A gradient exactly 0.0 where another summation order leaves noise.
     ExactZeros,
-    /// A softmax over a fully masked row: NaN in candle (and PyTorch's plain
-    /// softmax); PyTorch's `scaled_dot_product_attention` returns zeros.
+    /// A softmax over a fully masked row: NaN in candle and in PyTorch's
+    /// plain softmax; PyTorch's `scaled_dot_product_attention` returns
+    /// zeros. Kept to read earlier findings: a masked row is now marked
+    /// "PyTorch would fail too", naming the plain softmax it speaks for.
     FullyMaskedRow,
 }
 
@@ -156,11 +158,8 @@ impl FrameworkMark {
             .as_ref()
             .is_some_and(|e| matches!(e.pattern, Pattern::MaskedRow | Pattern::MaskInsideSoftmax));
         let Some(run) = emulated else {
-            if masked {
-                return FrameworkMark::specific(
-                    CandleRule::FullyMaskedRow,
-                    "every position of a row is masked",
-                );
+            if masked && check.verdict == Robustness::ReproducesInF64 {
+                return FrameworkMark::fails_too(MASKED_ROW);
             }
             return match check.verdict {
                 Robustness::ReproducesInF64 => FrameworkMark::fails_too(
@@ -186,10 +185,9 @@ impl FrameworkMark {
         };
         match (run.ran, run.reproduced, run.differs) {
             (false, ..) => FrameworkMark::not_judged(format!("the step with PyTorch's rounding {}", run.note)),
-            (true, true, _) if masked => FrameworkMark::specific(
-                CandleRule::FullyMaskedRow,
-                "the row stays fully masked with PyTorch's rounding",
-            ),
+            (true, true, _) if masked => FrameworkMark::fails_too(format!(
+                "the row stays fully masked with PyTorch's rounding: {MASKED_ROW}"
+            )),
             (true, true, _) => FrameworkMark::fails_too(format!(
                 "with PyTorch's rounding (each stage in f32, stored in the half dtype): {}",
                 run.note
@@ -205,6 +203,10 @@ impl FrameworkMark {
         }
     }
 }
+
+/// What PyTorch does with a softmax over a fully masked row, by API: the
+/// model's softmax is a plain one, whose counterpart fails too.
+const MASKED_ROW: &str = "a softmax over a row masked at every position is NaN in PyTorch's plain softmax (torch.softmax, F.softmax), the counterpart of the model's; only F.scaled_dot_product_attention (PyTorch 2.5 and later) returns zeros for such a row";
 
 /// The mark of a finding that hinges on exactly-zero gradient elements:
 /// PyTorch fails too where every zero is structural (it stays 0.0 when

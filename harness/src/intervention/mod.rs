@@ -60,6 +60,11 @@ pub struct Intervention {
     /// a run computed in f32 (the framework check of [`crate::fidelity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<HalfType>,
+    /// With `storage`: the optimizer's update computed in the half dtype
+    /// too, each op rounded to it, as `torch.optim` updates half-precision
+    /// parameters (under mixed precision the update stays in f32).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub half_update: bool,
     /// Ops of instrumented code rewritten in their stable forms (the
     /// repair itself, as the edited lines would compute it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -103,6 +108,7 @@ impl Intervention {
             site: None,
             input_site: None,
             storage: None,
+            half_update: false,
             rewrites: Vec::new(),
         }
     }
@@ -175,6 +181,14 @@ impl Intervention {
             storage: Some(half),
             ..Intervention::guard("", None, false)
         }
+    }
+
+    /// The dtype the optimizer's update is computed in, where it is not the
+    /// parameters' (PyTorch's update of half-precision parameters).
+    pub fn update_dtype(&self) -> Option<candle_core::DType> {
+        self.storage
+            .filter(|_| self.half_update)
+            .map(HalfType::dtype)
     }
 
     /// The tensor a model continues with after recording `t` as `name`.
@@ -260,8 +274,12 @@ impl Intervention {
     /// The intervention in words.
     pub fn describe(&self) -> String {
         if let (Some(half), true) = (self.storage, self.stage.is_empty()) {
+            let update = match self.half_update {
+                true => ", the optimizer's update computed in it",
+                false => "",
+            };
             return format!(
-                "every stage's output and gradient stored in {} between stages computed in f32",
+                "every stage's output and gradient stored in {} between stages computed in f32{update}",
                 half.dtype().as_str()
             );
         }

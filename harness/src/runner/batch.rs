@@ -11,7 +11,7 @@ use crate::finding::{FindingKind, Phase};
 use crate::losses;
 use crate::models::Tracer;
 use crate::probe::{scan_host, TensorStats};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 /// A batch on the device: inputs in the compute dtype, dense targets (and
 /// mixup's λ with its second target set) in the loss dtype.
@@ -115,6 +115,14 @@ impl Session<'_> {
         }
     }
 
+    /// The dtype a batch must fit: the compute dtype, or the half dtype a
+    /// PyTorch user casts it to in the framework check's emulation (a run
+    /// computed in f32 with half-precision storage).
+    fn batch_dtype(&self) -> DType {
+        let storage = self.intervention.as_ref().and_then(|i| i.storage);
+        storage.map_or(self.compute, |h| h.dtype())
+    }
+
     fn check_batch(
         &self,
         batch: &HostBatch,
@@ -140,7 +148,7 @@ impl Session<'_> {
         let HostInput::Real { values, dims } = &batch.input else {
             return Ok(());
         };
-        let Some(bad) = checks::batch_values(&scan_host(values), self.compute) else {
+        let Some(bad) = checks::batch_values(&scan_host(values), self.batch_dtype()) else {
             return Ok(());
         };
         let samples = self.samples_named(batch, &bad_samples(values, dims, |v| bad.flags(v)));

@@ -133,6 +133,7 @@ impl Session<'_> {
         self.probe
             && !fine
             && readback == Readback::InPlace
+            && self.update_dtype().is_none()
             && scale == 1.0
             && self.case.precision.loss_scaling().is_none()
             && matches!(self.case.clip, ClipSpec::None)
@@ -500,6 +501,13 @@ impl Session<'_> {
     /// The optimizer's update; read in place, parameters and optimizer
     /// state are checked now (deferred: at the next step's copy).
     fn update_phase(&mut self, grads: &[Tensor], lr: f64, readback: Readback) -> Result<Flow<()>> {
+        if let Some(dtype) = self.update_dtype() {
+            self.update_in(dtype, grads, lr)?;
+            return match self.check_update(None)? {
+                Some(f) => fail(f),
+                None => Ok(Flow::Go(())),
+            };
+        }
         if !(self.probe && readback == Readback::InPlace) {
             self.optimizer.step(&self.vars, grads, lr)?;
             return Ok(Flow::Go(()));
@@ -510,6 +518,38 @@ impl Session<'_> {
             Some(f) => fail(f),
             None => Ok(Flow::Go(())),
         }
+    }
+
+    /// The dtype the update is computed in where it is not the
+    /// parameters' (the framework check's emulation of `torch.optim` on
+    /// half-precision parameters).
+    fn update_dtype(&self) -> Option<DType> {
+        self.intervention.as_ref().and_then(|i| i.update_dtype())
+    }
+
+    /// One update computed in `dtype` (parameters, gradients and state cast
+    /// to it, each op of the update rounded to it), its results set back
+    /// in the parameters' dtype.
+    fn update_in(&mut self, dtype: DType, grads: &[Tensor], lr: f64) -> Result<()> {
+        let cast = |t: &Tensor| t.to_dtype(dtype);
+        let params = self
+            .vars
+            .iter()
+            .map(|v| candle_core::Var::from_tensor(&cast(v.as_tensor())?))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let grads = grads
+            .iter()
+            .map(cast)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut optimizer = self.optimizer.to_dtype(dtype)?;
+        let new = optimizer.update(&params, &grads, lr)?;
+        let master = self.params.master_dtype();
+        let new = new
+            .iter()
+            .map(|t| t.to_dtype(master))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        self.optimizer = optimizer.to_dtype(master)?;
+        Ok(optim::set(&self.vars, new)?)
     }
 
     /// The loss trend: divergence ends the run.
