@@ -553,3 +553,71 @@ fn a_hunt_with_unseeded_dropout_names_no_phantom_reproducer() {
     }
     assert!(triggers > 0, "{md}");
 }
+
+/// A model that fails once: its exp overflows for large inputs, but after
+/// the first untraced step that overflowed it clamps what the exp reads
+/// (as a draw of unseeded randomness would not come again). The traced
+/// re-runs that localize and explain a failure are left as they are.
+struct FiresOnce {
+    fc1: candle_nn::Linear,
+    fc2: candle_nn::Linear,
+    fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Model for FiresOnce {
+    fn forward(&self, x: &Tensor, tr: &mut Tracer) -> candle_core::Result<Tensor> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let h = self.fc1.forward(x)?;
+        let again = !tr.enabled() && self.fired.load(SeqCst);
+        let h = if again { h.clamp(-30.0, 30.0)? } else { h };
+        let e = tr.record_as("gate.exp", OpKind::Exp, h.exp()?)?;
+        let overflowed = e
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .any(|v| !v.is_finite());
+        if overflowed && !tr.enabled() {
+            self.fired.store(true, SeqCst);
+        }
+        self.fc2.forward(&(e + 1.0)?.log()?)
+    }
+}
+
+/// A confirmed trigger whose step does not fail again from the same state
+/// is reported as unreproducible, with the cause and the fix, and no
+/// reproducer is listed or left on disk; the rest of the report stands.
+/// Deterministic, where candle's dropout is not.
+#[test]
+fn a_trigger_that_does_not_fail_again_is_reported_unreproducible_with_no_reproducer() {
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = fired.clone();
+    let factory = move |vb: VarBuilder| -> candle_core::Result<Box<dyn Model>> {
+        Ok(Box::new(FiresOnce {
+            fc1: candle_nn::linear(8, 16, vb.pp("fc1"))?,
+            fc2: candle_nn::linear(16, 4, vb.pp("fc2"))?,
+            fired: flag.clone(),
+        }))
+    };
+    let case = hunt_case("fires_once");
+    let (report, out) = hunted(&case, &factory, &RunOptions::default());
+    let md = report.to_markdown();
+    println!("{md}");
+    assert!(fired.load(std::sync::atomic::Ordering::SeqCst), "{md}");
+    let stage = report.stages.iter().find(|s| s.stage == "gate.exp");
+    let Some(RiskStatus::Triggered(t)) = stage.map(|s| &s.status) else {
+        panic!("the exp is triggered: {md}");
+    };
+    assert_eq!(t.reproducer, None, "{md}");
+    let why = t.unreproducible.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("did not fail again") && why.contains("seeded::Dropout"),
+        "{md}"
+    );
+    assert!(md.contains("did not fail again"), "{md}");
+    let scenes = std::fs::read_dir(&*out).map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.path().join("scene.json").exists())
+            .count()
+    });
+    assert_eq!(scenes, 0, "no scene is left for it: {md}");
+}
