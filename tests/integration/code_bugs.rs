@@ -364,6 +364,7 @@ fn an_off_by_one_causal_mask_leaves_a_softmax_over_a_fully_masked_row() {
         "{}",
         mark.note
     );
+    crate::fidelity::assert_mark_matches_pytorch(&f, "masked_row_softmax");
 }
 
 /// q·kᵀ without 1/sqrt(d) in f16, on inputs of ~60: the sum leaves f16.

@@ -40,6 +40,33 @@ fn framework(f: &Finding) -> (FrameworkVerdict, Option<CandleRule>) {
     (mark.verdict, mark.rule)
 }
 
+/// Whether PyTorch showed what a finding rests on in case `id`, as
+/// `scripts/pytorch-rules.py` recorded it in `docs/pytorch-rules.csv`.
+fn pytorch_fails_too(id: &str) -> bool {
+    let path = root().join("docs/pytorch-rules.csv");
+    let mut table = csv::Reader::from_path(&path).unwrap();
+    let headers = table.headers().unwrap().clone();
+    let column = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let (case, fails) = (column("id"), column("fails_too"));
+    let row = table
+        .records()
+        .map(Result::unwrap)
+        .find(|r| &r[case] == id)
+        .unwrap_or_else(|| panic!("no case `{id}` in {}", path.display()));
+    &row[fails] == "true"
+}
+
+/// Asserts that `f`'s framework mark says what PyTorch did in the case
+/// `id` of the recorded table: "PyTorch would fail too" where PyTorch
+/// failed, candle-specific where it did not.
+pub(crate) fn assert_mark_matches_pytorch(f: &Finding, id: &str) {
+    let want = match pytorch_fails_too(id) {
+        true => FrameworkVerdict::FailsToo,
+        false => FrameworkVerdict::CandleSpecific,
+    };
+    assert_eq!(framework(f).0, want, "PyTorch's case `{id}`: {f:?}");
+}
+
 fn verdict(f: &Finding) -> Robustness {
     f.precision
         .as_ref()
@@ -97,6 +124,7 @@ fn an_f16_layer_norm_variance_overflow_is_precision_dependent() {
     case.precision = Precision::F32;
     let stable = run_model(&case, &factory, &RunOptions::default()).unwrap();
     assert!(matches!(stable, Outcome::Stable { .. }), "{stable:?}");
+    assert_mark_matches_pytorch(&f, "hand_variance_f16");
 }
 
 /// A mean over 128 features of values near 600: the sum (≈ 77000) passes
@@ -136,6 +164,7 @@ fn an_f16_accumulation_overflow_is_precision_dependent() {
         ),
         "{f:?}"
     );
+    assert_mark_matches_pytorch(&f, "half_mean");
 }
 
 /// Adam with eps 0 behind ReLU units that are dead for the whole batch:
@@ -198,6 +227,7 @@ fn adam_eps_zero_on_structural_zero_gradients_hangs_on_them_and_fails_in_pytorch
     assert_eq!(framework(&f), (FrameworkVerdict::FailsToo, None));
     let note = &check.framework.as_ref().unwrap().note;
     assert!(note.contains("structural"), "{note}");
+    assert_mark_matches_pytorch(&f, "dead_unit_gradient");
 }
 
 /// Adam on f16 parameters behind dead ReLU units: eps 1e-8 is 0 in f16,
@@ -223,6 +253,7 @@ fn an_f16_adam_update_is_judged_with_the_update_in_f16_as_torch_optim_computes_i
     );
     let note = &check.framework.as_ref().unwrap().note;
     assert!(note.contains("the update in f16"), "{note}");
+    assert_mark_matches_pytorch(&f, "adam_f16");
 }
 
 /// A batch with values past 65504 in an f16 case: a PyTorch user casts the
@@ -249,6 +280,7 @@ fn an_f16_batch_past_the_dtypes_range_fails_in_pytorch_too_once_the_batch_is_cas
         (FrameworkVerdict::FailsToo, None),
         "{check:?}"
     );
+    assert_mark_matches_pytorch(&f, "batch_cast");
 }
 
 /// exp of logits near 100 overflows f32 (e^89 is past f32's range) and
@@ -488,6 +520,7 @@ fn an_f16_affine_mask_is_candle_specific_and_names_the_rule() {
     case.precision = Precision::F32;
     let stable = run_model(&case, &factory, &RunOptions::default()).unwrap();
     assert!(matches!(stable, Outcome::Stable { .. }), "{stable:?}");
+    assert_mark_matches_pytorch(&f, "half_affine_mask");
 }
 
 /// sqrt(h² + 1e-4) at h = 0 scaled by 1e4 into the logits, in f16: the
@@ -534,4 +567,42 @@ fn an_f16_sqrt_backward_overflow_is_candle_specific_and_names_the_rule() {
         ),
         "{f:?}"
     );
+    assert_mark_matches_pytorch(&f, "sqrt_backward");
+}
+
+/// Two scalings inside one function with nothing recorded by name: in f16
+/// the second passes 65504 (in PyTorch too: each op rounds its result to
+/// f16), though the quotient after it would bring the value back in
+/// range. The framework re-run rounds each op of instrumented code as
+/// PyTorch does, so the finding is not candle's.
+#[nanhunt::instrument]
+fn scaled_twice(n: &crate::op_sight::Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let big = (n.fc1.forward(x)? * 1000.0)?;
+    let bigger = (big * 100.0)?;
+    n.fc2.forward(&(bigger / 1e5)?)
+}
+
+#[test]
+fn an_f16_overflow_between_two_ops_of_one_function_fails_in_pytorch_too() {
+    use crate::op_sight::{net, vector, MLP};
+    let mut case = vector("scaled_twice");
+    case.precision = Precision::F16;
+    let f = finding_of(&case, &net(MLP, scaled_twice));
+    let check = f.precision.as_ref().unwrap();
+    println!("{}: {}\n{}", f.signature, f.detail, check.summary());
+    assert_eq!(f.phase, nanhunt::Phase::Forward, "{f:?}");
+    assert!(
+        f.site
+            .as_ref()
+            .is_some_and(|s| s.text.contains("big * 100.0")),
+        "{f:?}"
+    );
+    // In f32 the step is healthy; with each op rounded to f16 it is not.
+    assert!(!check.reruns[0].reproduced, "{check:?}");
+    assert_eq!(
+        framework(&f),
+        (FrameworkVerdict::FailsToo, None),
+        "{check:?}"
+    );
+    assert_mark_matches_pytorch(&f, "two_scalings_f16");
 }

@@ -38,6 +38,9 @@ pub struct Tracer {
     /// What the intervention's stage read, kept between the two records
     /// for a repair that recomputes the stage (shared by the clones).
     read: Rc<RefCell<Option<Tensor>>>,
+    /// The optimizer's update has begun (shared by the clones): its ops
+    /// are not the model's, and half-precision storage leaves them alone.
+    updating: Rc<std::cell::Cell<bool>>,
 }
 
 /// One recorded stage.
@@ -253,6 +256,7 @@ impl Tracer {
     /// Marks where the update begins: the ops recorded from here on are
     /// the optimizer's (a traced re-run runs its op chain).
     pub fn begin_update(&self) {
+        self.updating.set(true);
         if self.enabled {
             let mut r = self.records.borrow_mut();
             r.update_from = Some(r.records.len());
@@ -280,8 +284,20 @@ impl Tracer {
         t: Tensor,
     ) -> Result<Tensor> {
         let op_site = OpSite::of(site, owner.map(short_type_name));
+        // Half-precision storage rounds each op of the model as PyTorch
+        // does (a view computes nothing; the update keeps its own dtype).
+        let storage = match (&self.intervention, site.kind, self.updating.get()) {
+            (Some(iv), k, false) if k != OpKind::View => iv.storage,
+            _ => None,
+        };
         let guarded = |t: Tensor| match (&self.intervention, t.dtype().is_float()) {
-            (Some(iv), true) => iv.apply_op(&op_site, &inputs, t, &self.read),
+            (Some(iv), true) => {
+                let t = iv.apply_op(&op_site, &inputs, t, &self.read)?;
+                match storage {
+                    Some(half) => t.to_dtype(half.dtype())?.to_dtype(t.dtype()),
+                    None => Ok(t),
+                }
+            }
             _ => Ok(t),
         };
         if !self.enabled {
