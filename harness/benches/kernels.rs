@@ -1,11 +1,13 @@
 //! Each fused kernel against its reference composition of candle ops:
 //! forward and backward of Σ w·f(inputs), at the sizes of the `--size
-//! large` cases (batch 32). The ratio of the two lines of a kernel is its
-//! speed-up; run with RAYON_NUM_THREADS=1 for the one-thread figures.
+//! large` cases (batch 32), the fused kernel on the widest vector build
+//! the CPU runs (AVX2 where it has it) and on the x86-64 baseline build.
+//! The ratio of a kernel's lines is its speed-up; run with
+//! RAYON_NUM_THREADS=1 for the one-thread figures.
 
 use candle_core::{Device, Result, Tensor, Var};
 use criterion::{criterion_group, BenchmarkId, Criterion};
-use nanhunt::kernels::{self, Kernels, PoolKind};
+use nanhunt::kernels::{self, Kernels, PoolKind, Vectors};
 use nanhunt::rng::Rng;
 
 fn randn(seed: u64, shape: &[usize]) -> Tensor {
@@ -168,22 +170,25 @@ fn forward_backward(c: &mut Criterion) {
             })
             .collect();
         let weights = op(&inputs).map(|y| randn(99, y.dims())).unwrap();
-        for k in [Kernels::Fused, Kernels::Reference] {
-            let label = if k == Kernels::Fused {
-                "fused"
-            } else {
-                "reference"
-            };
+        // The fused kernel on each vector build, and the reference.
+        let runs = [
+            ("fused", Kernels::Fused, Vectors::Widest),
+            ("fused-baseline", Kernels::Fused, Vectors::Baseline),
+            ("reference", Kernels::Reference, Vectors::Widest),
+        ];
+        for (label, k, v) in runs {
             group.bench_function(BenchmarkId::new(name, label), |b| {
                 b.iter(|| {
-                    kernels::with_kernels(k, || {
-                        let y = op(&inputs).unwrap();
-                        (y * &weights)
-                            .unwrap()
-                            .sum_all()
-                            .unwrap()
-                            .backward()
-                            .unwrap()
+                    kernels::with_vectors(v, || {
+                        kernels::with_kernels(k, || {
+                            let y = op(&inputs).unwrap();
+                            (y * &weights)
+                                .unwrap()
+                                .sum_all()
+                                .unwrap()
+                                .backward()
+                                .unwrap()
+                        })
                     })
                 })
             });
@@ -194,7 +199,7 @@ fn forward_backward(c: &mut Criterion) {
 
 /// One optimizer step (Adam, and SGD with momentum) over a family's
 /// parameter list: many small tensors (the small sizes) and a few large
-/// ones, fused pass against the op chain.
+/// ones, the fused pass on each vector build against the op chain.
 fn optimizer_step(c: &mut Criterion) {
     nanhunt::device::retain_freed_memory();
     let mut group = c.benchmark_group("optimizer");
@@ -234,17 +239,20 @@ fn optimizer_step(c: &mut Criterion) {
             .map(|g| (g * 1e-3).unwrap())
             .collect();
         for (rule, spec) in [("adam", &adam), ("sgd momentum", &sgd)] {
-            for k in [Kernels::Fused, Kernels::Reference] {
-                let label = if k == Kernels::Fused {
-                    "fused"
-                } else {
-                    "reference"
-                };
+            let runs = [
+                ("fused", Kernels::Fused, Vectors::Widest),
+                ("fused-baseline", Kernels::Fused, Vectors::Baseline),
+                ("reference", Kernels::Reference, Vectors::Widest),
+            ];
+            for (label, k, v) in runs {
                 let mut opt = nanhunt::optim::Optimizer::new(spec, params.len());
                 let name = format!("{rule}, {list}");
                 group.bench_function(BenchmarkId::new(name, label), |b| {
                     b.iter(|| {
-                        kernels::with_kernels(k, || opt.step(&params, &grads, spec.lr())).unwrap()
+                        kernels::with_vectors(v, || {
+                            kernels::with_kernels(k, || opt.step(&params, &grads, spec.lr()))
+                        })
+                        .unwrap()
                     })
                 });
             }

@@ -104,6 +104,39 @@ pub fn with_kernels<R>(kernels: Kernels, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Which vector build the fused kernels' element loops (and the
+/// optimizer's fused pass) take. Both give the same bits: the same IEEE
+/// operations on wider lanes (`tests` checks it for every kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vectors {
+    /// The widest build the CPU runs: AVX2 where it has it.
+    Widest,
+    /// The x86-64 baseline build (128-bit vectors), whatever the CPU.
+    Baseline,
+}
+
+thread_local! {
+    static VECTORS: Cell<Vectors> = const { Cell::new(Vectors::Widest) };
+}
+
+/// The vector build this thread's kernels take.
+pub fn vectors() -> Vectors {
+    VECTORS.with(Cell::get)
+}
+
+/// Runs `f` with this thread's kernels on the `vectors` build (tests and
+/// benchmarks compare the builds on one machine).
+pub fn with_vectors<R>(vectors: Vectors, f: impl FnOnce() -> R) -> R {
+    struct Restore(Vectors);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            VECTORS.with(|v| v.set(self.0));
+        }
+    }
+    let _restore = Restore(VECTORS.with(|v| v.replace(vectors)));
+    f()
+}
+
 /// How far a fused kernel may be from its reference composition: the
 /// largest absolute difference over any output or gradient element,
 /// relative to the largest magnitude of that tensor. f64 leaves room for
@@ -260,7 +293,7 @@ pub(crate) fn lane_max<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
 #[inline(always)]
 pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if vectors() == Vectors::Widest && std::is_x86_feature_detected!("avx2") {
         #[target_feature(enable = "avx2")]
         unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
             f()

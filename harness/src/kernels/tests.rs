@@ -1,5 +1,6 @@
 //! Every fused kernel against its reference composition (values and the
-//! gradients of every input, to the named tolerance, in f32 and f64), the
+//! gradients of every input, to the named tolerance, in f32 and f64) and
+//! on the baseline vector build (the widest build's bits exactly), the
 //! finite-difference check on both versions, and the edge cases the
 //! reference defines: odd sizes, even kernels, NaN and -inf inputs.
 
@@ -76,6 +77,19 @@ fn matches_reference_within(what: &str, f: &Op, shapes: &[&[usize]], tol: impl F
             .map(|(i, s)| randn(i as u64 + 1, s, dtype))
             .collect();
         let (yf, gf) = value_and_grads(Kernels::Fused, f, &inputs);
+        // The baseline build gives the widest build's bits.
+        let (yb, gb) = with_vectors(Vectors::Baseline, || {
+            value_and_grads(Kernels::Fused, f, &inputs)
+        });
+        for (i, (a, b)) in std::iter::once((&yf, &yb))
+            .chain(gf.iter().zip(&gb))
+            .enumerate()
+        {
+            assert!(
+                same_tensor_bits(a, b),
+                "{what} {dtype:?}: the baseline build differs from the widest in tensor {i}"
+            );
+        }
         let (yr, gr) = value_and_grads(Kernels::Reference, f, &inputs);
         let tol = tol(dtype);
         let err = scaled_error(&yf, &yr);
@@ -91,6 +105,29 @@ fn matches_reference_within(what: &str, f: &Op, shapes: &[&[usize]], tol: impl F
             );
         }
     }
+}
+
+/// Whether two tensors hold the same bits (NaN payloads and signed zeros
+/// included).
+fn same_tensor_bits(a: &Tensor, b: &Tensor) -> bool {
+    let bits = |t: &Tensor| -> Vec<u64> {
+        let t = t.flatten_all().unwrap();
+        match t.dtype() {
+            DType::F32 => t
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits() as u64)
+                .collect(),
+            _ => t
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect(),
+        }
+    };
+    a.dims() == b.dims() && bits(a) == bits(b)
 }
 
 fn assert_passes(what: &str, checks: &[TensorCheck]) {

@@ -315,7 +315,10 @@ impl Vectors for f32 {
         check: Scan,
     ) -> Option<(Next<f32>, Option<Checked>)> {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::kernels::vectors() == crate::kernels::Vectors::Widest
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+        {
             use Scan::{Nothing, ReadAndWritten, Written};
             // SAFETY: the CPU has the features the vector pass is compiled for.
             return Some(unsafe {

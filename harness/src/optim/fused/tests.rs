@@ -118,6 +118,16 @@ fn the_fused_update_gives_the_op_chains_bits() {
     for spec in specs() {
         for dtype in [DType::F32, DType::F64] {
             let fused = trajectory(&spec, dtype, Kernels::Fused);
+            // The baseline build's scalar pass gives the vector pass's bits.
+            let baseline = crate::kernels::with_vectors(crate::kernels::Vectors::Baseline, || {
+                trajectory(&spec, dtype, Kernels::Fused)
+            });
+            let bits = |t: &[Vec<f64>]| -> Vec<Vec<u64>> {
+                t.iter()
+                    .map(|v| v.iter().map(|x| x.to_bits()).collect())
+                    .collect()
+            };
+            assert_eq!(bits(&fused), bits(&baseline), "{spec:?} {dtype:?}");
             let chain = trajectory(&spec, dtype, Kernels::Reference);
             assert_eq!(fused.len(), chain.len(), "{spec:?} {dtype:?}");
             for (k, (a, b)) in fused.iter().zip(&chain).enumerate() {
