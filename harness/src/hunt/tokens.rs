@@ -131,7 +131,8 @@ fn find_embedding(
         r.stage_op()
             .is_some_and(|op| matches!(op.kind, OpKind::Embedding | OpKind::Layer))
     };
-    let shaped = |r: &Record| r.output.elem_count() % ids.len() == 0 && r.output.rank() >= 2;
+    let shaped =
+        |r: &Record| r.output.elem_count().is_multiple_of(ids.len()) && r.output.rank() >= 2;
     let Some(record) = records
         .iter()
         .find(|r| is_embedding(r) && shaped(r))

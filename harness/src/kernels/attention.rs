@@ -78,7 +78,7 @@ struct Groups {
 
 impl Groups {
     fn new(heads: usize, kv_heads: usize) -> Result<Self> {
-        if kv_heads == 0 || heads % kv_heads != 0 {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             candle_core::bail!(
                 "attention: {heads} query heads cannot share {kv_heads} key/value heads"
             );
@@ -94,7 +94,7 @@ impl Groups {
     /// Whether query head `h` is its group's first (it writes the group's
     /// key/value gradient; the others add to it).
     fn first(&self, h: usize) -> bool {
-        h % (self.heads / self.kv_heads) == 0
+        h.is_multiple_of(self.heads / self.kv_heads)
     }
 
     /// (B, S, D, hd) of q and the key width, checked against k.
