@@ -17,7 +17,8 @@
 # in one process) and PyTorch's detect_anomaly, over STEPS steps a round.
 #
 #   bench/side_by_side.sh [STEPS] [ROUNDS]   (PYTHON: a python with torch; default python3;
-#                                             CHUNKS, default 30; CHUNK_STEPS, default 10)
+#                                             CHUNKS, default 30; CHUNK_STEPS, default 10;
+#                                             FEATURES=avx512-gemm: gemm's AVX-512 products)
 #
 # PyTorch is not a dependency of the project or of CI (`pip install torch`
 # from PyPI brings CUDA wheels, about 3 GB); install it where you run this.
@@ -31,7 +32,8 @@ CHUNK_STEPS="${CHUNK_STEPS:-10}"
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 bash bench/cpu.sh
-cargo build --quiet --release -p nanhunt-bench-tools --bin side_by_side
+cargo build --quiet --release -p nanhunt-bench-tools --bin side_by_side ${FEATURES:+--features "$FEATURES"}
+target/release/side_by_side builds
 for round in $(seq "$ROUNDS"); do
   for f in cnn transformer rnn decoder encoder fuzz; do
     RAYON_NUM_THREADS=1 target/release/side_by_side "$STEPS" "$f" >>"$OUT"

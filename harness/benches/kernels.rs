@@ -1,7 +1,8 @@
 //! Each fused kernel against its reference composition of candle ops:
 //! forward and backward of Σ w·f(inputs), at the sizes of the `--size
-//! large` cases (batch 32), the fused kernel on the widest vector build
-//! the CPU runs (AVX2 where it has it) and on the x86-64 baseline build.
+//! large` cases (batch 32), the fused kernel on every vector build the
+//! CPU runs (`fused-avx512`, `fused-avx2`, `fused-baseline`: the x86-64
+//! baseline build).
 //! The ratio of a kernel's lines is its speed-up; run with
 //! RAYON_NUM_THREADS=1 for the one-thread figures.
 
@@ -18,6 +19,20 @@ fn randn(seed: u64, shape: &[usize]) -> Tensor {
 }
 
 type Op = fn(&[Tensor]) -> Result<Tensor>;
+
+/// The fused kernels on each vector build this CPU runs (one line per
+/// instruction set), and the reference composition.
+fn runs() -> Vec<(String, Kernels, Vectors)> {
+    let mut runs: Vec<(String, Kernels, Vectors)> = Vec::new();
+    for v in [Vectors::Widest, Vectors::Avx2, Vectors::Baseline] {
+        let label = format!("fused-{}", v.isa().name());
+        if runs.iter().all(|(l, _, _)| *l != label) {
+            runs.push((label, Kernels::Fused, v));
+        }
+    }
+    runs.push(("reference".into(), Kernels::Reference, Vectors::Widest));
+    runs
+}
 
 /// (name, op, input shapes, whether the first input is data: no gradient)
 fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
@@ -171,12 +186,7 @@ fn forward_backward(c: &mut Criterion) {
             .collect();
         let weights = op(&inputs).map(|y| randn(99, y.dims())).unwrap();
         // The fused kernel on each vector build, and the reference.
-        let runs = [
-            ("fused", Kernels::Fused, Vectors::Widest),
-            ("fused-baseline", Kernels::Fused, Vectors::Baseline),
-            ("reference", Kernels::Reference, Vectors::Widest),
-        ];
-        for (label, k, v) in runs {
+        for (label, k, v) in runs() {
             group.bench_function(BenchmarkId::new(name, label), |b| {
                 b.iter(|| {
                     kernels::with_vectors(v, || {
@@ -239,12 +249,7 @@ fn optimizer_step(c: &mut Criterion) {
             .map(|g| (g * 1e-3).unwrap())
             .collect();
         for (rule, spec) in [("adam", &adam), ("sgd momentum", &sgd)] {
-            let runs = [
-                ("fused", Kernels::Fused, Vectors::Widest),
-                ("fused-baseline", Kernels::Fused, Vectors::Baseline),
-                ("reference", Kernels::Reference, Vectors::Widest),
-            ];
-            for (label, k, v) in runs {
+            for (label, k, v) in runs() {
                 let mut opt = nanhunt::optim::Optimizer::new(spec, params.len());
                 let name = format!("{rule}, {list}");
                 group.bench_function(BenchmarkId::new(name, label), |b| {
@@ -261,8 +266,35 @@ fn optimizer_step(c: &mut Criterion) {
     group.finish();
 }
 
+/// The probe's scans of a step's tensors on each vector build: Σx² and
+/// max |x| over values read from the host, and the first non-finite
+/// tensor of a list (the guard's checks of the batch and the loss).
+fn probe_scan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("probe");
+    let big = randn(7, &[64, 1024]);
+    let values: Vec<f32> = big.flatten_all().unwrap().to_vec1().unwrap();
+    let list: Vec<Tensor> = (0..24)
+        .map(|i| randn(i, &[8 * (1 + i as usize % 8)]))
+        .collect();
+    let refs: Vec<&Tensor> = list.iter().collect();
+    for (label, _, v) in runs().into_iter().filter(|r| r.1 == Kernels::Fused) {
+        group.bench_function(BenchmarkId::new("scan 64x1024 f32", &label), |b| {
+            b.iter(|| kernels::with_vectors(v, || nanhunt::probe::scan_host(&values)))
+        });
+        group.bench_function(
+            BenchmarkId::new("first non-finite of 24 tensors", &label),
+            |b| {
+                b.iter(|| {
+                    kernels::with_vectors(v, || nanhunt::probe::first_non_finite(&refs).unwrap())
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(2));
-    targets = forward_backward, optimizer_step
+    targets = forward_backward, optimizer_step, probe_scan
 }

@@ -701,6 +701,46 @@ impl DivergenceTracker {
 mod tests {
     use super::*;
 
+    /// Every vector build scans to the same bits: Σx² (the probe's lanes,
+    /// in their order), max |x| and the counts, in f32, f64 and f16, with
+    /// and without non-finite values, over lengths that leave tails.
+    #[test]
+    fn every_vector_build_scans_to_the_same_bits() {
+        use crate::kernels::{with_vectors, Vectors};
+        let dev = candle_core::Device::Cpu;
+        let mut rng = crate::rng::Rng::new(5);
+        let mut tensors = Vec::new();
+        for n in [1usize, 7, 8, 15, 16, 17, 40, 1000, 4099] {
+            let v: Vec<f64> = (0..n).map(|_| rng.normal() * 1e3).collect();
+            let mut bad = v.clone();
+            bad[n / 2] = f64::NAN;
+            bad[n - 1] = f64::NEG_INFINITY;
+            for values in [v, bad] {
+                let t = Tensor::from_vec(values, n, &dev).unwrap();
+                for dtype in [DType::F64, DType::F32, DType::F16] {
+                    tensors.push(t.to_dtype(dtype).unwrap());
+                }
+            }
+        }
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let bits = |vectors| {
+            with_vectors(vectors, || scan_all(&refs).unwrap())
+                .iter()
+                .map(|s| (s.sum_sq.to_bits(), s.max_abs.to_bits(), s.nan, s.inf))
+                .collect::<Vec<_>>()
+        };
+        let widest = bits(Vectors::Widest);
+        assert_eq!(widest, bits(Vectors::Avx2));
+        assert_eq!(widest, bits(Vectors::Baseline));
+        let host: Vec<f32> = (0..4099).map(|i| (i as f32 - 2000.0) * 0.37).collect();
+        let host_bits = |vectors| {
+            let s = with_vectors(vectors, || scan_host(&host));
+            (s.sum_sq.to_bits(), s.max_abs.to_bits())
+        };
+        assert_eq!(host_bits(Vectors::Widest), host_bits(Vectors::Baseline));
+        assert_eq!(host_bits(Vectors::Widest), host_bits(Vectors::Avx2));
+    }
+
     #[test]
     fn first_value_reads_in_place_and_refuses_an_empty_tensor() {
         let dev = candle_core::Device::Cpu;

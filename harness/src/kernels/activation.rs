@@ -12,7 +12,7 @@
 //! leaky(NaN) = NaN, and the gradient is the incoming gradient times the
 //! slope (a NaN gradient stays NaN where x ≤ 0, as NaN·0 does).
 
-use super::{fused_for, real, slice, wide, with_real, Real};
+use super::{fused_for, real, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 /// ReLU, fused forward and backward (relu'(0) = 0).
@@ -191,7 +191,7 @@ impl<A: Activation> CustomOp1 for Pointwise<A> {
             let x = slice::<T>(s, l)?;
             // Index loops, not iterator adaptors: those are functions of
             // their own, compiled outside `wide`'s AVX2 build.
-            let y = wide(#[inline(always)] || {
+            let y = widest(#[inline(always)] || {
                 let mut y = vec![T::zero(); x.len()];
                 for i in 0..x.len() {
                     y[i] = A::value(x[i]);
@@ -225,7 +225,7 @@ impl<A: Activation> CustomOp2 for PointwiseGrad<A> {
     ) -> Result<(CpuStorage, Shape)> {
         with_real!(s1, T => {
             let (x, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let dx = wide(#[inline(always)] || {
+            let dx = widest(#[inline(always)] || {
                 let (x, g) = (x, &g[..x.len()]);
                 let mut dx = vec![T::zero(); x.len()];
                 for i in 0..x.len() {

@@ -27,7 +27,7 @@ use super::recurrent::{
     Grads3, Sizes,
 };
 use super::reference;
-use super::{flat, fused_for, slice, wide, with_real, Real};
+use super::{flat, fused_for, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 use std::sync::{Arc, OnceLock};
 
@@ -137,7 +137,7 @@ impl CustomOp3 for LstmLayer {
         let d = Sizes::of(l1, l2, l3, 4, "lstm layer")?;
         with_real!(s1, T => {
             let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-            let hs = wide(#[inline(always)] || self.forward::<T>(x, w, b, d));
+            let hs = widest(#[inline(always)] || self.forward::<T>(x, w, b, d));
             Ok((T::to_cpu_storage_owned(hs), Shape::from((d.b, d.s, d.h))))
         })
     }
@@ -250,7 +250,7 @@ impl CustomOp2 for LstmLayerGrad {
         let d = Sizes::of_grad(l1, l2, 4, "lstm layer")?;
         with_real!(s1, T => {
             let (w, dhs) = (slice(s1, l1)?, slice(s2, l2)?);
-            let out = wide(#[inline(always)] || self.backward::<T>(w, dhs, d))?;
+            let out = widest(#[inline(always)] || self.backward::<T>(w, dhs, d))?;
             flat(out)
         })
     }

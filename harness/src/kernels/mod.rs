@@ -105,14 +105,62 @@ pub fn with_kernels<R>(kernels: Kernels, f: impl FnOnce() -> R) -> R {
 }
 
 /// Which vector build the fused kernels' element loops (and the
-/// optimizer's fused pass) take. Both give the same bits: the same IEEE
-/// operations on wider lanes (`tests` checks it for every kernel).
+/// optimizer's fused pass) take. Every build gives the same bits: the same
+/// IEEE operations on wider lanes, reductions in the kernels' own lane
+/// order (`tests` checks it for every kernel, on every build the CPU has).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vectors {
-    /// The widest build the CPU runs: AVX2 where it has it.
+    /// The widest build the CPU runs: AVX-512 (F, BW, VL) where it has
+    /// it, else AVX2, else the baseline. Loops measured slower on 512-bit
+    /// vectors than on 256-bit ones take AVX2 in this build too.
     Widest,
+    /// At most AVX2 (256-bit vectors), even on a CPU with AVX-512.
+    Avx2,
     /// The x86-64 baseline build (128-bit vectors), whatever the CPU.
     Baseline,
+}
+
+/// The instruction set a vector build runs on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VectorIsa {
+    /// 512-bit vectors (AVX-512 F, BW and VL).
+    Avx512,
+    /// 256-bit vectors (AVX2).
+    Avx2,
+    /// The target's baseline (SSE2 on x86-64).
+    Baseline,
+}
+
+impl VectorIsa {
+    /// The name benches and reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            VectorIsa::Avx512 => "avx512",
+            VectorIsa::Avx2 => "avx2",
+            VectorIsa::Baseline => "baseline",
+        }
+    }
+}
+
+impl Vectors {
+    /// What this build runs on this CPU: the widest it allows that the
+    /// CPU has.
+    pub fn isa(self) -> VectorIsa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl");
+            let avx2 = std::is_x86_feature_detected!("avx2");
+            match self {
+                Vectors::Widest if avx512 => VectorIsa::Avx512,
+                Vectors::Widest | Vectors::Avx2 if avx2 => VectorIsa::Avx2,
+                _ => VectorIsa::Baseline,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        VectorIsa::Baseline
+    }
 }
 
 thread_local! {
@@ -286,22 +334,61 @@ pub(crate) fn lane_max<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
         .fold(T::neg_infinity(), |m, &v| num_traits::Float::max(m, v))
 }
 
-/// Runs `f` compiled for AVX2 where the CPU has it, so that its element
-/// loops use 256-bit vectors instead of the x86-64 baseline's 128-bit ones.
-/// The results are the same bits: the same IEEE operations on wider lanes,
-/// and no fused multiply-add (Rust never contracts a·b + c by itself).
+/// The instruction set candle's matrix products (the `gemm` crate) run on
+/// here: AVX-512 only in a build with the `avx512-gemm` feature, on a CPU
+/// with AVX-512F; else AVX2 with FMA where the CPU has it. Unlike the
+/// fused kernels' builds, the choice is made once for the process.
+pub fn gemm_isa() -> VectorIsa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if cfg!(feature = "avx512-gemm") && std::is_x86_feature_detected!("avx512f") {
+            return VectorIsa::Avx512;
+        }
+        if std::is_x86_feature_detected!("fma") {
+            return VectorIsa::Avx2;
+        }
+    }
+    VectorIsa::Baseline
+}
+
+/// Runs `f` compiled for AVX2 where the thread's build and the CPU allow
+/// it (256-bit vectors instead of the x86-64 baseline's 128-bit ones),
+/// never wider: the loops that take this were measured slower on 512-bit
+/// vectors (the probe's scans, the norms, the GRU, the optimizer's pass)
+/// or not measured there. The results are the same bits: the same IEEE
+/// operations on wider lanes, and no fused multiply-add (Rust never
+/// contracts a·b + c by itself).
 #[inline(always)]
 pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if vectors() == Vectors::Widest && std::is_x86_feature_detected!("avx2") {
+    if vectors().isa() != VectorIsa::Baseline {
         #[target_feature(enable = "avx2")]
         unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        // SAFETY: the CPU has the feature `run` is compiled for.
+        // SAFETY: `isa` names only what the CPU has, and AVX-512 implies AVX2.
         return unsafe { run(f) };
     }
     f()
+}
+
+/// Runs `f` compiled for the widest vectors the thread's build allows
+/// ([`Vectors::isa`]): 512-bit ones on a CPU with AVX-512, for the loops
+/// measured faster there (GELU, the softmaxes, attention, pooling, the
+/// LSTM and tanh RNN layers: docs/PERFORMANCE.md). The same bits as
+/// [`wide`], for the same reasons.
+#[inline(always)]
+pub(crate) fn widest<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if vectors().isa() == VectorIsa::Avx512 {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+        unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: `isa` names only what the CPU has.
+        return unsafe { run(f) };
+    }
+    wide(f)
 }
 
 /// `v` in the kernel's float type.

@@ -10,7 +10,7 @@
 
 use super::activation::{Activation, Gelu, Identity, Relu};
 use super::reference;
-use super::{fused_for, real, slice, wide, with_real, Real};
+use super::{fused_for, real, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
@@ -182,7 +182,7 @@ impl<A: Activation> CustomOp1 for Pool<A> {
         out[3] = w / 2;
         with_real!(s, T => {
             let x = slice(s, l)?;
-            let y = wide(#[inline(always)] || self.forward::<T>(x, (planes, h, w)));
+            let y = widest(#[inline(always)] || self.forward::<T>(x, (planes, h, w)));
             Ok((T::to_cpu_storage_owned(y), Shape::from(out)))
         })
     }
@@ -279,7 +279,7 @@ impl<A: Activation> CustomOp2 for PoolGrad<A> {
         let d = dims(l1)?;
         with_real!(s1, T => {
             let (x, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let dx = wide(#[inline(always)] || self.compute::<T>(x, g, d))?;
+            let dx = widest(#[inline(always)] || self.compute::<T>(x, g, d))?;
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }

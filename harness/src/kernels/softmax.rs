@@ -3,7 +3,7 @@
 //! of attention, whose keys after the query are -inf, as one op too.
 
 use super::reference;
-use super::{fused_for, lane_max, lane_sum, slice, wide, with_real, Real};
+use super::{fused_for, lane_max, lane_sum, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
 /// Softmax over the last dimension, fused forward and backward.
@@ -100,7 +100,7 @@ impl CustomOp1 for Softmax {
         let causal = self.causal;
         with_real!(s, T => {
             let x = slice(s, l)?;
-            let y = wide(#[inline(always)] || softmax_rows::<T>(x, d, causal));
+            let y = widest(#[inline(always)] || softmax_rows::<T>(x, d, causal));
             Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
         })
     }
@@ -153,7 +153,7 @@ impl CustomOp2 for SoftmaxGrad {
         let causal = self.causal;
         with_real!(s1, T => {
             let (y, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let dx = wide(#[inline(always)] || softmax_grad_rows::<T>(y, g, d, causal));
+            let dx = widest(#[inline(always)] || softmax_grad_rows::<T>(y, g, d, causal));
             Ok((T::to_cpu_storage_owned(dx), l1.shape().clone()))
         })
     }
@@ -210,7 +210,7 @@ impl CustomOp2 for KeyMaskedSoftmax {
         let d = last_dim(l1)?;
         with_real!(s1, T => {
             let (x, add) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
-            let y = wide(#[inline(always)] || key_masked_softmax_rows::<T>(x, add, d));
+            let y = widest(#[inline(always)] || key_masked_softmax_rows::<T>(x, add, d));
             Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
         })
     }

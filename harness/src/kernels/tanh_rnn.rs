@@ -14,7 +14,7 @@ use super::recurrent::{
     Grads3, Sizes,
 };
 use super::reference;
-use super::{flat, fused_for, slice, wide, with_real, Real};
+use super::{flat, fused_for, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 use std::sync::{Arc, OnceLock};
 
@@ -93,7 +93,7 @@ impl CustomOp3 for TanhRnnLayer {
         let d = Sizes::of(l1, l2, l3, 1, "rnn layer")?;
         with_real!(s1, T => {
             let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-            let hs = wide(#[inline(always)] || self.forward::<T>(x, w, b, d));
+            let hs = widest(#[inline(always)] || self.forward::<T>(x, w, b, d));
             Ok((T::to_cpu_storage_owned(hs), Shape::from((d.b, d.s, d.h))))
         })
     }
@@ -185,7 +185,7 @@ impl CustomOp3 for TanhRnnLayerGrad {
         }
         with_real!(s1, T => {
             let (w, hs, dhs) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-            let out = wide(#[inline(always)] || self.backward::<T>(w, hs, dhs, d))?;
+            let out = widest(#[inline(always)] || self.backward::<T>(w, hs, dhs, d))?;
             flat(out)
         })
     }

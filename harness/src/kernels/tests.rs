@@ -1,6 +1,6 @@
 //! Every fused kernel against its reference composition (values and the
 //! gradients of every input, to the named tolerance, in f32 and f64) and
-//! on the baseline vector build (the widest build's bits exactly), the
+//! on the AVX2 and baseline vector builds (the widest build's bits exactly), the
 //! finite-difference check on both versions, and the edge cases the
 //! reference defines: odd sizes, even kernels, NaN and -inf inputs.
 
@@ -77,18 +77,21 @@ fn matches_reference_within(what: &str, f: &Op, shapes: &[&[usize]], tol: impl F
             .map(|(i, s)| randn(i as u64 + 1, s, dtype))
             .collect();
         let (yf, gf) = value_and_grads(Kernels::Fused, f, &inputs);
-        // The baseline build gives the widest build's bits.
-        let (yb, gb) = with_vectors(Vectors::Baseline, || {
-            value_and_grads(Kernels::Fused, f, &inputs)
-        });
-        for (i, (a, b)) in std::iter::once((&yf, &yb))
-            .chain(gf.iter().zip(&gb))
-            .enumerate()
-        {
-            assert!(
-                same_tensor_bits(a, b),
-                "{what} {dtype:?}: the baseline build differs from the widest in tensor {i}"
-            );
+        // The narrower builds give the widest build's bits.
+        for narrower in [Vectors::Avx2, Vectors::Baseline] {
+            let (yb, gb) = with_vectors(narrower, || value_and_grads(Kernels::Fused, f, &inputs));
+            for (i, (a, b)) in std::iter::once((&yf, &yb))
+                .chain(gf.iter().zip(&gb))
+                .enumerate()
+            {
+                assert!(
+                    same_tensor_bits(a, b),
+                    "{what} {dtype:?}: the {:?} build ({}) differs from the widest ({}) in tensor {i}",
+                    narrower,
+                    narrower.isa().name(),
+                    Vectors::Widest.isa().name()
+                );
+            }
         }
         let (yr, gr) = value_and_grads(Kernels::Reference, f, &inputs);
         let tol = tol(dtype);

@@ -315,8 +315,9 @@ impl Vectors for f32 {
         check: Scan,
     ) -> Option<(Next<f32>, Option<Checked>)> {
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::vectors() == crate::kernels::Vectors::Widest
-            && std::is_x86_feature_detected!("avx2")
+        // AVX2 on an AVX-512 CPU too: a 512-bit pass was measured slower
+        // (docs/PERFORMANCE-LOG.md, 2026-12-06).
+        if crate::kernels::vectors().isa() != crate::kernels::VectorIsa::Baseline
             && std::is_x86_feature_detected!("fma")
         {
             use Scan::{Nothing, ReadAndWritten, Written};

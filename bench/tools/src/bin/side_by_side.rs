@@ -121,6 +121,13 @@ fn serve(family: &str) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     nanhunt::device::retain_freed_memory(); // as the nanhunt binary does
+    if std::env::args().nth(1).as_deref() == Some("builds") {
+        // What this binary's kernels run on, for the table's header.
+        let kernels = nanhunt::kernels::Vectors::Widest.isa().name();
+        let gemm = nanhunt::kernels::gemm_isa().name();
+        println!("nanhunt builds: fused kernels {kernels}, matrix products (gemm) {gemm}");
+        return Ok(());
+    }
     if std::env::args().nth(1).as_deref() == Some("serve") {
         let family = std::env::args()
             .nth(2)

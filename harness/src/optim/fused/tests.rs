@@ -2,7 +2,7 @@
 //! option, f32 and f64, three steps (the first has no state), over values
 //! that include ±0, subnormals, huge values, infinities and NaN.
 
-use crate::kernels::{with_kernels, Kernels};
+use crate::kernels::{with_kernels, with_vectors, Kernels, Vectors};
 use crate::optim::Optimizer;
 use crate::spec::OptimizerSpec;
 use candle_core::{DType, Device, Tensor, Var};
@@ -118,16 +118,20 @@ fn the_fused_update_gives_the_op_chains_bits() {
     for spec in specs() {
         for dtype in [DType::F32, DType::F64] {
             let fused = trajectory(&spec, dtype, Kernels::Fused);
-            // The baseline build's scalar pass gives the vector pass's bits.
-            let baseline = crate::kernels::with_vectors(crate::kernels::Vectors::Baseline, || {
-                trajectory(&spec, dtype, Kernels::Fused)
-            });
+            // The narrower builds' passes give the widest pass's bits.
             let bits = |t: &[Vec<f64>]| -> Vec<Vec<u64>> {
                 t.iter()
                     .map(|v| v.iter().map(|x| x.to_bits()).collect())
                     .collect()
             };
-            assert_eq!(bits(&fused), bits(&baseline), "{spec:?} {dtype:?}");
+            for narrower in [Vectors::Avx2, Vectors::Baseline] {
+                let narrow = with_vectors(narrower, || trajectory(&spec, dtype, Kernels::Fused));
+                assert_eq!(
+                    bits(&fused),
+                    bits(&narrow),
+                    "{spec:?} {dtype:?} {narrower:?}"
+                );
+            }
             let chain = trajectory(&spec, dtype, Kernels::Reference);
             assert_eq!(fused.len(), chain.len(), "{spec:?} {dtype:?}");
             for (k, (a, b)) in fused.iter().zip(&chain).enumerate() {
@@ -172,8 +176,15 @@ fn a_strided_gradient_takes_the_op_chain_with_the_same_result() {
 
 #[test]
 fn the_fused_pass_scans_what_a_scan_of_its_tensors_gives() {
+    // Each vector build's pass: its sums in the probe's lanes and order.
+    for build in [Vectors::Widest, Vectors::Avx2, Vectors::Baseline] {
+        with_vectors(build, scans_of_each_rule);
+    }
+}
+
+fn scans_of_each_rule() {
     let dev = Device::Cpu;
-    // Whole chunks of the scan's eight lanes, a tail, and a tail alone.
+    // Whole vectors (of eight and of sixteen), tails, and a tail alone.
     let sizes = [40usize, 43, 5];
     // Pathological values (the counting scans), and ordinary ones only
     // (the sums of the rule's own loop).
