@@ -14,6 +14,7 @@ use crate::finding::{Signature, Verdict};
 use crate::record::RunResult;
 use crate::spec::Case;
 use crate::spec::CaseSize;
+use crate::strategy::ModelScale;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
@@ -69,6 +70,10 @@ pub enum Entry {
             skip_serializing_if = "is_default_mutation_rate"
         )]
         mutation_rate: f64,
+        /// The scale of the models drawn (journals from before the option,
+        /// and small campaigns, leave it unwritten).
+        #[serde(default, skip_serializing_if = "ModelScale::is_small")]
+        size: ModelScale,
     },
     /// One training run.
     Run {
@@ -248,6 +253,8 @@ pub struct CampaignId {
     pub data: Option<String>,
     /// The share of runs that mutate an earlier finding.
     pub mutation_rate: f64,
+    /// The scale of the models drawn.
+    pub size: ModelScale,
     /// (index, count).
     pub shard: (u64, u64),
 }
@@ -263,6 +270,7 @@ impl CampaignId {
                 shard,
                 data,
                 mutation_rate,
+                size,
                 ..
             } => Some(CampaignId {
                 seed: *seed,
@@ -270,6 +278,7 @@ impl CampaignId {
                 clean_data: *clean_data,
                 data: data.clone(),
                 mutation_rate: *mutation_rate,
+                size: *size,
                 shard: *shard,
             }),
             _ => None,
@@ -311,6 +320,10 @@ impl CampaignId {
                 "mutation rate {} (not {})",
                 other.mutation_rate, self.mutation_rate
             ),
+        );
+        differ(
+            self.size == other.size,
+            format!("size {} (not {})", other.size.name(), self.size.name()),
         );
         let (i, n) = other.shard;
         differ(

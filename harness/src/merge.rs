@@ -123,6 +123,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         strategy: StrategyOptions {
             families: first.families.clone(),
             clean_data: first.clean_data,
+            scale: first.size,
             ..StrategyOptions::default()
         },
         seed: first.seed,
@@ -140,6 +141,7 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<Summary> {
         budget: format!("{budget} per shard, {} shards", inputs.len()),
         data,
         mutation_rate: first.mutation_rate,
+        size: first.size,
     }];
     journal.extend(merged);
     let summary = summarize(&opts, &journal[1..], Vec::new(), 0, Duration::ZERO);

@@ -2,13 +2,16 @@
 //! the campaign draw from the same strategies; [`generate`] turns a seed into
 //! a case deterministically, without a test runner around it.
 //!
-//! Sizes are kept small (a run is a few dozen milliseconds): instability in
-//! these models comes from the knobs, not from scale.
+//! Sizes are kept small by default (a run is a few dozen milliseconds):
+//! instability in these models comes from the knobs, not from scale.
+//! [`ModelScale::Large`] scales each drawn model up to the sizes users
+//! train, for a device that small cases cannot keep busy.
 
 use crate::spec::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde::{Deserialize, Serialize};
 
 /// Restrictions on the generated cases.
 #[derive(Clone, Debug)]
@@ -30,6 +33,100 @@ pub struct StrategyOptions {
     /// source (pathologies and, for synthetic data, the scale drawn on top)
     /// stay; every other knob is drawn. A campaign over a user's own model.
     pub base: Option<Case>,
+    /// The scale of the built-in families' models and of every batch.
+    pub scale: ModelScale,
+}
+
+/// The scale of the models a campaign draws.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelScale {
+    /// Widths of 1 to 32, sequences of 2 to 12, images of 4×4 to 12×12,
+    /// batches of 2 to 16: a run takes milliseconds.
+    #[default]
+    Small,
+    /// The small draws scaled up ([`scaled_up`]; a draw that can be built
+    /// only large, a CNN pooling a small image to nothing, is kept where a
+    /// small campaign draws again): transformer-style widths
+    /// ×8 (16 to 256), every other width, sequence, image side and
+    /// vocabulary ×4, batches ×4 (8 to 64). The `--size large` cases of
+    /// the built-in families (`Case::example_sized`) lie inside it. A
+    /// user's own model keeps its sizes; only its batch is scaled.
+    Large,
+}
+
+impl ModelScale {
+    /// Both scales, smallest first.
+    pub const ALL: [ModelScale; 2] = [ModelScale::Small, ModelScale::Large];
+
+    /// The scale's name (`small`, `large`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelScale::Small => "small",
+            ModelScale::Large => "large",
+        }
+    }
+
+    /// Whether this is the default scale (left out of journals).
+    pub fn is_small(&self) -> bool {
+        *self == ModelScale::Small
+    }
+}
+
+impl std::str::FromStr for ModelScale {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        ModelScale::ALL
+            .into_iter()
+            .find(|z| z.name() == s)
+            .ok_or_else(|| format!("unknown size `{s}`: expected small or large"))
+    }
+}
+
+/// How much [`ModelScale::Large`] multiplies a drawn size by.
+const LARGE: usize = 4;
+
+/// A drawn built-in model at [`ModelScale::Large`]: the transformer-style
+/// models' head widths ×8 (their heads as drawn), every other width,
+/// sequence, image side, input width and vocabulary ×4. Every other knob
+/// (activations, norms, epsilons, initialisation, masks) stays as drawn, so
+/// a large campaign fuzzes the same space at the scale users train.
+pub fn scaled_up(model: &mut ModelSpec) {
+    match model {
+        ModelSpec::Cnn(m) => {
+            (m.height, m.width) = (m.height * LARGE, m.width * LARGE);
+            m.blocks.iter_mut().for_each(|b| b.channels *= LARGE);
+            // A first block that kept the image's channels no longer does.
+            m.fix_residuals();
+        }
+        ModelSpec::Transformer(t) => {
+            t.d_model *= 2 * LARGE;
+            t.seq_len *= LARGE;
+            t.input = match t.input {
+                TokenOrContinuous::Tokens { vocab } => TokenOrContinuous::Tokens {
+                    vocab: vocab * LARGE,
+                },
+                TokenOrContinuous::Continuous { features } => TokenOrContinuous::Continuous {
+                    features: features * LARGE,
+                },
+            };
+        }
+        ModelSpec::Rnn(r) => {
+            (r.features, r.hidden) = (r.features * LARGE, r.hidden * LARGE);
+            r.seq_len *= LARGE;
+        }
+        ModelSpec::Decoder(d) => {
+            d.d_model *= 2 * LARGE;
+            (d.seq_len, d.vocab) = (d.seq_len * LARGE, d.vocab * LARGE);
+        }
+        ModelSpec::Encoder(e) => {
+            e.d_model *= 2 * LARGE;
+            (e.seq_len, e.vocab) = (e.seq_len * LARGE, e.vocab * LARGE);
+            e.min_length = (e.min_length * LARGE).min(e.seq_len);
+        }
+        // A user's model has the sizes its author gave it.
+        ModelSpec::Custom(_) => {}
+    }
 }
 
 impl Default for StrategyOptions {
@@ -41,6 +138,7 @@ impl Default for StrategyOptions {
             max_steps: 30,
             dataset: None,
             base: None,
+            scale: ModelScale::Small,
         }
     }
 }
@@ -811,6 +909,7 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
     let clean = opts.clean_data || opts.safe_envelope;
     let safe = opts.safe_envelope;
     let dataset = opts.dataset.clone();
+    let large = opts.scale == ModelScale::Large;
     (
         (any::<u64>(), 3usize..=opts.max_steps.max(3), 2usize..=16),
         model,
@@ -834,6 +933,15 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
                 clip,
                 precision,
             )| {
+                // Scaled after the draw and before the fits below (a
+                // dataset's sizes are its own): a seed draws the same knobs
+                // at either scale.
+                let mut model = model;
+                let mut batch_size = batch_size;
+                if large {
+                    scaled_up(&mut model);
+                    batch_size *= LARGE;
+                }
                 let mut c = Case {
                     format: FORMAT_VERSION,
                     seed: seed % 1000,
@@ -995,7 +1103,8 @@ pub fn mutate(base: &Case, rng: &mut crate::rng::Rng) -> Case {
         4 if !c.data.source.is_synthetic() => c.clip = ClipSpec::None,
         4 => c.data.scale *= 10f64.powf(rng.uniform_in(-1.0, 1.0)),
         5 => c.clip = ClipSpec::None,
-        _ => c.batch_size = 1 + rng.below(16),
+        // A large campaign's batches stay in its range (up to the case's).
+        _ => c.batch_size = 1 + rng.below(base.batch_size.max(16)),
     }
     c
 }
@@ -1151,6 +1260,85 @@ mod tests {
             .map(|s| generate(&opts, s).family().to_string())
             .collect();
         assert_eq!(families.len(), FAMILIES.len(), "{families:?}");
+    }
+
+    fn at_scale(scale: ModelScale) -> StrategyOptions {
+        StrategyOptions {
+            scale,
+            ..StrategyOptions::default()
+        }
+    }
+
+    #[test]
+    fn a_large_draw_is_the_small_draw_of_its_seed_scaled_up() {
+        let (small, large) = (at_scale(ModelScale::Small), at_scale(ModelScale::Large));
+        let mut same = 0;
+        for seed in 0..60 {
+            let drawn = generate(&large, seed);
+            let mut want = generate(&small, seed);
+            scaled_up(&mut want.model);
+            want.batch_size *= LARGE;
+            if drawn == want {
+                same += 1;
+                continue;
+            }
+            // Otherwise the small campaign drew again: the first draw cannot
+            // be built small (a CNN pooling its image to nothing) and can large.
+            let mut first = drawn.clone();
+            first.batch_size /= LARGE;
+            let ModelSpec::Cnn(m) = &mut first.model else {
+                panic!("seed {seed}: {drawn:?} is not {want:?} scaled up")
+            };
+            (m.height, m.width) = (m.height / LARGE, m.width / LARGE);
+            m.blocks.iter_mut().for_each(|b| b.channels /= LARGE);
+            assert!(first.validate(&Limits::default()).is_err(), "seed {seed}");
+        }
+        assert!(same >= 50, "{same} of 60");
+    }
+
+    /// The widths a model trains at: (its widest layer, its sequence or
+    /// image side).
+    fn widths(m: &ModelSpec) -> (usize, usize) {
+        match m {
+            ModelSpec::Cnn(c) => (c.blocks.iter().map(|b| b.channels).max().unwrap(), c.height),
+            ModelSpec::Transformer(t) => (t.d_model, t.seq_len),
+            ModelSpec::Rnn(r) => (r.hidden, r.seq_len),
+            ModelSpec::Decoder(d) => (d.d_model, d.seq_len),
+            ModelSpec::Encoder(e) => (e.d_model, e.seq_len),
+            ModelSpec::Custom(_) => unreachable!("built-in families only"),
+        }
+    }
+
+    #[test]
+    fn large_cases_reach_the_sizes_users_train_and_each_family_trains_there() {
+        let large = at_scale(ModelScale::Large);
+        let mut trained = std::collections::BTreeSet::new();
+        let (mut widest, mut longest, mut batch) = (0, 0, 0);
+        for seed in 0..80 {
+            let mut c = generate(&large, seed);
+            assert!(c.validate(&Limits::default()).is_ok(), "seed {seed}");
+            assert!(
+                (8..=64).contains(&c.batch_size),
+                "seed {seed}: {}",
+                c.batch_size
+            );
+            let (w, l) = widths(&c.model);
+            (widest, longest, batch) = (widest.max(w), longest.max(l), batch.max(c.batch_size));
+            // One case of each family trains two steps at its drawn scale,
+            // without a model or data error (unstable is a finding, not one).
+            if trained.insert(c.family().to_string()) {
+                c.steps = 2;
+                let outcome = crate::training::run(&c);
+                assert!(outcome.is_ok(), "seed {seed}: {outcome:?}");
+            }
+        }
+        assert_eq!(trained.len(), FAMILIES.len(), "{trained:?}");
+        // The draws reach the families' `--size large` cases (width 64,
+        // sequences of 32, images of 32×32, batch 32) and beyond.
+        assert!(
+            widest >= 64 && longest >= 32 && batch >= 48,
+            "{widest} {longest} {batch}"
+        );
     }
 
     proptest! {

@@ -3,9 +3,10 @@
 //! reproducers in `corpora/repro/` still reproduce.
 
 use crate::support::*;
+use nanhunt::finding::Verdict;
 use nanhunt::journal::{Entry, JOURNAL_FILE};
 use nanhunt::minimize::{minimize, CaseSize, MinimizeOptions};
-use nanhunt::strategy::{generate, StrategyOptions};
+use nanhunt::strategy::{generate, ModelScale, StrategyOptions};
 use nanhunt::Outcome;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -227,6 +228,50 @@ fn an_existing_campaign_needs_resume_and_matching_options() {
         let out = nanhunt(&["fuzz", bad[0], bad[1], "--out", dir.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
     }
+}
+
+#[test]
+fn a_large_campaign_journals_its_size_and_resumes_only_at_it() {
+    let dir = scratch("campaign-large");
+    let args = |size: &'static str, resume: bool| {
+        let mut a = vec!["fuzz", "--size", size, "--family", "transformer,rnn"];
+        a.extend_from_slice(&["--runs", "3", "--seed", "4", "--quiet"]);
+        a.extend_from_slice(&["--minimize-runs", "1", "--out", dir.to_str().unwrap()]);
+        if resume {
+            a.push("--resume");
+        }
+        a
+    };
+    let out = nanhunt(&args("large", false));
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", stderr(&out));
+    let entries = journal(&dir);
+    assert!(
+        matches!(&entries[0], Entry::Start { size, .. } if *size == ModelScale::Large),
+        "{:?}",
+        entries[0]
+    );
+    // Every run trained at its scale: none was rejected or ended in an error.
+    let runs = runs_by_index(&entries);
+    assert_eq!(runs.len(), 3);
+    for run in runs.values() {
+        let Entry::Run {
+            verdict, message, ..
+        } = run
+        else {
+            unreachable!()
+        };
+        assert!(
+            matches!(verdict, Verdict::Stable | Verdict::Unstable),
+            "{verdict:?} {message:?}"
+        );
+    }
+    let out = nanhunt(&args("small", true));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("another campaign: size large (not small)"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

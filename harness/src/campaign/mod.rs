@@ -223,6 +223,7 @@ fn open_journal(opts: &CampaignOptions) -> Result<(Journal, Vec<Entry>)> {
         budget: budget_text(opts),
         data: opts.strategy.data_name(),
         mutation_rate: opts.mutation_rate,
+        size: opts.strategy.scale,
     };
     match entries.first() {
         None => {

@@ -56,6 +56,7 @@ pub fn user_report(
         data: None,
         // Every run after the first mutates the user's case.
         mutation_rate: 1.0,
+        size: crate::strategy::ModelScale::Small,
     }];
     for index in 0..campaign.runs {
         let case = if index == 0 {

@@ -7,7 +7,7 @@ use crate::campaign::{
     parse_duration, run_campaign_then, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
 };
 use crate::spec::{DeviceSpec, Limits, FAMILIES};
-use crate::strategy::StrategyOptions;
+use crate::strategy::{ModelScale, StrategyOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,6 +48,12 @@ pub struct Args {
     /// Only clean data: no injected pathologies (natural instabilities only).
     #[arg(long)]
     clean_data: bool,
+    /// The scale of the models drawn: small (widths up to 32, batches up
+    /// to 16: milliseconds a run) or large (the same draws with widths,
+    /// sequences, images and batches ×4, transformer widths ×8: the scale
+    /// users train at, for a GPU that small cases cannot keep busy).
+    #[arg(long, value_enum, default_value_t = SizeArg::Small)]
+    size: SizeArg,
     /// Longest generated run, in steps (generated runs take 3 or more).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=100_000))]
     max_steps: u64,
@@ -87,6 +93,21 @@ fn mutation_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!("`{text}` is not a share between 0 and 1")),
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SizeArg {
+    Small,
+    Large,
+}
+
+impl From<SizeArg> for ModelScale {
+    fn from(size: SizeArg) -> Self {
+        match size {
+            SizeArg::Small => ModelScale::Small,
+            SizeArg::Large => ModelScale::Large,
+        }
     }
 }
 
@@ -156,6 +177,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     strategy.safe_envelope = false;
     strategy.max_steps = args.max_steps as usize;
     strategy.dataset = dataset;
+    strategy.scale = args.size.into();
     let mut opts = CampaignOptions::default();
     opts.strategy = strategy;
     opts.budget = args.budget;

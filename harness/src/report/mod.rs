@@ -10,6 +10,7 @@ mod markdown;
 
 use crate::finding::{Signature, Verdict};
 use crate::journal::Entry;
+use crate::strategy::ModelScale;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -32,6 +33,9 @@ pub struct ReportHeader {
     /// it (a dataset file, a user's model's dataset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<String>,
+    /// The scale of the models drawn (`--size`; small is left unwritten).
+    #[serde(default, skip_serializing_if = "ModelScale::is_small")]
+    pub size: ModelScale,
 }
 
 /// Run counts by verdict.
@@ -167,6 +171,7 @@ impl StabilityReport {
             budget: String::new(),
             clean_data: false,
             data: None,
+            size: ModelScale::Small,
         };
         let mut totals = Totals::default();
         let mut groups: BTreeMap<(String, String, String, String, String), Group> = BTreeMap::new();
@@ -184,6 +189,7 @@ impl StabilityReport {
                 device,
                 budget,
                 data,
+                size,
                 ..
             } = e
             {
@@ -195,6 +201,7 @@ impl StabilityReport {
                     budget: budget.clone(),
                     clean_data: *clean_data,
                     data: data.clone(),
+                    size: *size,
                 };
             }
         }
