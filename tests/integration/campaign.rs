@@ -265,6 +265,9 @@ fn a_large_campaign_journals_its_size_and_resumes_only_at_it() {
             "{verdict:?} {message:?}"
         );
     }
+    // The reports say what was drawn.
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("budget 3 runs, large models;"), "{md}");
     let out = nanhunt(&args("small", true));
     assert_eq!(out.status.code(), Some(2));
     assert!(
