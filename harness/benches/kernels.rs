@@ -94,6 +94,24 @@ fn cases() -> Vec<(&'static str, Op, Vec<Vec<usize>>, bool)> {
             false,
         ),
         (
+            "rms_norm 32x32x64",
+            |x| kernels::rms_norm(&x[0], &x[1], 1e-5),
+            vec![vec![32, 32, 64], vec![64]],
+            false,
+        ),
+        (
+            "swiglu 32x32x128",
+            |x| kernels::swiglu(&x[0], &x[1]),
+            vec![vec![32, 32, 128], vec![32, 32, 128]],
+            false,
+        ),
+        (
+            "rope 32x32x64, 4 heads",
+            |x| kernels::rope_heads(&x[0], 4, &x[1], &x[2]),
+            vec![vec![32, 32, 64], vec![32, 8], vec![32, 8]],
+            false,
+        ),
+        (
             "softmax 32x4x32x32",
             |x| kernels::softmax_last_dim(&x[0]),
             vec![vec![32, 4, 32, 32]],

@@ -5,7 +5,7 @@
 //! the composition of candle ops (`reference::rope`) takes eight nodes.
 
 use super::reference;
-use super::{fused_for, slice, wide, with_real, Real};
+use super::{fused_for, slice, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// x (B, S, H, hd), cos and sin (S, hd/2) → x rotated.
@@ -50,7 +50,7 @@ impl Rope {
 }
 
 impl Rope {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn compute<T: Real>(x: &[T], cos: &[T], sin: &[T], dims: (usize, usize, usize)) -> Vec<T> {
         let (s, h, hd) = dims;
         let half = hd / 2;
@@ -92,7 +92,7 @@ impl CustomOp3 for Rope {
         }
         with_real!(s1, T => {
             let (x, c, sn) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            let y = wide(#[inline(always)] || Rope::compute(x, c, sn, (s, h, hd)));
+            let y = widest(#[inline(always)] || Rope::compute(x, c, sn, (s, h, hd)));
             Ok((T::to_cpu_storage_owned(y), l1.shape().clone()))
         })
     }

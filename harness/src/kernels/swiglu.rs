@@ -3,7 +3,7 @@
 //! element-wise ops that recompute the sigmoid.
 
 use super::reference;
-use super::{flat, fused_for, slice, unpack, wide, with_real, Real};
+use super::{flat, fused_for, slice, unpack, widest, with_real, Real};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 /// silu(a)·b element-wise (a and b of one shape).
@@ -37,9 +37,9 @@ impl CustomOp2 for SwiGlu {
         with_real!(s1, T => {
             let (a, b) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?);
             // An index loop, not `collect`: the iterator's fold is a function
-            // of its own, compiled without `wide`'s AVX2 (a quarter of the
+            // of its own, compiled without `widest`'s vectors (a quarter of the
             // decoder's MLP forward).
-            let y = wide(#[inline(always)] || {
+            let y = widest(#[inline(always)] || {
                 let mut y = vec![T::zero(); a.len()];
                 for i in 0..y.len() {
                     y[i] = a[i] * sigmoid(a[i]) * b[i];
@@ -82,7 +82,7 @@ impl CustomOp3 for SwiGluGrad {
     ) -> Result<(CpuStorage, Shape)> {
         with_real!(s1, T => {
             let (a, b, g) = (slice::<T>(s1, l1)?, slice::<T>(s2, l2)?, slice::<T>(s3, l3)?);
-            flat(wide(#[inline(always)] || {
+            flat(widest(#[inline(always)] || {
                 let n = a.len();
                 let mut out = vec![T::zero(); 2 * n];
                 let (da, db) = out.split_at_mut(n);
