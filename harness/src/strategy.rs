@@ -49,9 +49,10 @@ pub enum ModelScale {
     /// only large, a CNN pooling a small image to nothing, is kept where a
     /// small campaign draws again): transformer-style widths
     /// ×8 (16 to 256), every other width, sequence, image side and
-    /// vocabulary ×4, batches ×4 (8 to 64). The `--size large` cases of
-    /// the built-in families (`Case::example_sized`) lie inside it. A
-    /// user's own model keeps its sizes; only its batch is scaled.
+    /// vocabulary ×4, batches ×4 (8 to 64): the widths, lengths and
+    /// batches of the families' `--size large` cases
+    /// (`Case::example_sized`) and beyond. A user's own model keeps its
+    /// sizes; only its batch is scaled.
     Large,
 }
 
@@ -923,8 +924,8 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
     )
         .prop_map(
             move |(
-                (seed, steps, batch_size),
-                model,
+                (seed, steps, mut batch_size),
+                mut model,
                 data,
                 augment,
                 loss,
@@ -936,8 +937,6 @@ fn drawn(opts: &StrategyOptions) -> BoxedStrategy<Case> {
                 // Scaled after the draw and before the fits below (a
                 // dataset's sizes are its own): a seed draws the same knobs
                 // at either scale.
-                let mut model = model;
-                let mut batch_size = batch_size;
                 if large {
                     scaled_up(&mut model);
                     batch_size *= LARGE;

@@ -52,8 +52,8 @@ pub struct Args {
     /// to 16: milliseconds a run) or large (the same draws with widths,
     /// sequences, images and batches ×4, transformer widths ×8: the scale
     /// users train at, for a GPU that small cases cannot keep busy).
-    #[arg(long, value_enum, default_value_t = SizeArg::Small)]
-    size: SizeArg,
+    #[arg(long, default_value = "small")]
+    size: ModelScale,
     /// Longest generated run, in steps (generated runs take 3 or more).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=100_000))]
     max_steps: u64,
@@ -93,21 +93,6 @@ fn mutation_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!("`{text}` is not a share between 0 and 1")),
-    }
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum SizeArg {
-    Small,
-    Large,
-}
-
-impl From<SizeArg> for ModelScale {
-    fn from(size: SizeArg) -> Self {
-        match size {
-            SizeArg::Small => ModelScale::Small,
-            SizeArg::Large => ModelScale::Large,
-        }
     }
 }
 
@@ -177,7 +162,7 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     strategy.safe_envelope = false;
     strategy.max_steps = args.max_steps as usize;
     strategy.dataset = dataset;
-    strategy.scale = args.size.into();
+    strategy.scale = args.size;
     let mut opts = CampaignOptions::default();
     opts.strategy = strategy;
     opts.budget = args.budget;

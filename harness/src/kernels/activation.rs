@@ -190,7 +190,7 @@ impl<A: Activation> CustomOp1 for Pointwise<A> {
         with_real!(s, T => {
             let x = slice::<T>(s, l)?;
             // Index loops, not iterator adaptors: those are functions of
-            // their own, compiled outside `wide`'s AVX2 build.
+            // their own, compiled outside `widest`'s build.
             let y = widest(#[inline(always)] || {
                 let mut y = vec![T::zero(); x.len()];
                 for i in 0..x.len() {

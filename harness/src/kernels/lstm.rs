@@ -68,7 +68,7 @@ struct LstmLayer {
 }
 
 impl LstmLayer {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn forward<T: Real>(&self, x: &[T], w: &[T], b: &[T], d: Sizes) -> Vec<T> {
         let Sizes {
             b: bsz,
@@ -169,7 +169,7 @@ struct LstmLayerGrad {
 }
 
 impl LstmLayerGrad {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn backward<T: Real>(&self, w: &[T], dhs: &[T], d: Sizes) -> Result<Vec<T>> {
         let Some(saved) = self.saved.get() else {
             candle_core::bail!("lstm layer: backward before forward");

@@ -374,8 +374,8 @@ pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
 
 /// Runs `f` compiled for the widest vectors the thread's build allows
 /// ([`Vectors::isa`]): 512-bit ones on a CPU with AVX-512, for the loops
-/// measured faster there (GELU, SwiGLU, RoPE, the softmaxes, attention,
-/// pooling, the LSTM and tanh RNN layers: docs/PERFORMANCE.md). The same bits as
+/// measured faster there (GELU, SwiGLU, RoPE, the softmaxes, pooling, the
+/// LSTM and tanh RNN layers: docs/PERFORMANCE.md). The same bits as
 /// [`wide`], for the same reasons.
 #[inline(always)]
 pub(crate) fn widest<R>(f: impl FnOnce() -> R) -> R {

@@ -110,7 +110,7 @@ fn windows<T: Real>(plane: &[T], h: usize, w: usize, mut f: impl FnMut(usize, us
 }
 
 impl<A: Activation> Pool<A> {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn forward<T: Real>(&self, x: &[T], (planes, h, w): (usize, usize, usize)) -> Vec<T> {
         let act = |[a, b, c, d]: [T; 4]| [A::value(a), A::value(b), A::value(c), A::value(d)];
         let (h2, w2) = (h / 2, w / 2);
@@ -208,7 +208,7 @@ struct PoolGrad<A> {
 }
 
 impl<A: Activation> PoolGrad<A> {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn compute<T: Real>(
         &self,
         x: &[T],

@@ -77,7 +77,7 @@ fn softmax_row<T: Real>(row: &[T], out: &mut [T]) {
     softmax_row_open(row, row.len(), out)
 }
 
-#[inline(always)] // into `wide`'s AVX2 build
+#[inline(always)] // into `widest`'s build
 fn softmax_rows<T: Real>(x: &[T], d: usize, causal: bool) -> Vec<T> {
     let mut y = vec![T::zero(); x.len()];
     for (r, (row, out)) in x.chunks_exact(d).zip(y.chunks_exact_mut(d)).enumerate() {
@@ -120,7 +120,7 @@ struct SoftmaxGrad {
     causal: bool,
 }
 
-#[inline(always)] // into `wide`'s AVX2 build
+#[inline(always)] // into `widest`'s build
 fn softmax_grad_rows<T: Real>(y: &[T], g: &[T], d: usize, causal: bool) -> Vec<T> {
     let mut dx = vec![T::zero(); y.len()];
     let rows = y
@@ -180,7 +180,7 @@ pub fn key_masked_softmax(scores: &Tensor, add: &Tensor) -> Result<Tensor> {
 
 struct KeyMaskedSoftmax;
 
-#[inline(always)] // into `wide`'s AVX2 build
+#[inline(always)] // into `widest`'s build
 fn key_masked_softmax_rows<T: Real>(x: &[T], add: &[T], d: usize) -> Vec<T> {
     let rows_per_batch = x.len() / add.len();
     let mut y = vec![T::zero(); x.len()];

@@ -43,7 +43,7 @@ struct TanhRnnLayer {
 }
 
 impl TanhRnnLayer {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn forward<T: Real>(&self, x: &[T], w: &[T], b: &[T], d: Sizes) -> Vec<T> {
         let Sizes {
             b: bsz,
@@ -124,7 +124,7 @@ struct TanhRnnLayerGrad {
 }
 
 impl TanhRnnLayerGrad {
-    #[inline(always)] // into `wide`'s AVX2 build
+    #[inline(always)] // into `widest`'s build
     fn backward<T: Real>(&self, w: &[T], hs: &[T], dhs: &[T], d: Sizes) -> Result<Vec<T>> {
         let Some(z) = self.z.get() else {
             candle_core::bail!("rnn layer: backward before forward");

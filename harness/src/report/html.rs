@@ -259,18 +259,13 @@ ul.legend li {{ margin: 0.15em 0; overflow-wrap: anywhere; }}
 code {{ font-size: 0.9em; word-break: break-all; }}
 </style></head><body>
 <h1>nanhunt stability report</h1>
-<p>Campaign seed {}, families {}, device {}, budget {}{}{}{}; nanhunt {}.</p>
+<p>Campaign seed {}, families {}, device {}, budget {}{}{}; nanhunt {}.</p>
 "#,
         h.seed,
         escape(&h.families.join(", ")),
         escape(&h.device),
         escape(&h.budget),
-        if h.clean_data { ", clean data" } else { "" },
-        if h.size.is_small() {
-            ""
-        } else {
-            ", large models"
-        },
+        h.drawn(),
         h.data
             .as_ref()
             .map_or(String::new(), |d| format!(", data {}", escape(d))),

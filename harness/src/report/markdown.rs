@@ -17,17 +17,12 @@ pub fn render(r: &StabilityReport) -> String {
     let _ = writeln!(s, "# nanhunt stability report\n");
     let _ = writeln!(
         s,
-        "Campaign seed {}, families {}, device {}, budget {}{}{}{}; nanhunt {}.\n",
+        "Campaign seed {}, families {}, device {}, budget {}{}{}; nanhunt {}.\n",
         h.seed,
         h.families.join(", "),
         h.device,
         h.budget,
-        if h.clean_data { ", clean data" } else { "" },
-        if h.size.is_small() {
-            ""
-        } else {
-            ", large models"
-        },
+        h.drawn(),
         h.data
             .as_ref()
             .map_or(String::new(), |d| format!(", data {d}")),

@@ -38,6 +38,21 @@ pub struct ReportHeader {
     pub size: ModelScale,
 }
 
+impl ReportHeader {
+    /// What the campaign drew, beside the default, as the headers print
+    /// it after the budget (", clean data, large models"; empty for the
+    /// default draws).
+    pub(crate) fn drawn(&self) -> String {
+        let clean = if self.clean_data { ", clean data" } else { "" };
+        let large = if self.size.is_small() {
+            ""
+        } else {
+            ", large models"
+        };
+        format!("{clean}{large}")
+    }
+}
+
 /// Run counts by verdict.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
