@@ -10,6 +10,7 @@
 //! taken) is offered only where that op is in the same function.
 
 use super::OpSite;
+use crate::spec::HalfType;
 use serde::{Deserialize, Serialize};
 
 /// What replaces an op's expression.
@@ -82,6 +83,23 @@ pub enum RewriteForm {
         /// Whether it is kept.
         keepdim: bool,
     },
+    /// An op of a region of half-precision code computed in f32: a value
+    /// past the half dtype's range (a sum of squares of values in the
+    /// hundreds) kept in f32 from the op that overflowed to the first ops
+    /// whose values fit the dtype again, cast back there. The region's
+    /// entry is the rewrite, the ops after it its [`Rewrite::with`].
+    Widened {
+        /// Which operands (bit k: operand k, receiver first) are half
+        /// precision and cast up: every tensor of the entry, those of
+        /// the other ops that no op of the region made.
+        cast: u8,
+        /// The output cast back to this dtype: the region ends here.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        back: Option<HalfType>,
+        /// The region's first op.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        entry: bool,
+    },
 }
 
 /// A rewrite of the op at `site`.
@@ -100,9 +118,26 @@ pub struct Rewrite {
     /// scope): the name a `let` of the line's function bound it to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
+    /// The other ops the same repair rewrites, where it is more than one
+    /// op's (the ops of a region computed in f32 after its entry).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<Rewrite>,
 }
 
 impl Rewrite {
+    /// This rewrite's ops: itself, then those it rewrites [`Rewrite::with`].
+    pub fn parts(&self) -> impl Iterator<Item = &Rewrite> {
+        std::iter::once(self).chain(self.with.iter())
+    }
+
+    /// Whether the code is the op's own (an op of a region whose
+    /// operands are all the region's: its line is not edited).
+    fn unchanged(&self) -> bool {
+        let squeeze = |t: &str| t.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+        self.code()
+            .is_some_and(|c| squeeze(&c) == squeeze(&self.site.text))
+    }
+
     /// The expression that replaces the op's (`site.text`), or `None`
     /// when the operands' text is not on record.
     pub fn code(&self) -> Option<String> {
@@ -210,6 +245,7 @@ impl Rewrite {
                     format!("{x}.broadcast_sub(&{x}.mean_keepdim({dim})?)?.sqr()?.{mean}({dim})")
                 })
             }
+            RewriteForm::Widened { cast, back, .. } => return widened_code(s, cast, back, method),
         };
         Some(code)
     }
@@ -262,7 +298,32 @@ impl Rewrite {
                 format!("both operands clamped into ±{}", lit(limit))
             }
             RewriteForm::BiasedVariance { .. } => "the biased variance (0 over one value)".into(),
+            RewriteForm::Widened { entry: true, .. } => self.region_words(),
+            RewriteForm::Widened { back: Some(h), .. } => {
+                format!("computed in f32, cast back to {}", h.dtype().as_str())
+            }
+            RewriteForm::Widened { .. } => "computed in f32".into(),
         }
+    }
+
+    /// A region's entry in words: where it ends, cast back.
+    fn region_words(&self) -> String {
+        let exits: Vec<String> = self
+            .parts()
+            .filter_map(|r| match r.form {
+                RewriteForm::Widened { back: Some(h), .. } => Some(format!(
+                    "`{}` ({})",
+                    r.site.short_text(40),
+                    h.dtype().as_str()
+                )),
+                _ => None,
+            })
+            .collect();
+        format!(
+            "computed in f32 from here, with the {} ops after it that read its values, cast back at {}",
+            self.with.len(),
+            exits.join(" and ")
+        )
     }
 
     /// The diff of the op's source line, read from `site.file` (relative
@@ -273,13 +334,12 @@ impl Rewrite {
         let code = self.code()?;
         let s = &self.site;
         let line = source_line(&s.file, s.line);
-        let (before, after, whole_line) = match line.as_deref().and_then(|l| locate(l, &s.text)) {
-            Some((a, b)) => {
-                let l = line.as_deref().unwrap_or_default();
-                let after = format!("{}{code}{}", &l[..a], &l[b..]);
+        let edited = line.as_deref().and_then(|l| edit(l, &s.text, &code));
+        let (before, after, whole_line) = match (line, edited) {
+            (Some(l), Some(after)) => {
                 (l.trim_end().to_string(), after.trim_end().to_string(), true)
             }
-            None => (s.text.clone(), code, false),
+            _ => (s.text.clone(), code, false),
         };
         Some(LineDiff {
             file: s.file.clone(),
@@ -296,7 +356,11 @@ impl Rewrite {
 /// each finds its expression where the line holds it).
 pub fn line_diffs(rewrites: &[Rewrite]) -> Vec<LineDiff> {
     let mut out: Vec<LineDiff> = Vec::new();
-    let mut sorted: Vec<&Rewrite> = rewrites.iter().collect();
+    let mut sorted: Vec<&Rewrite> = rewrites
+        .iter()
+        .flat_map(Rewrite::parts)
+        .filter(|r| !r.unchanged())
+        .collect();
     sorted.sort_by_key(|r| std::cmp::Reverse(r.site.column));
     for r in sorted {
         let Some(d) = r.diff() else {
@@ -308,8 +372,8 @@ pub fn line_diffs(rewrites: &[Rewrite]) -> Vec<LineDiff> {
             Some(o) => {
                 // Apply this rewrite to the line as the others left it.
                 let code = r.code().unwrap_or_default();
-                if let Some((a, b)) = locate(&o.after, &r.site.text) {
-                    o.after = format!("{}{code}{}", &o.after[..a], &o.after[b..]);
+                if let Some(after) = edit(&o.after, &r.site.text, &code) {
+                    o.after = after;
                 }
             }
             None => out.push(d),
@@ -427,6 +491,74 @@ fn bound(x: &str, body: impl Fn(&str) -> String) -> String {
     }
 }
 
+/// `line` with op text `text` replaced by `code`; where the text spans
+/// lines (a method chain), its tail after what the code keeps of it (the
+/// receiver) replaced by the code's, where that tail is on the line once.
+fn edit(line: &str, text: &str, code: &str) -> Option<String> {
+    if let Some((a, b)) = locate(line, text) {
+        return Some(format!("{}{code}{}", &line[..a], &line[b..]));
+    }
+    let kept = text
+        .char_indices()
+        .zip(code.chars())
+        .find(|((_, t), c)| t != c)
+        .map(|((i, _), _)| i)?;
+    let (tail, new_tail) = (&text[kept..], &code[kept..]);
+    let (a, b) = locate(line, tail)?;
+    if tail.is_empty() || locate(&line[b..], tail).is_some() {
+        return None;
+    }
+    Some(format!("{}{new_tail}{}", &line[..a], &line[b..]))
+}
+
+/// `x` (an operand's text) read in f32: `x.to_dtype(F32)?`, borrowed
+/// again where it was borrowed.
+fn in_f32(x: &str) -> String {
+    const UP: &str = ".to_dtype(candle_core::DType::F32)?";
+    match x.strip_prefix('&') {
+        Some(rest) => format!("&{}{UP}", receiver(rest)),
+        None => format!("{}{UP}", receiver(x)),
+    }
+}
+
+/// The code of an op of a region computed in f32: the operands of
+/// `cast` cast up, the output cast back to `back`.
+fn widened_code(s: &OpSite, cast: u8, back: Option<HalfType>, method: bool) -> Option<String> {
+    let ops = &s.operands;
+    let up = |k: usize| match cast & (1 << k) != 0 {
+        true => in_f32(&ops[k]),
+        false => ops[k].clone(),
+    };
+    let args = |from: usize| (from..ops.len()).map(up).collect::<Vec<_>>().join(", ");
+    let operator = matches!(s.op.as_str(), "+" | "-" | "*" | "/") && ops.len() == 2;
+    let body = if operator {
+        format!("{} {} {}", up(0), s.op, up(1))
+    } else if method {
+        let recv = match cast & 1 != 0 {
+            true => in_f32(ops.first()?.trim_start_matches('&')),
+            false => receiver(ops.first()?),
+        };
+        format!("{recv}.{}({})", s.op, args(1))
+    } else {
+        let head = s.text.strip_suffix(')')?;
+        let at = head.rfind(&format!("{}(", s.op))?;
+        format!("{}{}({})", &s.text[..at], s.op, args(0))
+    };
+    Some(match back {
+        Some(h) if operator => format!("({body})?.to_dtype(candle_core::DType::{})", dtype_name(h)),
+        Some(h) => format!("{body}?.to_dtype(candle_core::DType::{})", dtype_name(h)),
+        None => body,
+    })
+}
+
+/// A half dtype as candle's `DType` variant names it.
+fn dtype_name(h: HalfType) -> &'static str {
+    match h {
+        HalfType::F16 => "F16",
+        HalfType::Bf16 => "BF16",
+    }
+}
+
 /// The byte range of `line` that holds `text`, spacing aside.
 fn locate(line: &str, text: &str) -> Option<(usize, usize)> {
     let want: Vec<char> = text.chars().filter(|c| !c.is_whitespace()).collect();
@@ -488,6 +620,7 @@ mod tests {
             form,
             from: Some(softmax.clone()),
             input: None,
+            with: Vec::new(),
         };
         assert_eq!(
             r(&log, RewriteForm::LogSoftmax).code().unwrap(),
@@ -517,6 +650,7 @@ mod tests {
             form: RewriteForm::NegSoftplus,
             from: Some(sigmoid),
             input: None,
+            with: Vec::new(),
         };
         assert_eq!(
             neg_softplus.code().unwrap(),
@@ -586,6 +720,50 @@ mod tests {
     }
 
     #[test]
+    fn a_region_in_f32_casts_its_half_operands_up_and_its_ends_back() {
+        let w = |site: &OpSite, cast, back| Rewrite {
+            site: site.clone(),
+            form: RewriteForm::Widened {
+                cast,
+                back,
+                entry: false,
+            },
+            from: None,
+            input: None,
+            with: Vec::new(),
+        };
+        let recv = "h.broadcast_sub(&h.mean_keepdim(0)?)?";
+        let sqr = site(&format!("{recv}.sqr()"), "sqr", &[recv], OpKind::Mul);
+        let up = format!("{recv}.to_dtype(candle_core::DType::F32)?.sqr()");
+        assert_eq!(w(&sqr, 1, None).code().unwrap(), up);
+        let div = site(
+            "h.broadcast_div(&r)",
+            "broadcast_div",
+            &["h", "&r"],
+            OpKind::Div,
+        );
+        assert_eq!(
+            w(&div, 0b11, Some(HalfType::F16)).code().unwrap(),
+            "h.to_dtype(candle_core::DType::F32)?.broadcast_div(&r.to_dtype(candle_core::DType::F32)?)?.to_dtype(candle_core::DType::F16)"
+        );
+        let add = site("d + 1.0", "+", &["d", "1.0"], OpKind::Add);
+        assert_eq!(
+            w(&add, 0, Some(HalfType::Bf16)).code().unwrap(),
+            "(d + 1.0)?.to_dtype(candle_core::DType::BF16)"
+        );
+        // An op of the region whose operands are all the region's leaves
+        // its line as it is.
+        assert!(w(&add, 0, None).unchanged());
+        // A chain over lines: its tail on the op's line is edited, where
+        // the line holds that tail once.
+        assert_eq!(
+            edit("        .sqr()? // a comment", &sqr.text, &up).as_deref(),
+            Some("        .to_dtype(candle_core::DType::F32)?.sqr()? // a comment")
+        );
+        assert_eq!(edit("        .sqr()?.sqr()?", &sqr.text, &up), None);
+    }
+
+    #[test]
     fn the_line_keeps_everything_but_the_expression() {
         assert_eq!(
             locate("    let y = (p . log()?)?;", "p.log()"),
@@ -603,6 +781,7 @@ mod tests {
             form: RewriteForm::OperandPlusEps { eps: 1e-8 },
             from: None,
             input: None,
+            with: Vec::new(),
         }
         .diff()
         .unwrap();

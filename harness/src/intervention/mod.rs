@@ -17,8 +17,9 @@
 
 pub mod rewrite;
 pub mod substitute;
+pub mod widen;
 
-use crate::finding::{OpSite, Rewrite, Substitute};
+use crate::finding::{OpSite, Rewrite, RewriteForm, Substitute};
 use crate::instrument::Operand;
 use crate::spec::HalfType;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
@@ -140,13 +141,15 @@ impl Intervention {
     /// The tensor an instrumented op at `site` hands on: its rewrite, or
     /// its guard where this intervention guards that op or the op it
     /// read. `inputs` are what it read; `read` keeps the operand of the
-    /// op a rewrite reads from, between that op and the rewritten one.
+    /// op a rewrite reads from, between that op and the rewritten one;
+    /// `wide` the f32 values of a region computed in f32, between its ops.
     pub fn apply_op(
         &self,
         site: &OpSite,
         inputs: &[Operand],
         t: Tensor,
         read: &RefCell<Option<Tensor>>,
+        wide: &RefCell<widen::Wide>,
     ) -> Result<Tensor> {
         let same = |s: &Option<OpSite>| {
             s.as_ref().is_some_and(|s| {
@@ -154,12 +157,16 @@ impl Intervention {
             })
         };
         if !self.rewrites.is_empty() {
-            if self.rewrites.iter().any(|r| same(&r.from)) {
+            let parts = || self.rewrites.iter().flat_map(Rewrite::parts);
+            if parts().any(|r| same(&r.from)) {
                 *read.borrow_mut() = Operand::tensors(inputs).next().cloned();
             }
-            let Some(r) = self.rewrites.iter().find(|r| same(&Some(r.site.clone()))) else {
+            let Some(r) = parts().find(|r| same(&Some(r.site.clone()))) else {
                 return Ok(t);
             };
+            if let RewriteForm::Widened { back, entry, .. } = r.form {
+                return widen::apply(site, inputs, &t, back, entry, wide);
+            }
             let from = read.borrow().clone();
             return rewrite::rewritten(r.form, &site.op, inputs, from.as_ref(), &t);
         }

@@ -60,6 +60,9 @@ pub fn rewritten(
                 .broadcast_add(&b.clamp(-limit, limit)?)?,
             _ => bail!("no rewrite of `{op}` with its operands clamped"),
         },
+        RewriteForm::Widened { .. } => {
+            bail!("an op of a region computed in f32 is computed by `widen::apply`")
+        }
         RewriteForm::BiasedVariance { dim, keepdim } => {
             let v = x.broadcast_sub(&x.mean_keepdim(dim)?)?.sqr()?;
             match keepdim {

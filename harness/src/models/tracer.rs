@@ -38,6 +38,9 @@ pub struct Tracer {
     /// What the intervention's stage read, kept between the two records
     /// for a repair that recomputes the stage (shared by the clones).
     read: Rc<RefCell<Option<Tensor>>>,
+    /// The f32 values of a region of code the intervention computes in
+    /// f32, between its ops (shared by the clones).
+    wide: Rc<RefCell<crate::intervention::widen::Wide>>,
     /// The optimizer's update has begun (shared by the clones): its ops
     /// are not the model's, and half-precision storage leaves them alone.
     updating: Rc<std::cell::Cell<bool>>,
@@ -292,7 +295,7 @@ impl Tracer {
         };
         let guarded = |t: Tensor| match (&self.intervention, t.dtype().is_float()) {
             (Some(iv), true) => {
-                let t = iv.apply_op(&op_site, &inputs, t, &self.read)?;
+                let t = iv.apply_op(&op_site, &inputs, t, &self.read, &self.wide)?;
                 match storage {
                     Some(half) => t.to_dtype(half.dtype())?.to_dtype(t.dtype()),
                     None => Ok(t),

@@ -35,6 +35,7 @@ mod sqrt;
 mod sum;
 mod variance;
 pub mod walk;
+mod widen;
 
 use crate::error::Result;
 use crate::finding::{Explanation, OpKind, Pattern};

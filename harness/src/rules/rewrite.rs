@@ -9,7 +9,8 @@
 //! `log_sum_exp`, any other overflowing exp a capped one; a constant cast past a half
 //! dtype's range is clamped to a finite mask value first; infinities that
 //! cancel are clamped to finite values that do; a variance of one value
-//! becomes the biased one. Where none fits (or the code cannot
+//! becomes the biased one; a value past a half dtype's range is computed
+//! in f32 from its op to where the values fit again. Where none fits (or the code cannot
 //! be written from the operands' text), the explanation's repair in words
 //! stands alone.
 
@@ -54,6 +55,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                     form: F::LogSoftmax,
                     from: Some(site.clone()),
                     input: None,
+                    with: Vec::new(),
                 };
                 return Ok(rewrite.code().is_some().then_some(rewrite));
             }
@@ -75,6 +77,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                     },
                     from: None,
                     input: None,
+                    with: Vec::new(),
                 };
                 return Ok(rewrite.code().is_some().then_some(rewrite));
             };
@@ -83,6 +86,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
                 form,
                 from: Some(site.clone()),
                 input: None,
+                with: Vec::new(),
             };
             return Ok(rewrite.code().is_some().then_some(rewrite));
         }
@@ -92,6 +96,8 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
         (K::Sub | K::Add, P::InfMinusInf) => F::FiniteOperands {
             limit: -mask_fill(dtype),
         },
+        // A value past a half dtype's range: the region computed in f32.
+        (_, P::AccumulationOverflow) => return super::widen::region(cx, i),
         (K::Variance, P::VarianceOfOneValue) => {
             let Some(dim) = site.operands.get(1).and_then(|d| d.parse().ok()) else {
                 return Ok(None);
@@ -108,6 +114,7 @@ pub fn choose(cx: &Cx, i: usize, e: &Explanation) -> Result<Option<Rewrite>> {
         form,
         from,
         input: None,
+        with: Vec::new(),
     };
     Ok(rewrite.code().is_some().then_some(rewrite))
 }
@@ -179,6 +186,7 @@ fn neg_softplus(cx: &Cx, i: usize) -> Result<Option<Rewrite>> {
         form: RewriteForm::NegSoftplus,
         from: Some(from_site.clone()),
         input,
+        with: Vec::new(),
     };
     Ok(rewrite.code().is_some().then_some(rewrite))
 }

@@ -225,11 +225,7 @@ fn fix_of(
         changes: Vec::new(),
         verified: matches!(outcome, Ok(Outcome::Stable { .. })),
         result: outcome_text(ctx, &outcome),
-        diffs: intervention
-            .rewrites
-            .iter()
-            .filter_map(|r| r.diff())
-            .collect(),
+        diffs: crate::finding::line_diffs(&intervention.rewrites),
         learning: outcome
             .as_ref()
             .ok()
