@@ -1,6 +1,6 @@
 //! Bugs nobody in the other suites has, each a whole statement that
 //! composes several ops, written with `#[nanhunt::instrument]` and nothing
-//! declared: four inside custom losses, three in half precision, three
+//! declared: four inside custom losses, four in half precision, three
 //! that fire only in the backward pass, four latent (their training data never
 //! fires them: the hunt must). Each must be named at its op and line and
 //! explained; each fixed version gives no finding and no trigger.
@@ -143,6 +143,15 @@ fn centroid_distance_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
 // The repair as nanhunt writes it: the squares in f32 from the op that
 // passed f16's range, cast back where the values fit again (the root and
 // the log of the distance).
+#[nanhunt::instrument]
+#[rustfmt::skip]
+fn scores_attention_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let scores = h.to_dtype(candle_core::DType::F32)?.matmul(&h.t()?.to_dtype(candle_core::DType::F32)?)?; // REWRITE: scores
+    let w = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(candle_core::DType::F16)?; // REWRITE: scores
+    n.fc2.forward(&w.matmul(&h)?)
+}
+
 #[nanhunt::instrument]
 #[rustfmt::skip]
 fn centroid_distance_rewritten(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -414,6 +423,27 @@ fn gate_off_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
     n.fc2.forward(&(off / 8.0)?)
 }
 
+// 19. Attention scores by hand, h·hᵀ, in f16 on inputs of ~50
+// (activations up to ~300): a score sums 16 products past 65504.
+#[nanhunt::instrument]
+fn scores_attention(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    let scores = h.matmul(&h.t()?)?; // BUG: scores
+    let w = candle_nn::ops::softmax(&scores, D::Minus1)?;
+    n.fc2.forward(&w.matmul(&h)?)
+}
+
+#[nanhunt::instrument]
+fn scores_attention_fixed(n: &Net, x: &Tensor) -> candle_core::Result<Tensor> {
+    let h = n.fc1.forward(x)?;
+    // The scores and their softmax in f32; the weights, in [0, 1], back
+    // in f16.
+    let h32 = h.to_dtype(DType::F32)?;
+    let scores = h32.matmul(&h32.t()?)?; // FIX: scores
+    let w = candle_nn::ops::softmax(&scores, D::Minus1)?.to_dtype(h.dtype())?;
+    n.fc2.forward(&w.matmul(&h)?)
+}
+
 // Where a bug's fix by hand is not at its line (another constant given
 // to its function, a computation moved to f32), its code as diagnose's
 // rewrite edits it, line for line (`// REWRITE: <marker>`): it must
@@ -681,6 +711,23 @@ fn suite() -> Vec<Bug> {
             )
         },
         Bug {
+            shape: Shape { hidden: 16, ..MLP },
+            ..at_rate(
+                bug(
+                    scaled(half(vector("scores")), 50.0),
+                    (scores_attention, scores_attention_fixed),
+                    want(
+                        F,
+                        K::Matmul,
+                        "scores",
+                        P::AccumulationOverflow,
+                        "past f16's largest value",
+                    ),
+                ),
+                0.01,
+            )
+        },
+        Bug {
             shape: Shape { head_in: 4, ..MLP },
             ..bug(
                 half(vector("half_mask")),
@@ -827,6 +874,7 @@ fn rewritten(marker: &str) -> Option<Written> {
         "gaussian" => return Some(Written::Loss(gaussian_nll_rewritten)),
         "soft_argmax" => soft_argmax_rewritten,
         "centroid" => centroid_distance_rewritten,
+        "scores" => scores_attention_rewritten,
         "half_mask" => half_mask_rewritten,
         "harmonic" => harmonic_pool_rewritten,
         "masked_lse" => masked_lse_rewritten,
@@ -1044,7 +1092,7 @@ fn misrepaired(b: &Bug) -> Option<String> {
 fn composed_bugs_are_repaired_by_a_rewrite_of_their_line_that_trains_and_the_latent_ones_from_their_reproducer(
 ) {
     let bugs = suite();
-    assert!(bugs.len() >= 18, "{}", bugs.len());
+    assert!(bugs.len() >= 19, "{}", bugs.len());
     assert!(bugs.iter().filter(|b| b.latent).count() >= 4);
     let failures: Vec<String> = bugs.iter().filter_map(misrepaired).collect();
     all_hold("composed bugs' repairs", bugs.len(), failures);
