@@ -97,6 +97,11 @@ pub fn recompute(site: &OpSite, inputs: &[Operand], out: &[usize]) -> Result<Ten
         ([Operand::Tensor(_), Operand::Tensor(_)], [a, b]) => binary(op, a, b)?,
         ([Operand::Tensor(x), Operand::Scalar(s)], _) => with_scalar(op, x, *s, false)?,
         ([Operand::Scalar(s), Operand::Tensor(x)], _) => with_scalar(op, x, *s, true)?,
+        ([Operand::Tensor(_), Operand::Tensor(_), Operand::Tensor(_)], [m, a, b])
+            if op == "where_cond" =>
+        {
+            m.where_cond(a, b)?
+        }
         ([Operand::Tensor(x), Operand::Scalar(a), Operand::Scalar(b)], _) => match op {
             "affine" => x.affine(*a, *b)?,
             "clamp" => x.clamp(*a, *b)?,
@@ -152,6 +157,16 @@ fn unary(site: &OpSite, x: &Tensor, out: &[usize]) -> Result<Tensor> {
         "broadcast_as" | "expand" | "broadcast_left" => x.broadcast_as(out)?,
         "contiguous" => x.contiguous()?,
         "t" => x.t()?,
+        "transpose" => {
+            let dims: Vec<usize> = site.operands[1..]
+                .iter()
+                .filter_map(|d| d.parse().ok())
+                .collect();
+            match dims.as_slice() {
+                [a, b] => x.transpose(*a, *b)?,
+                _ => bail!("`transpose`'s dimensions are not read from `{}`", site.text),
+            }
+        }
         op => bail!("`{op}` is not computed again in f32"),
     })
 }
@@ -269,6 +284,20 @@ mod tests {
         let inputs = [Operand::Scalar(1.0), Operand::Tensor(x.clone())];
         let y = recompute(&site("-", &["1.0", "x"]), &inputs, &[2, 2]).unwrap();
         assert_eq!(y.to_vec2::<f32>().unwrap()[0], [-299.0, 201.0]);
+        // A select between two tensors by a mask, and a transpose by its
+        // written dimensions.
+        let mask = Tensor::new(&[[1u8, 0], [0, 1]], &Device::Cpu).unwrap();
+        let inputs = [
+            Operand::Tensor(mask),
+            Operand::Tensor(x.clone()),
+            Operand::Tensor(sq.clone()),
+        ];
+        let s = site("where_cond", &["mask", "&x", "&sq"]);
+        let y = recompute(&s, &inputs, &[2, 2]).unwrap();
+        assert_eq!(y.to_vec2::<f32>().unwrap()[0], [300.0, 40000.0]);
+        let s = site("transpose", &["x", "0", "1"]);
+        let y = recompute(&s, &[Operand::Tensor(x.clone())], &[2, 2]).unwrap();
+        assert_eq!(y.to_vec2::<f32>().unwrap()[0], [300.0, 100.0]);
         // What cannot be computed again says so.
         let err = recompute(&site("forward", &["x"]), &[Operand::Tensor(x)], &[2, 2]);
         assert!(err.is_err());
