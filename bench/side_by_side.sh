@@ -18,7 +18,7 @@
 #
 #   bench/side_by_side.sh [STEPS] [ROUNDS]   (PYTHON: a python with torch; default python3;
 #                                             CHUNKS, default 30; CHUNK_STEPS, default 10;
-#                                             FEATURES=avx512-gemm: gemm's AVX-512 products)
+#                                             FEATURES: cargo features of the bench build)
 #
 # PyTorch is not a dependency of the project or of CI (`pip install torch`
 # from PyPI brings CUDA wheels, about 3 GB); install it where you run this.

@@ -53,6 +53,21 @@ pub(crate) fn matmul<T: Real>(
 /// `dst` whose rows are `dst_rs` elements apart (one head's columns of a
 /// (S, D) matrix, say).
 pub(crate) fn matmul_strided<T: Real>(
+    dims: (usize, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    dst: &mut [T],
+    dst_rs: usize,
+    accumulate: bool,
+    scale: T,
+) {
+    strided_on(build, dims, a, b, dst, dst_rs, accumulate, scale)
+}
+
+/// [`matmul_strided`] on the builds `pick` chooses per product.
+#[allow(clippy::too_many_arguments)]
+fn strided_on<T: Real>(
+    pick: impl Fn((usize, usize, usize), &Mat<T>, &Mat<T>) -> Build,
     (m, n, k): (usize, usize, usize),
     a: Mat<T>,
     b: Mat<T>,
@@ -97,29 +112,163 @@ pub(crate) fn matmul_strided<T: Real>(
         // apart, n wide), and the three buffers do not alias (`dst` is
         // borrowed mutably).
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                kk,
+            product(
+                pick((m, n, kk), &a, &b),
+                (m, n, kk),
                 dst.as_mut_ptr(),
-                1,
-                dst_rs as isize,
+                dst_rs,
                 accumulate || i > 0,
-                a.data.as_ptr().add(k0 * a.cs),
-                a.cs as isize,
-                a.rs as isize,
-                b.data.as_ptr().add(k0 * b.rs),
-                b.cs as isize,
-                b.rs as isize,
-                T::one(),
+                (a.data.as_ptr().add(k0 * a.cs), a.cs, a.rs),
+                (b.data.as_ptr().add(k0 * b.rs), b.cs, b.rs),
                 scale,
-                false,
-                false,
-                false,
                 parallelism,
             )
         }
     }
+}
+
+/// Which of gemm's builds computes a product.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Build {
+    /// gemm's own choice for the CPU (AVX2 and FMA, or the baseline;
+    /// AVX-512 with the `avx512-gemm` feature).
+    Dispatch,
+    /// The AVX2 and FMA build.
+    #[cfg(feature = "avx512-gemm")]
+    Fma,
+    /// The AVX-512 build.
+    #[cfg(feature = "avx512-gemm")]
+    Avx512,
+}
+
+/// The build a product takes. With the `avx512-gemm` feature on a CPU
+/// with AVX-512F, gemm's general path (its microkernels tile m and n and
+/// sum each element's terms in k order, whatever the vector width) runs
+/// on AVX-512; its small-dimension paths, whose sums run along k in
+/// vectors of the build's width — a matrix-vector product, a product of
+/// at most 16×16 outputs whose right operand is stored transposed (a
+/// classifier head's), k of 1 or 2 — stay on the AVX2 build. So the bits
+/// are those of a CPU without AVX-512 (tested below).
+fn build<T>((m, n, k): (usize, usize, usize), a: &Mat<T>, b: &Mat<T>) -> Build {
+    #[cfg(feature = "avx512-gemm")]
+    if super::gemm_isa() == super::VectorIsa::Avx512 {
+        let horizontal = a.cs == 1 && b.rs == 1 && m * n <= 16 * 16;
+        let general = k > 2 && m > 1 && n > 1 && !horizontal;
+        return if general { Build::Avx512 } else { Build::Fma };
+    }
+    let _ = (m, n, k, a, b);
+    Build::Dispatch
+}
+
+/// `dst = scale · a · b` (`+=` where `accumulate`) by `build`; `a` and
+/// `b` are (pointer, column stride, row stride).
+///
+/// # Safety
+/// The pointers bound every element an (m×k)·(k×n) product with these
+/// strides reads and writes, and `dst` aliases neither operand.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product<T: Real>(
+    build: Build,
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    dst_rs: usize,
+    accumulate: bool,
+    (a, a_cs, a_rs): (*const T, usize, usize),
+    (b, b_cs, b_rs): (*const T, usize, usize),
+    scale: T,
+    parallelism: Parallelism,
+) {
+    #[cfg(feature = "avx512-gemm")]
+    {
+        // As `gemm::gemm` hands a product to a build: transposed where the
+        // destination's rows are longer than 1 (its microkernels prefer
+        // columns), so that a build's bits are those `gemm::gemm` gives.
+        let (mm, nn, d_cs, d_rs, l, l_cs, l_rs, r, r_cs, r_rs) = match dst_rs > 1 {
+            true => (n, m, dst_rs, 1, b, b_rs, b_cs, a, a_rs, a_cs),
+            false => (m, n, 1, dst_rs, a, a_cs, a_rs, b, b_cs, b_rs),
+        };
+        // A build's `gemm_basic`, as gemm's `__inject_mod` writes it: the
+        // generic driver with that build's microkernels (gemm keeps the
+        // per-build entry points private; their parts are public).
+        macro_rules! call {
+            ($krate:ident, $module:ident, $t:ident, $n:expr, $simd:ident) => {{
+                use gemm_common::simd::MixedSimd;
+                use $krate::microkernel::$module::$t::{H_M, H_N, H_UKR, MR_DIV_N, NR, UKR};
+                gemm_common::gemm::gemm_basic_generic::<
+                    _,
+                    $t,
+                    { $n },
+                    { MR_DIV_N * $n },
+                    NR,
+                    MR_DIV_N,
+                    H_M,
+                    H_N,
+                >(
+                    <gemm_common::simd::$simd as MixedSimd<$t, $t, $t, $t>>::try_new()
+                        .expect("the CPU has the build's instructions"),
+                    mm,
+                    nn,
+                    k,
+                    dst as *mut $t,
+                    d_cs as isize,
+                    d_rs as isize,
+                    accumulate,
+                    l as *const $t,
+                    l_cs as isize,
+                    l_rs as isize,
+                    r as *const $t,
+                    r_cs as isize,
+                    r_rs as isize,
+                    1.0,
+                    // `T` is `$t` here (the match below).
+                    *(&scale as *const T as *const $t),
+                    false,
+                    false,
+                    false,
+                    |a, b, c| a * b + c,
+                    &UKR,
+                    &H_UKR,
+                    false,
+                    parallelism,
+                )
+            }};
+        }
+        use std::any::TypeId;
+        let f32_ = TypeId::of::<T>() == TypeId::of::<f32>();
+        let f64_ = TypeId::of::<T>() == TypeId::of::<f64>();
+        // The vector widths and instruction sets of gemm's builds
+        // (`gemm_def!(f32, 2)`, `gemm_def!(f64, 1)`: 4 and 8 lanes times
+        // that multiplier, on pulp's V3 and V4).
+        match (build, f32_, f64_) {
+            (Build::Fma, true, _) => return call!(gemm_f32, fma, f32, 8, V3),
+            (Build::Avx512, true, _) => return call!(gemm_f32, avx512f, f32, 16, V4),
+            (Build::Fma, _, true) => return call!(gemm_f64, fma, f64, 4, V3),
+            (Build::Avx512, _, true) => return call!(gemm_f64, avx512f, f64, 8, V4),
+            _ => {}
+        }
+    }
+    let _ = build;
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        accumulate,
+        a,
+        a_cs as isize,
+        a_rs as isize,
+        b,
+        b_cs as isize,
+        b_rs as isize,
+        T::one(),
+        scale,
+        false,
+        false,
+        false,
+        parallelism,
+    )
 }
 
 /// The most terms of the inner dimension one gemm call sums. gemm splits
@@ -138,6 +287,61 @@ mod tests {
     fn filled(len: usize, seed: u64) -> Vec<f32> {
         let mut rng = crate::rng::Rng::new(seed);
         (0..len).map(|_| rng.uniform_in(-1.0, 1.0) as f32).collect()
+    }
+
+    /// The AVX-512 build's products, where it takes them, have the bits
+    /// of the AVX2 build's: every shape of a grid (dimensions of one, of
+    /// a vector's width and past it, k past a block), every layout of the
+    /// operands, with and without accumulating.
+    #[cfg(feature = "avx512-gemm")]
+    #[test]
+    fn every_product_has_the_bits_of_the_avx2_build() {
+        if super::super::gemm_isa() != super::super::VectorIsa::Avx512 {
+            eprintln!("no AVX-512 on this CPU: every product is the AVX2 build's");
+            return;
+        }
+        let dims = [1, 2, 3, 7, 16, 17, 33, 100, 300];
+        let mut compared = 0;
+        for (&m, &n, &k) in grid(&dims, &dims, &[1, 2, 3, 17, 100, 513, 1100]) {
+            let (a, b) = (filled(m * k, 3), filled(k * n, 4));
+            let start = filled(m * n, 5);
+            for (a_t, b_t, acc) in (0..8).map(|i| (i & 1 != 0, i & 2 != 0, i & 4 != 0)) {
+                let am = if a_t {
+                    Mat::transposed(&a, m)
+                } else {
+                    Mat::rows(&a, k)
+                };
+                let bm = if b_t {
+                    Mat::transposed(&b, k)
+                } else {
+                    Mat::rows(&b, n)
+                };
+                let (mut routed, mut avx2) = (start.clone(), start.clone());
+                strided_on(build, (m, n, k), am, bm, &mut routed, n, acc, 0.5);
+                let fma = |_: (usize, usize, usize), _: &Mat<f32>, _: &Mat<f32>| Build::Fma;
+                strided_on(fma, (m, n, k), am, bm, &mut avx2, n, acc, 0.5);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&routed),
+                    bits(&avx2),
+                    "{m}×{k}·{k}×{n} {a_t} {b_t} {acc}"
+                );
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, 9 * 9 * 7 * 8);
+    }
+
+    #[cfg(feature = "avx512-gemm")]
+    fn grid<'a>(
+        ms: &'a [usize],
+        ns: &'a [usize],
+        ks: &'a [usize],
+    ) -> impl Iterator<Item = (&'a usize, &'a usize, &'a usize)> {
+        ms.iter().flat_map(move |m| {
+            ns.iter()
+                .flat_map(move |n| ks.iter().map(move |k| (m, n, k)))
+        })
     }
 
     #[test]

@@ -335,9 +335,11 @@ pub(crate) fn lane_max<T: Real>(n: usize, f: impl Fn(usize) -> T) -> T {
 }
 
 /// The instruction set candle's matrix products (the `gemm` crate) run on
-/// here: AVX-512 only in a build with the `avx512-gemm` feature, on a CPU
-/// with AVX-512F; else AVX2 with FMA where the CPU has it. Unlike the
-/// fused kernels' builds, the choice is made once for the process.
+/// here: AVX-512 in a build with the `avx512-gemm` feature (the default),
+/// on a CPU with AVX-512F; else AVX2 with FMA where the CPU has it. The
+/// fused kernels' products take it only on gemm's general path, whose
+/// bits are the AVX2 build's (`kernels/gemm.rs`). Unlike the fused
+/// kernels' builds, the choice is made once for the process.
 pub fn gemm_isa() -> VectorIsa {
     #[cfg(target_arch = "x86_64")]
     {

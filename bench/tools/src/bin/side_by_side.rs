@@ -125,7 +125,13 @@ fn main() -> anyhow::Result<()> {
         // What this binary's kernels run on, for the table's header.
         let kernels = nanhunt::kernels::Vectors::Widest.isa().name();
         let gemm = nanhunt::kernels::gemm_isa().name();
-        println!("nanhunt builds: fused kernels {kernels}, matrix products (gemm) {gemm}");
+        // The fused kernels keep gemm's small-dimension paths on AVX2
+        // (kernels/gemm.rs): say so where the general path is wider.
+        let small = match gemm {
+            "avx512" => " (small-dimension paths avx2)",
+            _ => "",
+        };
+        println!("nanhunt builds: fused kernels {kernels}, matrix products (gemm) {gemm}{small}");
         return Ok(());
     }
     if std::env::args().nth(1).as_deref() == Some("serve") {
