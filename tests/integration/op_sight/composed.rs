@@ -584,6 +584,24 @@ fn in_loss(name: &str, targets: TargetKind, loss: (LossFn, LossFn), want: Expect
     }
 }
 
+/// The attention scores by hand over `case`, its scores past f16's range.
+fn scores_bug(case: Case) -> Bug {
+    Bug {
+        shape: Shape { hidden: 16, ..MLP },
+        ..bug(
+            case,
+            (scores_attention, scores_attention_fixed),
+            want(
+                Phase::Forward,
+                OpKind::Matmul,
+                "scores",
+                P::AccumulationOverflow,
+                "past f16's largest value",
+            ),
+        )
+    }
+}
+
 fn half(mut c: Case) -> Case {
     c.precision = Precision::F16;
     c
@@ -710,39 +728,10 @@ fn suite() -> Vec<Bug> {
                 0.001,
             )
         },
-        Bug {
-            shape: Shape { hidden: 16, ..MLP },
-            ..at_rate(
-                bug(
-                    scaled(half(vector("scores")), 50.0),
-                    (scores_attention, scores_attention_fixed),
-                    want(
-                        F,
-                        K::Matmul,
-                        "scores",
-                        P::AccumulationOverflow,
-                        "past f16's largest value",
-                    ),
-                ),
-                0.01,
-            )
-        },
+        at_rate(scores_bug(scaled(half(vector("scores")), 50.0)), 0.01),
         // The same scores on inputs at unit scale: latent, the hunt must
         // find the inputs that overflow them.
-        Bug {
-            shape: Shape { hidden: 16, ..MLP },
-            ..latent(bug(
-                half(vector("scores_latent")),
-                (scores_attention, scores_attention_fixed),
-                want(
-                    F,
-                    K::Matmul,
-                    "scores",
-                    P::AccumulationOverflow,
-                    "past f16's largest value",
-                ),
-            ))
-        },
+        latent(scores_bug(half(vector("scores_latent")))),
         Bug {
             shape: Shape { head_in: 4, ..MLP },
             ..bug(
