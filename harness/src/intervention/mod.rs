@@ -151,17 +151,15 @@ impl Intervention {
         read: &RefCell<Option<Tensor>>,
         wide: &RefCell<widen::Wide>,
     ) -> Result<Tensor> {
-        let same = |s: &Option<OpSite>| {
-            s.as_ref().is_some_and(|s| {
-                (&s.file, s.line, s.column) == (&site.file, site.line, site.column)
-            })
+        let same = |s: Option<&OpSite>| {
+            s.is_some_and(|s| (&s.file, s.line, s.column) == (&site.file, site.line, site.column))
         };
         if !self.rewrites.is_empty() {
             let parts = || self.rewrites.iter().flat_map(Rewrite::parts);
-            if parts().any(|r| same(&r.from)) {
+            if parts().any(|r| same(r.from.as_ref())) {
                 *read.borrow_mut() = Operand::tensors(inputs).next().cloned();
             }
-            let Some(r) = parts().find(|r| same(&Some(r.site.clone()))) else {
+            let Some(r) = parts().find(|r| same(Some(&r.site))) else {
                 return Ok(t);
             };
             if let RewriteForm::Widened { back, entry, .. } = r.form {
@@ -170,11 +168,11 @@ impl Intervention {
             let from = read.borrow().clone();
             return rewrite::rewritten(r.form, &site.op, inputs, from.as_ref(), &t);
         }
-        let t = match same(&self.input_site) && t.dtype().is_float() {
+        let t = match same(self.input_site.as_ref()) && t.dtype().is_float() {
             true => t.contiguous()?.apply_op1(ZeroNonFiniteGrad)?,
             false => t,
         };
-        match (same(&self.site), self.saturate) {
+        match (same(self.site.as_ref()), self.saturate) {
             (true, false) => finite_or_zero(&t),
             (true, true) => saturated(&t),
             (false, _) => Ok(t),

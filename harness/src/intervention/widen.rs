@@ -32,7 +32,8 @@ impl Wide {
     /// `wide` handed on in `dtype` as the code's tensor: clamped into the
     /// dtype's range (only the region's ops read it, through `wide`), and
     /// kept behind it.
-    pub fn hand_on(&mut self, wide: Tensor, dtype: DType, limit: f64) -> Result<Tensor> {
+    pub fn hand_on(&mut self, wide: Tensor, dtype: DType) -> Result<Tensor> {
+        let limit = dtype_max(dtype);
         let t = wide.clamp(-limit, limit)?.to_dtype(dtype)?;
         self.0.insert(t.id(), wide);
         Ok(t)
@@ -59,7 +60,7 @@ pub fn apply(
     let y = recompute(site, &read, out.dims())?;
     match back {
         Some(h) => y.to_dtype(h.dtype()),
-        None => w.hand_on(y, out.dtype(), dtype_max(out.dtype())),
+        None => w.hand_on(y, out.dtype()),
     }
 }
 
@@ -307,7 +308,7 @@ mod tests {
     fn the_tensor_handed_on_keeps_the_code_dtype_and_is_finite() {
         let mut wide = Wide::default();
         let w = Tensor::new(&[1e6f32, -3.0], &Device::Cpu).unwrap();
-        let t = wide.hand_on(w.clone(), DType::F16, 65504.0).unwrap();
+        let t = wide.hand_on(w.clone(), DType::F16).unwrap();
         assert_eq!(t.dtype(), DType::F16);
         assert_eq!(
             t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap(),

@@ -18,7 +18,7 @@ use crate::finding::{Rewrite, RewriteForm};
 use crate::instrument::Operand;
 use crate::intervention::widen::{recompute, widened_inputs};
 use crate::spec::{dtype_max, HalfType};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use std::collections::HashMap;
 
 /// How far inside the half dtype's range a value must be for the region
@@ -109,14 +109,10 @@ fn cast_up(inputs: &[Operand], texts: usize, in_region: impl Fn(&Tensor) -> bool
     let mut cast = 0u8;
     for (k, o) in inputs.iter().enumerate() {
         match o {
-            Operand::Tensor(t) if is_half(t.dtype()) && !in_region(t) => cast |= 1 << k,
+            Operand::Tensor(t) if super::half(t.dtype()) && !in_region(t) => cast |= 1 << k,
             Operand::Tensors(_) => return None,
             _ => {}
         }
     }
     Some(cast)
-}
-
-fn is_half(dtype: DType) -> bool {
-    HalfType::of_dtype(dtype).is_some()
 }
