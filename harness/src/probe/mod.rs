@@ -2,15 +2,17 @@
 //! tracker on the loss.
 //!
 //! On CPU a scan reads the storage slice directly (one pass, no allocation).
-//! On other devices all tensors of a step are reduced on the device into one
-//! small table, copied back with a single synchronization (a second one
-//! only for the counts of a tensor that is not finite).
+//! On other devices each tensor is reduced on the device in one pass into
+//! a row of a small table, copied back with a single synchronization
+//! ([`row`]: one kernel launch per tensor on CUDA).
 
 use crate::error::Result;
 use candle_core::{CpuStorage, DType, Storage, Tensor};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
+
+mod row;
 
 /// What the probe needs from one tensor, in one pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -329,102 +331,21 @@ pub fn scan_all(tensors: &[&Tensor]) -> Result<Vec<TensorScan>> {
     if on_device.is_empty() {
         return Ok(out);
     }
-    let table = device_table(on_device.iter().map(|&i| tensors[i]))?;
-    for (&i, r) in on_device.iter().zip(table) {
-        out[i] = scan_of_row(&r);
+    let those: Vec<&Tensor> = on_device.iter().map(|&i| tensors[i]).collect();
+    for (&i, r) in on_device.iter().zip(row::rows(&those)?) {
+        out[i] = row::scan_of(&r);
     }
     Ok(out)
-}
-
-fn scan_of_row(r: &[f64]) -> TensorScan {
-    TensorScan {
-        sum_sq: r[0],
-        nan: r[1] as usize,
-        inf: r[2] as usize,
-        max_abs: r[3],
-    }
-}
-
-/// The rows of `device_row` for every tensor, computed on the device and
-/// copied back at once. Rows are f64 when a tensor is f64 (so a f64 loss
-/// comes back exact), f32 otherwise.
-///
-/// First every tensor's `quick_row` (a third of the device ops, which on a
-/// GPU are each a launch): where Σx² is finite, every value is, and the
-/// row is the full one (x is its own finite part). Only the others get
-/// `device_row`, the counts, in a second copy.
-fn device_table<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> Result<Vec<Vec<f64>>> {
-    let tensors: Vec<&Tensor> = tensors.collect();
-    let dtype = if tensors.iter().any(|t| t.dtype() == DType::F64) {
-        DType::F64
-    } else {
-        DType::F32
-    };
-    let stacked = |rows: Vec<Tensor>| -> Result<Vec<Vec<f64>>> {
-        Ok(Tensor::stack(&rows, 0)?
-            .to_dtype(DType::F64)?
-            .to_vec2::<f64>()?)
-    };
-    let quick = tensors
-        .iter()
-        .map(|t| quick_row(t, dtype))
-        .collect::<Result<_>>()?;
-    let mut table: Vec<Vec<f64>> = stacked(quick)?
-        .into_iter()
-        .map(|r| vec![r[0], 0.0, 0.0, r[1], r[2]])
-        .collect();
-    let bad: Vec<usize> = (0..table.len())
-        .filter(|&i| !table[i][0].is_finite())
-        .collect();
-    if bad.is_empty() {
-        return Ok(table);
-    }
-    let full = bad
-        .iter()
-        .map(|&i| device_row(tensors[i], dtype))
-        .collect::<Result<_>>()?;
-    for (&i, row) in bad.iter().zip(stacked(full)?) {
-        table[i] = row;
-    }
-    Ok(table)
-}
-
-/// [Σx², max |x|, Σx]: `device_row` of a tensor whose values are all
-/// finite, with the same ops on the same values (so its bits).
-fn quick_row(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    let x = t.flatten_all()?.to_dtype(dtype)?;
-    let row = [x.sqr()?.sum_all()?, x.abs()?.max_all()?, x.sum_all()?];
-    Ok(Tensor::stack(&row, 0)?)
 }
 
 /// One step's probe on an accelerator, in a single device→host copy: the
 /// loss value (exact, NaN and ±Inf included) and the scans of `tensors`.
 pub fn scan_step(loss: &Tensor, tensors: &[&Tensor]) -> Result<(f64, Vec<TensorScan>)> {
-    let table = device_table(std::iter::once(loss).chain(tensors.iter().copied()))?;
-    let loss_value = table[0][4];
-    Ok((
-        loss_value,
-        table[1..].iter().map(|r| scan_of_row(r)).collect(),
-    ))
-}
-
-/// [Σx² over finite, #NaN, #Inf, max |x| over finite, Σx over all entries]
-/// computed on the device (the last column is the value of a scalar).
-fn device_row(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    let x = t.flatten_all()?.to_dtype(dtype)?;
-    let zeros = x.zeros_like()?;
-    let nan = x.ne(&x)?;
-    let inf = x.abs()?.eq(f64::INFINITY)?;
-    let finite = (nan.add(&inf)?).eq(0u8)?;
-    let xf = finite.where_cond(&x, &zeros)?;
-    let row = [
-        xf.sqr()?.sum_all()?,
-        nan.to_dtype(dtype)?.sum_all()?,
-        inf.to_dtype(dtype)?.sum_all()?,
-        xf.abs()?.max_all()?,
-        x.sum_all()?,
-    ];
-    Ok(Tensor::stack(&row, 0)?)
+    let all: Vec<&Tensor> = std::iter::once(loss)
+        .chain(tensors.iter().copied())
+        .collect();
+    let table = row::rows(&all)?;
+    Ok((table[0][4], table[1..].iter().map(row::scan_of).collect()))
 }
 
 /// Summary statistics of an offending tensor (finite entries only for the moments).
@@ -815,58 +736,52 @@ mod tests {
     }
 
     #[test]
-    fn device_reduction_agrees_with_the_cpu_scan() {
-        let t = Tensor::new(
-            &[1f32, -2.0, f32::NAN, f32::NEG_INFINITY, 3.0],
-            &Device::Cpu,
-        )
-        .unwrap();
-        let row = device_row(&t, DType::F32)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        assert_eq!(row[..4], [14.0, 1.0, 1.0, 3.0]);
-        assert!(row[4].is_nan(), "the raw sum keeps the NaN");
-        // The fused step scan returns a scalar loss exactly, sign and all.
-        let loss = Tensor::new(-0.1234567f64, &Device::Cpu).unwrap();
-        let (value, scans) = scan_step(&loss, &[&t]).unwrap();
-        assert_eq!(value, -0.1234567);
-        assert_eq!((scans[0].nan, scans[0].inf, scans[0].sum_sq), (1, 1, 14.0));
-        let inf = Tensor::new(f32::NEG_INFINITY, &Device::Cpu).unwrap();
-        assert_eq!(scan_step(&inf, &[]).unwrap().0, f64::NEG_INFINITY);
-    }
-
-    #[test]
-    fn the_device_table_counts_only_where_a_quick_row_is_not_finite() {
-        // The device path run on CPU tensors: finite ones get the quick
-        // row's figures, the others the full row's counts, each in its place.
+    fn the_device_row_holds_the_scan_and_the_raw_sum() {
+        // The device path run on CPU tensors (as a tensor of another device
+        // without the kernel is): finite, NaN, an f32 overflow of Σx²,
+        // ±Inf, half precision, a strided view and integers, each in its place.
         let dev = &Device::Cpu;
         let finite = Tensor::new(&[3f32, -4.0, 0.5], dev).unwrap();
         let nan = Tensor::new(&[1f32, f32::NAN, 2.0], dev).unwrap();
-        let huge = Tensor::new(&[3e30f32, 1.0], dev).unwrap(); // Σx² overflows f32
+        let huge = Tensor::new(&[3e30f32, 1.0], dev).unwrap();
         let inf = Tensor::new(&[f32::INFINITY, -1.0, f32::NEG_INFINITY], dev).unwrap();
-        let table = device_table([&finite, &nan, &huge, &inf].into_iter()).unwrap();
-        let want_full = |t: &Tensor| {
-            device_row(t, DType::F32)
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        };
-        let same = |a: &[f64], b: &[f64]| {
-            a.iter()
-                .zip(b)
-                .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
-        };
-        for (t, row) in [&finite, &nan, &huge, &inf].into_iter().zip(&table) {
-            assert!(same(row, &want_full(t)), "{row:?} vs {:?}", want_full(t));
+        let half = finite.to_dtype(DType::F16).unwrap();
+        let strided = Tensor::new(&[[1f64, 2.], [3., -4.]], dev)
+            .unwrap()
+            .t()
+            .unwrap();
+        let ints = Tensor::new(&[3u32, 4], dev).unwrap();
+        let all = [&finite, &nan, &huge, &inf, &half, &strided, &ints];
+        let table = row::rows(&all).unwrap();
+        assert_eq!(table[0], [25.25, 0.0, 0.0, 4.0, -0.5]);
+        assert_eq!(table[1][..4], [5.0, 1.0, 0.0, 2.0]);
+        assert!(table[1][4].is_nan(), "the raw sum keeps the NaN");
+        let h = 3e30f32 as f64;
+        assert_eq!(table[2][..4], [h * h + 1.0, 0.0, 0.0, h]);
+        assert_eq!(table[3][..4], [1.0, 0.0, 2.0, 1.0]);
+        assert!(table[3][4].is_nan(), "inf - inf");
+        assert_eq!(table[4], table[0]);
+        assert_eq!(table[5], [30.0, 0.0, 0.0, 4.0, 2.0]);
+        assert_eq!(table[6], [25.0, 0.0, 0.0, 4.0, 7.0]);
+        // The same bits as the in-place scan.
+        for (t, r) in all.iter().zip(&table) {
+            let s = scan_all(&[t]).unwrap()[0];
+            let r = row::scan_of(r);
+            assert_eq!(
+                (r.sum_sq.to_bits(), r.max_abs.to_bits()),
+                (s.sum_sq.to_bits(), s.max_abs.to_bits())
+            );
+            assert_eq!((r.nan, r.inf), (s.nan, s.inf));
         }
-        let scans: Vec<TensorScan> = table.iter().map(|r| scan_of_row(r)).collect();
-        assert_eq!((scans[0].sum_sq, scans[0].max_abs), (25.25, 4.0));
-        assert_eq!((scans[1].nan, scans[1].inf, scans[1].sum_sq), (1, 0, 5.0));
-        assert_eq!((scans[2].nan, scans[2].inf), (0, 0));
-        assert_eq!((scans[3].nan, scans[3].inf, scans[3].max_abs), (0, 2, 1.0));
+        // The step scan returns a scalar loss exactly, sign and all.
+        let loss = Tensor::new(-0.1234567f64, dev).unwrap();
+        let (value, scans) = scan_step(&loss, &[&nan]).unwrap();
+        assert_eq!(value, -0.1234567);
+        assert_eq!((scans[0].nan, scans[0].inf, scans[0].sum_sq), (1, 0, 5.0));
+        let neg = Tensor::new(f32::NEG_INFINITY, dev).unwrap();
+        assert_eq!(scan_step(&neg, &[]).unwrap().0, f64::NEG_INFINITY);
+        let signed_nan = Tensor::new(-f32::NAN, dev).unwrap();
+        assert!(scan_step(&signed_nan, &[]).unwrap().0.is_sign_negative());
     }
 
     #[test]
