@@ -9,13 +9,14 @@
 //! one job the whole campaign is deterministic.
 
 mod options;
+mod placement;
 mod reproduce;
 mod resume;
 mod summary;
 mod user_report;
 pub mod workers;
 
-pub use options::{budget_text, parse_duration, CampaignOptions, Shard, MAX_SHARDS};
+pub use options::{budget_text, parse_duration, CampaignOptions, Placement, Shard, MAX_SHARDS};
 pub use reproduce::{reproduce, reproducer_name, ReproduceJob, REPRO_DIR};
 pub use summary::{summarize, unreported, SignatureSummary, Summary, SUMMARY_FILE};
 pub use user_report::{user_report, UserCampaign};
@@ -27,6 +28,7 @@ use crate::progress::Progress;
 use crate::rng::Rng;
 use crate::spec::*;
 use crate::strategy::{generate, mutate};
+use placement::Placer;
 use resume::{Pending, Resumed};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -279,8 +281,17 @@ fn run_workers(opts: &CampaignOptions, state: &Mutex<State>, started: Instant) -
     let progress = crate::progress::or_silent(&opts.progress);
     progress.start(opts.runs);
     let session_runs = AtomicU64::new(0);
+    let placement = Placer::new(opts.device, opts.placement);
     let ran = crate::parallel::run(opts.jobs, |queue| {
-        worker(opts, state, queue, &session_runs, started, progress)
+        worker(
+            opts,
+            state,
+            queue,
+            &placement,
+            &session_runs,
+            started,
+            progress,
+        )
     });
     progress.finish();
     ran.map(|()| session_runs.load(Ordering::SeqCst))
@@ -331,6 +342,7 @@ fn worker(
     opts: &CampaignOptions,
     state: &Mutex<State>,
     queue: &crate::parallel::Queue,
+    placement: &Placer,
     session_runs: &AtomicU64,
     started: Instant,
     progress: &dyn Progress,
@@ -341,7 +353,7 @@ fn worker(
             return Ok(());
         }
         // The next local index of this shard that is not journaled yet.
-        let (index, case) = {
+        let (index, mut case) = {
             let st = state.lock().expect("campaign state poisoned");
             let local = loop {
                 let l = queue.take();
@@ -355,9 +367,11 @@ fn worker(
             let index = opts.shard.index + local * opts.shard.count;
             (index, case_for(index, opts, &st.found))
         };
+        case.device = placement.place(&case);
         let t0 = Instant::now();
         let record = executor.run(index, &case)?;
         let millis = t0.elapsed().as_millis() as u64;
+        placement.observe(&case, millis, record.losses.len());
         let unstable = record.verdict == Verdict::Unstable;
         let signature = record.signature.clone();
         let entry = Entry::run(index, &case, record, millis);

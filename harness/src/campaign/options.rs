@@ -98,6 +98,8 @@ pub struct CampaignOptions {
     pub seed: u64,
     /// The device cases train on.
     pub device: DeviceSpec,
+    /// On an accelerator, which cases train there ([`Placement`]).
+    pub placement: Placement,
     /// The campaign's directory (journal, reproducers, summary).
     pub out: PathBuf,
     /// Continue the campaign journaled in `out` (else `out` must be new or empty).
@@ -127,6 +129,7 @@ impl Default for CampaignOptions {
             jobs: 1,
             seed: 0,
             device: DeviceSpec::Cpu,
+            placement: Placement::default(),
             out: PathBuf::from("nanhunt-out"),
             resume: false,
             shard: Shard::default(),
@@ -137,6 +140,20 @@ impl Default for CampaignOptions {
             mutation_rate: DEFAULT_MUTATION_RATE,
         }
     }
+}
+
+/// Where a campaign on an accelerator (`--device cuda`) trains its cases.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Each case on the runner's CPU or on the device, wherever cases of
+    /// its family and size ran faster, as measured while the campaign
+    /// runs: the device gets the models large enough to keep it busy.
+    #[default]
+    Speed,
+    /// Every case on the device (with one job, the same seed finds the
+    /// same signatures, which placement by measured speed cannot promise).
+    Device,
 }
 
 /// The budget in words: `2h 0m 0s`, `100 runs`, or both.

@@ -62,6 +62,10 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// This session's throughput.
     pub runs_per_s: f64,
+    /// Runs per device, where they ran on more than one (a `--device
+    /// cuda` campaign places small cases on the CPU); empty otherwise.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub runs_by_device: BTreeMap<String, u64>,
 }
 
 /// The signatures found in a journal that no session has reported yet.
@@ -97,17 +101,20 @@ pub fn summarize(
     let mut sigs: BTreeMap<String, SignatureSummary> = BTreeMap::new();
     let (mut runs, mut stable, mut unstable, mut rejected, mut errors) = (0, 0, 0, 0, 0);
     let mut timeouts = 0;
+    let mut runs_by_device: BTreeMap<String, u64> = BTreeMap::new();
     for e in crate::journal::runs_once(entries) {
         let Entry::Run {
             index,
             verdict,
             signature,
+            device,
             ..
         } = e
         else {
             continue;
         };
         runs += 1;
+        *runs_by_device.entry(device.clone()).or_default() += 1;
         match verdict {
             Verdict::Stable => stable += 1,
             Verdict::Unstable => unstable += 1,
@@ -164,5 +171,51 @@ pub fn summarize(
         } else {
             0.0
         },
+        runs_by_device: if runs_by_device.len() > 1 {
+            runs_by_device
+        } else {
+            BTreeMap::new()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::RunResult;
+    use crate::spec::{Case, DeviceSpec};
+
+    fn run_on(index: u64, device: DeviceSpec) -> Entry {
+        let mut case = Case::example("cnn").unwrap();
+        case.device = device;
+        let record = RunResult {
+            verdict: Verdict::Stable,
+            signature: None,
+            step: None,
+            losses: vec![1.0, 0.5],
+            message: None,
+            fidelity: None,
+            pattern: None,
+        };
+        Entry::run(index, &case, record, 3)
+    }
+
+    #[test]
+    fn runs_are_counted_per_device_only_where_there_were_two() {
+        let opts = CampaignOptions::default();
+        let one = [run_on(0, DeviceSpec::Cpu), run_on(1, DeviceSpec::Cpu)];
+        let s = summarize(&opts, &one, Vec::new(), 2, Duration::from_secs(1));
+        assert!(s.runs_by_device.is_empty());
+        assert!(!serde_json::to_string(&s)
+            .unwrap()
+            .contains("runs_by_device"));
+        let two = [
+            run_on(0, DeviceSpec::Cpu),
+            run_on(1, DeviceSpec::Cuda(0)),
+            run_on(2, DeviceSpec::Cpu),
+        ];
+        let s = summarize(&opts, &two, Vec::new(), 3, Duration::from_secs(1));
+        let want: BTreeMap<String, u64> = [("cpu".into(), 2), ("cuda:0".into(), 1)].into();
+        assert_eq!(s.runs_by_device, want);
     }
 }

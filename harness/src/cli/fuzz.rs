@@ -4,7 +4,8 @@
 use super::Exit;
 use crate::campaign::workers::{WorkerLimits, Workers, CHILD_MEMORY_HEADROOM};
 use crate::campaign::{
-    parse_duration, run_campaign_then, CampaignOptions, Shard, Summary, REPRO_DIR, SUMMARY_FILE,
+    parse_duration, run_campaign_then, CampaignOptions, Placement, Shard, Summary, REPRO_DIR,
+    SUMMARY_FILE,
 };
 use crate::spec::{DeviceSpec, Limits, FAMILIES};
 use crate::strategy::{ModelScale, StrategyOptions};
@@ -34,8 +35,14 @@ pub struct Args {
     /// Campaign seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The device: cpu, or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
+    /// With --device cuda: train each case on the runner's CPU or the GPU,
+    /// wherever cases of its family and size ran faster (speed), or every
+    /// case on the GPU (device).
+    #[arg(long, value_enum, default_value_t = PlacementKind::Speed)]
+    placement: PlacementKind,
     /// Output directory: journal.jsonl, repro/, summary.json.
     #[arg(long, default_value = "nanhunt-out")]
     out: PathBuf,
@@ -94,6 +101,12 @@ fn mutation_rate(text: &str) -> Result<f64, String> {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!("`{text}` is not a share between 0 and 1")),
     }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PlacementKind {
+    Speed,
+    Device,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -170,6 +183,10 @@ pub fn main(args: Args) -> anyhow::Result<Exit> {
     opts.jobs = args.jobs as usize;
     opts.seed = args.seed;
     opts.device = args.device;
+    opts.placement = match args.placement {
+        PlacementKind::Speed => Placement::Speed,
+        PlacementKind::Device => Placement::Device,
+    };
     opts.out = args.out.clone();
     opts.resume = args.resume;
     opts.shard = args.shard;
@@ -209,6 +226,14 @@ pub fn print_summary(s: &Summary, out: &std::path::Path) {
         "{} runs ({} this session, {:.1} runs/s): {} stable, {} unstable, {} errors, {} timed out",
         s.runs, s.runs_this_session, s.runs_per_s, s.stable, s.unstable, s.errors, s.timeouts
     );
+    if !s.runs_by_device.is_empty() {
+        let on: Vec<String> = s
+            .runs_by_device
+            .iter()
+            .map(|(d, n)| format!("{n} on {d}"))
+            .collect();
+        println!("placed by measured speed: {}", on.join(", "));
+    }
     println!(
         "{} distinct signatures ({} new):",
         s.signatures.len(),

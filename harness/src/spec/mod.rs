@@ -14,6 +14,7 @@ mod optim;
 mod precision;
 mod size;
 mod validate;
+mod work;
 
 pub use augment::{Augment, NormalizeSpec};
 pub use data::{DataSpec, Distribution, FileFormat, FileSource, Pathology, Sampling, SourceSpec};
