@@ -10,10 +10,11 @@
 #
 # It prints the device (the article's step 5), runs every family forward and
 # backward on CUDA in f32, bf16 and f16, the CPU↔CUDA differential on each
-# family, a short campaign on CUDA and on CPU (runs per second of both), and
-# one LR table on CUDA. SMOKE_BUDGET (default 60s) is each campaign's
-# budget. Well under 10 minutes on an H200. Exit status: the number of
-# failed checks.
+# family, the probe's cost per cnn step on CUDA (a check fails above 5%), a
+# short campaign on CUDA and on the CPU with the same jobs (runs per second
+# of both; a check fails when CUDA's is lower), and one LR table on CUDA.
+# SMOKE_BUDGET (default 60s) is each campaign's budget. Well under 10
+# minutes on an H200. Exit status: the number of failed checks.
 set -uo pipefail
 BIN="${1:-target-cuda/release/nanhunt}"
 DEV="${NANHUNT_DEVICE:-cuda:0}"
@@ -41,6 +42,13 @@ c['precision'] = {'f32': {'kind': 'f32'}, 'bf16': {'kind': 'bf16'}, 'f16': {'kin
 c['steps'] = $3
 print(json.dumps(c))" >"$WORK/$1-$2.json"
     echo "$WORK/$1-$2.json"
+}
+seconds() { # seconds COMMAND... → the wall time of a command that exits 0 or 1
+    python3 -c '
+import subprocess, sys, time
+t = time.perf_counter()
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+print(f"{time.perf_counter() - t:.4f}" if rc <= 1 else "nan")' "$@"
 }
 
 echo "== device (step 5: suspect the hardware)"
@@ -72,11 +80,33 @@ check "minimize transformer f16" "$BIN" minimize "$WORK/transformer-f16.json" --
 check "run --dump" "$BIN" run "$WORK/transformer-f16.json" --dump "$WORK/dump"
 [ -d "$WORK/dump" ] && check "replay dump" "$BIN" replay "$WORK/dump"
 
-echo "== campaign runs per second (clean data, $BUDGET each)"
+echo "== the probe's cost per step on $DEV (cnn, f32): steps 20 to 220, with and without it"
+for steps in 20 220; do with_precision cnn f32 "$steps" >/dev/null; cp "$WORK/cnn-f32.json" "$WORK/cnn-$steps.json"; done
+with_precision cnn f32 20 >/dev/null
+t=()
+for args in "" "--no-probe"; do
+    for steps in 20 220; do t+=("$(seconds "$BIN" run "$WORK/cnn-$steps.json" $args)"); done
+done
+python3 -c "
+import sys
+a, b, c, d = map(float, sys.argv[1:])
+probe, bare = (b - a) / 200, (d - c) / 200
+share = (probe - bare) / bare
+print(f'  step {1e3 * probe:.2f} ms with the probe, {1e3 * bare:.2f} ms without: the probe is {100 * share:+.1f}% of a step')
+sys.exit(0 if share <= 0.05 else 1)" "${t[@]}" && echo "  ok    probe at most 5% of a cnn step" \
+    || { echo "  FAIL  probe at most 5% of a cnn step"; failed=$((failed + 1)); }
+
+echo "== campaign runs per second (clean data, $BUDGET each, 4 jobs both)"
 check "fuzz $DEV jobs 4" "$BIN" fuzz --device "$DEV" --clean-data --budget "$BUDGET" --jobs 4 --seed 3 \
     --minimize-runs 1 --quiet --out "$WORK/gpu-campaign"
-check "fuzz cpu jobs 2" "$BIN" fuzz --clean-data --budget "$BUDGET" --jobs 2 --seed 3 \
+check "fuzz cpu jobs 4" "$BIN" fuzz --clean-data --budget "$BUDGET" --jobs 4 --seed 3 \
     --minimize-runs 1 --quiet --out "$WORK/cpu-campaign"
+python3 -c "
+import json, sys
+g, c = (json.load(open(f'$WORK/{d}/summary.json')) for d in ('gpu-campaign', 'cpu-campaign'))
+print('  placed:', g.get('runs_by_device') or 'every run on one device')
+sys.exit(0 if g['runs_per_s'] >= c['runs_per_s'] else 1)" 2>/dev/null && echo "  ok    $DEV campaign at least as fast as the CPU's" \
+    || { echo "  FAIL  $DEV campaign at least as fast as the CPU's"; failed=$((failed + 1)); }
 for d in gpu-campaign cpu-campaign; do
     python3 -c "
 import collections, json
