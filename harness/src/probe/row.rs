@@ -76,7 +76,7 @@ mod cuda {
 
     use super::{Row, WIDTH};
     use crate::error::Result;
-    use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda::cudarc::driver::{CudaViewMut, LaunchConfig, PushKernelArg};
     use candle_core::cuda::{CudaDevice, WrapErr};
     use candle_core::{DType, Storage, Tensor};
 
@@ -91,13 +91,40 @@ mod cuda {
     const PER_THREAD: usize = 16;
 
     pub(super) fn rows(dev: &CudaDevice, tensors: &[&Tensor]) -> Result<Vec<Row>> {
+        if tensors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tensors = tensors
+            .iter()
+            .map(|t| match t.dtype() {
+                DType::F32 | DType::F64 | DType::F16 | DType::BF16 => t.contiguous(),
+                _ => t.to_dtype(DType::F64)?.contiguous(),
+            })
+            .collect::<candle_core::Result<Vec<Tensor>>>()?;
+        let blocks: Vec<usize> = tensors
+            .iter()
+            .map(|t| {
+                t.elem_count()
+                    .div_ceil(THREADS as usize * PER_THREAD)
+                    .clamp(1, MAX_BLOCKS)
+            })
+            .collect();
+        // Three allocations a step, whatever the number of tensors: the
+        // rows, the blocks' rows (each written before it is read) and the
+        // counters of finished blocks.
         let mut out = dev.alloc_zeros::<f64>(tensors.len() * WIDTH)?;
-        for (i, t) in tensors.iter().enumerate() {
-            let t = match t.dtype() {
-                DType::F32 | DType::F64 | DType::F16 | DType::BF16 => t.contiguous()?,
-                _ => t.to_dtype(DType::F64)?.contiguous()?,
+        // SAFETY: every block writes its row before any block reads it.
+        let mut partials = unsafe { dev.alloc::<f64>(blocks.iter().sum::<usize>() * WIDTH)? };
+        let mut done = dev.alloc_zeros::<u32>(tensors.len())?;
+        let mut first = 0;
+        for (i, (t, &b)) in tensors.iter().zip(&blocks).enumerate() {
+            let to = Scratch {
+                partials: partials.slice_mut(first * WIDTH..(first + b) * WIDTH),
+                done: done.slice_mut(i..i + 1),
+                row: out.slice_mut(i * WIDTH..(i + 1) * WIDTH),
             };
-            launch(dev, &t, &mut out, i)?;
+            launch(dev, t, b, to)?;
+            first += b;
         }
         let flat = dev.clone_dtoh(&out)?;
         Ok(flat
@@ -106,12 +133,14 @@ mod cuda {
             .collect())
     }
 
-    fn launch(
-        dev: &CudaDevice,
-        t: &Tensor,
-        out: &mut candle_core::cuda::cudarc::driver::CudaSlice<f64>,
-        index: usize,
-    ) -> Result<()> {
+    /// Where one tensor's launch writes.
+    struct Scratch<'a> {
+        partials: CudaViewMut<'a, f64>,
+        done: CudaViewMut<'a, u32>,
+        row: CudaViewMut<'a, f64>,
+    }
+
+    fn launch(dev: &CudaDevice, t: &Tensor, blocks: usize, mut to: Scratch) -> Result<()> {
         let (storage, layout) = t.storage_and_layout();
         let Storage::Cuda(s) = &*storage else {
             return Err(
@@ -122,12 +151,6 @@ mod cuda {
             .contiguous_offsets()
             .expect("the caller made the tensor contiguous");
         let n = end - start;
-        let blocks = n
-            .div_ceil(THREADS as usize * PER_THREAD)
-            .clamp(1, MAX_BLOCKS);
-        let partials = dev.alloc_zeros::<f64>(blocks * WIDTH)?;
-        let done = dev.alloc_zeros::<u32>(1)?;
-        let mut row = out.slice_mut(index * WIDTH..(index + 1) * WIDTH);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -138,9 +161,13 @@ mod cuda {
                 let src = s.as_cuda_slice::<$ty>()?.slice(start..end);
                 let func = dev.get_or_load_custom_func($name, MODULE, PTX)?;
                 let mut b = func.builder();
-                b.arg(&src).arg(&n).arg(&partials).arg(&done).arg(&mut row);
+                b.arg(&src)
+                    .arg(&n)
+                    .arg(&mut to.partials)
+                    .arg(&mut to.done)
+                    .arg(&mut to.row);
                 // SAFETY: the kernel reads n values of src and writes
-                // blocks rows of partials, the counter and one row of out.
+                // `blocks` rows of partials, the counter and one row.
                 unsafe { b.launch(cfg) }.w()?;
             }};
         }
