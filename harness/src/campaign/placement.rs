@@ -6,10 +6,10 @@
 //! class (the family, and the power of two nearest the multiply-adds of a
 //! batch's forward pass) first alternates between the CPU and the GPU,
 //! [`TRIALS`] cases each, then goes where its steps were faster (the median
-//! of each side's latest [`KEPT`]), with one case in [`EXPLORE`] sent to the
-//! other side to keep its timing current. A user's model, whose size the
-//! case does not describe, a CPU campaign and [`Placement::Device`] stay
-//! where they were asked.
+//! of each side's latest [`KEPT`], the lower middle of an even count),
+//! with one case in [`EXPLORE`] sent to the other side to keep its timing
+//! current. A user's model, whose size the case does not describe, a CPU
+//! campaign and [`Placement::Device`] stay where they were asked.
 
 use super::Placement;
 use crate::spec::{Case, DeviceSpec};
@@ -103,13 +103,16 @@ impl Timings {
     }
 }
 
+/// The median, the lower middle of an even count: a side's first case in
+/// a worker pays for starting it (a CUDA context, a child process), and
+/// of two timings the other one is the side's speed.
 fn median(v: &VecDeque<f64>) -> Option<f64> {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     if s.is_empty() {
         return None;
     }
     s.sort_by(f64::total_cmp);
-    Some(s[s.len() / 2])
+    Some(s[(s.len() - 1) / 2])
 }
 
 impl Placer {
@@ -188,7 +191,9 @@ mod tests {
             p.observe(&c, ms, 10);
         };
         run(&small, DeviceSpec::Cpu, 10);
+        run(&small, DeviceSpec::Cpu, 12);
         run(&small, gpu, 200);
+        run(&small, gpu, 250);
         let next: Vec<DeviceSpec> = (0..EXPLORE).map(|_| placed(&p, &small)).collect();
         let on_gpu = next.iter().filter(|d| **d == gpu).count();
         assert_eq!(on_gpu, 1, "one exploration in {EXPLORE}: {next:?}");
@@ -197,6 +202,9 @@ mod tests {
             placed(&p, &large);
         }
         run(&large, DeviceSpec::Cpu, 90);
+        run(&large, DeviceSpec::Cpu, 95);
+        // The GPU's first case started its context: its second is its speed.
+        run(&large, gpu, 2000);
         run(&large, gpu, 30);
         let next: Vec<DeviceSpec> = (0..EXPLORE).map(|_| placed(&p, &large)).collect();
         assert_eq!(
