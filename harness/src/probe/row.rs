@@ -26,7 +26,17 @@ pub(crate) type Row = [f64; WIDTH];
 pub(crate) fn rows(tensors: &[&Tensor]) -> Result<Vec<Row>> {
     #[cfg(feature = "cuda")]
     if let Some(Device::Cuda(dev)) = tensors.first().map(|t| t.device()) {
-        return cuda::rows(dev, tensors);
+        match cuda::rows(dev, tensors) {
+            Ok(rows) => return Ok(rows),
+            // A driver that cannot load the kernel's PTX: the host's rows
+            // (slower, a copy a tensor, but the run goes on), said once.
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!("warning: the probe's CUDA kernel failed ({e}); probing on the host instead")
+                });
+            }
+        }
     }
     tensors.iter().map(|t| host_row(t)).collect()
 }
