@@ -12,7 +12,9 @@
 # backward on CUDA in f32, bf16 and f16, the CPU↔CUDA differential on each
 # family, the probe's cost per cnn step on CUDA (a check fails above 5%), a
 # short campaign on CUDA and on the CPU with the same jobs (runs per second
-# of both; a check fails when CUDA's is lower), and one LR table on CUDA.
+# of both; a check fails when CUDA's is more than 5% lower: two identical
+# CPU campaigns of 5 s differed by 3% on a 2-core machine), and one LR
+# table on CUDA.
 # SMOKE_BUDGET (default 60s) is each campaign's budget. Well under 10
 # minutes on an H200. Exit status: the number of failed checks.
 set -uo pipefail
@@ -104,9 +106,10 @@ check "fuzz cpu jobs 4" "$BIN" fuzz --clean-data --budget "$BUDGET" --jobs 4 --s
 python3 -c "
 import json, sys
 g, c = (json.load(open(f'$WORK/{d}/summary.json')) for d in ('gpu-campaign', 'cpu-campaign'))
-print('  placed:', g.get('runs_by_device') or 'every run on one device')
-sys.exit(0 if g['runs_per_s'] >= c['runs_per_s'] else 1)" 2>/dev/null && echo "  ok    $DEV campaign at least as fast as the CPU's" \
-    || { echo "  FAIL  $DEV campaign at least as fast as the CPU's"; failed=$((failed + 1)); }
+ratio = g['runs_per_s'] / c['runs_per_s']
+print('  placed:', g.get('runs_by_device') or 'every run on one device', f'; runs/s {ratio:.3f}x the CPU campaign\'s')
+sys.exit(0 if ratio >= 0.95 else 1)" 2>/dev/null && echo "  ok    $DEV campaign as fast as the CPU's (within 5%)" \
+    || { echo "  FAIL  $DEV campaign as fast as the CPU's (within 5%)"; failed=$((failed + 1)); }
 for d in gpu-campaign cpu-campaign; do
     python3 -c "
 import collections, json

@@ -2,14 +2,24 @@
 //! for a model large enough to keep it busy: a default case's step there
 //! is kernel launches, many times slower than the runner's CPU
 //! (docs/PERFORMANCE-LOG.md). No fixed size says where the line is on
-//! every runner, so cases are placed by the speed their class measured: a
-//! class (the family, and the power of two nearest the multiply-adds of a
-//! batch's forward pass) first alternates between the CPU and the GPU,
-//! [`TRIALS`] cases each, then goes where its steps were faster (the median
-//! of each side's latest [`KEPT`], the lower middle of an even count),
-//! with one case in [`EXPLORE`] sent to the other side to keep its timing
-//! current. A user's model, whose size the case does not describe, a CPU
-//! campaign and [`Placement::Device`] stay where they were asked.
+//! every runner, so cases are placed by the speed their class measured.
+//!
+//! - A class is the family and the power of two nearest the multiply-adds
+//!   of a batch's forward pass.
+//! - A class goes to the side whose median ms per step over its latest
+//!   [`KEPT`] runs is lower (the lower middle of an even count, so a
+//!   worker's first case, which starts a CUDA context, does not decide).
+//! - A class without both timings takes its family's measured line: the
+//!   CPU where a class as large or larger ran faster there, the device
+//!   where a class as small or smaller ran faster there (a GPU's lead
+//!   grows with the work). Else it is measured: [`TRIALS`] cases on each
+//!   side, the CPU while a timing is still out.
+//! - The slower side gets a case again only while it has taken less than
+//!   1/[`EXPLORE_SHARE`] of the class's time, so that keeping its timing
+//!   current costs at most that share, however much slower it is.
+//!
+//! A user's model, whose size the case does not describe, a CPU campaign
+//! and [`Placement::Device`] stay where they were asked.
 
 use super::Placement;
 use crate::spec::{Case, DeviceSpec};
@@ -20,8 +30,8 @@ use std::sync::Mutex;
 pub(crate) const TRIALS: u64 = 2;
 /// Timings kept per side and class (the latest).
 pub(crate) const KEPT: usize = 8;
-/// One placement in this many goes to the slower side.
-pub(crate) const EXPLORE: u64 = 16;
+/// The slower side's most share of a class's time, as a divisor.
+pub(crate) const EXPLORE_SHARE: f64 = 50.0;
 
 /// Where cases run, from what their classes measured.
 pub(crate) struct Placer {
@@ -45,62 +55,96 @@ enum Side {
     Device,
 }
 
-/// What one class measured: ms per step, the latest first out.
+/// What one class measured: ms per step (the latest first out) and the
+/// time each side spent on it.
 #[derive(Default)]
 struct Timings {
     cpu: VecDeque<f64>,
     device: VecDeque<f64>,
     placed_cpu: u64,
     placed_device: u64,
+    spent_cpu: f64,
+    spent_device: f64,
 }
 
 impl Timings {
-    /// Where the next case goes: the side with fewer cases until each has
-    /// had [`TRIALS`]; then the faster, once both have timings (the CPU
-    /// while one is still out), and the other side every [`EXPLORE`]th.
-    fn choose(&self) -> Side {
-        if self.placed_cpu < TRIALS || self.placed_device < TRIALS {
-            return if self.placed_device < self.placed_cpu {
-                Side::Device
-            } else {
-                Side::Cpu
-            };
+    /// The faster side, once both sides have [`TRIALS`] timings.
+    fn faster(&self) -> Option<Side> {
+        if self.cpu.len() < TRIALS as usize || self.device.len() < TRIALS as usize {
+            return None;
         }
-        let (Some(cpu), Some(device)) = (median(&self.cpu), median(&self.device)) else {
-            return Side::Cpu;
-        };
-        let faster = if device < cpu {
+        let (cpu, device) = (median(&self.cpu)?, median(&self.device)?);
+        Some(if device < cpu {
             Side::Device
         } else {
             Side::Cpu
-        };
-        let placed = self.placed_cpu + self.placed_device;
-        match (placed % EXPLORE == EXPLORE - 1, faster) {
-            (false, side) => side,
-            (true, Side::Cpu) => Side::Device,
-            (true, Side::Device) => Side::Cpu,
+        })
+    }
+
+    /// Where the next case goes: the faster side, or the slower one while
+    /// it has spent less than its share; without a verdict, `inferred`,
+    /// or else the trials.
+    fn choose(&self, inferred: Option<Side>) -> Side {
+        if let Some(faster) = self.faster() {
+            let (slower, spent) = match faster {
+                Side::Cpu => (Side::Device, self.spent_device),
+                Side::Device => (Side::Cpu, self.spent_cpu),
+            };
+            let total = self.spent_cpu + self.spent_device;
+            return if spent * EXPLORE_SHARE < total {
+                slower
+            } else {
+                faster
+            };
+        }
+        if let Some(side) = inferred {
+            return side;
+        }
+        if self.placed_cpu < TRIALS || self.placed_device < TRIALS {
+            if self.placed_device < self.placed_cpu {
+                Side::Device
+            } else {
+                Side::Cpu
+            }
+        } else {
+            Side::Cpu
         }
     }
 
-    fn place(&mut self) -> Side {
-        let side = self.choose();
+    fn placed(&mut self, side: Side) {
         match side {
             Side::Cpu => self.placed_cpu += 1,
             Side::Device => self.placed_device += 1,
         }
-        side
     }
 
-    fn observe(&mut self, side: Side, ms_per_step: f64) {
-        let kept = match side {
-            Side::Cpu => &mut self.cpu,
-            Side::Device => &mut self.device,
+    fn observe(&mut self, side: Side, millis: f64, ms_per_step: f64) {
+        let (kept, spent) = match side {
+            Side::Cpu => (&mut self.cpu, &mut self.spent_cpu),
+            Side::Device => (&mut self.device, &mut self.spent_device),
         };
         if kept.len() == KEPT {
             kept.pop_front();
         }
         kept.push_back(ms_per_step);
+        *spent += millis;
     }
+}
+
+/// The side a class takes from its family's measured classes: the CPU
+/// where one as large or larger ran faster there, the device where one as
+/// small or smaller ran faster there.
+fn inferred(classes: &HashMap<Class, Timings>, class: &Class) -> Option<Side> {
+    let family = classes.iter().filter(|(c, _)| c.family == class.family);
+    let mut side = None;
+    for (c, t) in family {
+        match t.faster() {
+            Some(Side::Cpu) if c.scale >= class.scale => return Some(Side::Cpu),
+            Some(Side::Device) if c.scale <= class.scale => side = Some(Side::Device),
+            _ => {}
+        }
+    }
+    side
 }
 
 /// The median, the lower middle of an even count: a side's first case in
@@ -142,7 +186,11 @@ impl Placer {
             return self.asked;
         };
         let mut classes = self.classes.lock().expect("placement poisoned");
-        match classes.entry(class).or_default().place() {
+        let guess = inferred(&classes, &class);
+        let timings = classes.entry(class).or_default();
+        let side = timings.choose(guess);
+        timings.placed(side);
+        match side {
             Side::Cpu => DeviceSpec::Cpu,
             Side::Device => self.asked,
         }
@@ -160,7 +208,10 @@ impl Placer {
         };
         let ms_per_step = millis as f64 / steps.max(1) as f64;
         let mut classes = self.classes.lock().expect("placement poisoned");
-        classes.entry(class).or_default().observe(side, ms_per_step);
+        classes
+            .entry(class)
+            .or_default()
+            .observe(side, millis as f64, ms_per_step);
     }
 }
 
@@ -169,53 +220,88 @@ mod tests {
     use super::*;
     use crate::spec::Size;
 
-    fn placed(p: &Placer, case: &Case) -> DeviceSpec {
-        p.place(case)
+    const GPU: DeviceSpec = DeviceSpec::Cuda(0);
+
+    fn cnn(size: Size, batch_times: usize) -> Case {
+        let mut c = Case::example_sized("cnn", size).unwrap();
+        c.batch_size *= batch_times;
+        c
     }
 
-    /// A class alternates for its trials, then follows the faster side,
-    /// and goes on exploring the other one; classes are timed apart.
+    /// Places `case` and reports its run as taking `ms` on the CPU or
+    /// `gpu_ms` on the GPU (10 steps); returns where it ran.
+    fn run(p: &Placer, case: &Case, ms: u64, gpu_ms: u64) -> DeviceSpec {
+        let mut c = case.clone();
+        c.device = p.place(case);
+        p.observe(&c, if c.device == GPU { gpu_ms } else { ms }, 10);
+        c.device
+    }
+
+    /// A class alternates for its trials, then follows the faster side;
+    /// a class of the same family takes the measured line without trials.
     #[test]
     fn cases_go_where_their_class_ran_faster() {
-        let gpu = DeviceSpec::Cuda(0);
-        let p = Placer::new(gpu, Placement::Speed);
-        let small = Case::example("cnn").unwrap();
-        let large = Case::example_sized("cnn", Size::Large).unwrap();
-        let trials: Vec<DeviceSpec> = (0..4).map(|_| placed(&p, &small)).collect();
-        assert_eq!(trials, [DeviceSpec::Cpu, gpu, DeviceSpec::Cpu, gpu]);
-        // No timing yet: the CPU, never slower than a CPU-only campaign.
-        assert_eq!(placed(&p, &small), DeviceSpec::Cpu);
-        let run = |c: &Case, on: DeviceSpec, ms: u64| {
-            let mut c = c.clone();
-            c.device = on;
-            p.observe(&c, ms, 10);
-        };
-        run(&small, DeviceSpec::Cpu, 10);
-        run(&small, DeviceSpec::Cpu, 12);
-        run(&small, gpu, 200);
-        run(&small, gpu, 250);
-        let next: Vec<DeviceSpec> = (0..EXPLORE).map(|_| placed(&p, &small)).collect();
-        let on_gpu = next.iter().filter(|d| **d == gpu).count();
-        assert_eq!(on_gpu, 1, "one exploration in {EXPLORE}: {next:?}");
-        // The large class has its own trials, and a faster GPU wins it.
-        for _ in 0..4 {
-            placed(&p, &large);
-        }
-        run(&large, DeviceSpec::Cpu, 90);
-        run(&large, DeviceSpec::Cpu, 95);
-        // The GPU's first case started its context: its second is its speed.
-        run(&large, gpu, 2000);
-        run(&large, gpu, 30);
-        let next: Vec<DeviceSpec> = (0..EXPLORE).map(|_| placed(&p, &large)).collect();
-        assert_eq!(
-            next.iter().filter(|d| **d == gpu).count(),
-            EXPLORE as usize - 1
+        let p = Placer::new(GPU, Placement::Speed);
+        let (tiny, mid, big, huge) = (
+            cnn(Size::Small, 1),
+            cnn(Size::Default, 1),
+            cnn(Size::Large, 1),
+            cnn(Size::Large, 4),
         );
+        let trials: Vec<DeviceSpec> = (0..4).map(|_| p.place(&mid)).collect();
+        assert_eq!(trials, [DeviceSpec::Cpu, GPU, DeviceSpec::Cpu, GPU]);
+        // No timing yet: the CPU, never slower than a CPU-only campaign.
+        assert_eq!(p.place(&mid), DeviceSpec::Cpu);
+        let p = Placer::new(GPU, Placement::Speed);
+        for _ in 0..4 {
+            run(&p, &mid, 10, 200);
+        }
+        assert_eq!(run(&p, &mid, 10, 200), DeviceSpec::Cpu);
+        // A smaller class takes the CPU without trials.
+        assert!((0..4).all(|_| run(&p, &tiny, 5, 200) == DeviceSpec::Cpu));
+        // The large class is measured; the GPU's first case started its
+        // context (2 s), its second is its speed, and it wins the class.
+        let sides: Vec<DeviceSpec> = [(90, 2000), (95, 2000), (90, 30), (95, 30)]
+            .iter()
+            .map(|&(ms, gpu_ms)| run(&p, &big, ms, gpu_ms))
+            .collect();
+        assert_eq!(sides, [DeviceSpec::Cpu, GPU, DeviceSpec::Cpu, GPU]);
+        assert_eq!(run(&p, &big, 90, 30), GPU);
+        // A larger class takes the GPU without trials.
+        assert!((0..4).all(|_| run(&p, &huge, 360, 60) == GPU));
         // Times change: the GPU slows past the CPU and loses the class.
         for _ in 0..KEPT {
-            run(&large, gpu, 300);
+            let mut c = big.clone();
+            c.device = GPU;
+            p.observe(&c, 3000, 10);
         }
-        assert_eq!(placed(&p, &large), DeviceSpec::Cpu);
+        assert_eq!(p.place(&big), DeviceSpec::Cpu);
+    }
+
+    /// However much slower the other side is, keeping its timing current
+    /// takes at most its share of the class's time.
+    #[test]
+    fn the_slower_side_takes_at_most_its_share_of_the_time() {
+        for gpu_ms in [11, 200, 5000] {
+            let p = Placer::new(GPU, Placement::Speed);
+            let case = cnn(Size::Default, 1);
+            let (mut cpu_time, mut gpu_time, mut explored) = (0, 0, 0);
+            // Long enough for the trials' GPU time to be its share twice.
+            let runs = 4 * EXPLORE_SHARE as u64 * gpu_ms / 10 + 1000;
+            for i in 0..runs {
+                match run(&p, &case, 10, gpu_ms) {
+                    DeviceSpec::Cpu => cpu_time += 10,
+                    _ => {
+                        gpu_time += gpu_ms;
+                        explored += u64::from(i >= 4);
+                    }
+                }
+            }
+            let share = gpu_time as f64 / (cpu_time + gpu_time) as f64;
+            let bound = 1.0 / EXPLORE_SHARE + gpu_ms as f64 / (cpu_time + gpu_time) as f64;
+            assert!(share <= bound, "{gpu_ms} ms: {share} > {bound}");
+            assert!(explored >= 1, "{gpu_ms} ms: the GPU was never timed again");
+        }
     }
 
     #[test]
