@@ -371,7 +371,10 @@ fn worker(
         let t0 = Instant::now();
         let record = executor.run(index, &case)?;
         let millis = t0.elapsed().as_millis() as u64;
-        placement.observe(&case, millis, record.losses.len());
+        // A run that errored or was rejected says nothing of a side's speed.
+        if matches!(record.verdict, Verdict::Stable | Verdict::Unstable) {
+            placement.observe(&case, millis, record.losses.len());
+        }
         let unstable = record.verdict == Verdict::Unstable;
         let signature = record.signature.clone();
         let entry = Entry::run(index, &case, record, millis);

@@ -30,7 +30,7 @@ use std::sync::Mutex;
 pub(crate) const TRIALS: u64 = 2;
 /// Timings kept per side and class (the latest).
 pub(crate) const KEPT: usize = 8;
-/// The slower side's most share of a class's time, as a divisor.
+/// The slower side takes at most 1/`EXPLORE_SHARE` of a class's time.
 pub(crate) const EXPLORE_SHARE: f64 = 50.0;
 
 /// Where cases run, from what their classes measured.
@@ -197,6 +197,9 @@ impl Placer {
     }
 
     /// What a run of `case` (as placed) took: `millis` over `steps` steps.
+    /// Only runs that trained are timed: a side whose runs all fail (a
+    /// GPU out of memory) never gets a timing, and its class stays on the
+    /// CPU once its trials are out.
     pub(crate) fn observe(&self, case: &Case, millis: u64, steps: usize) {
         let Some(class) = self.class(case) else {
             return;
