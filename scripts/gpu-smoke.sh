@@ -84,7 +84,6 @@ check "run --dump" "$BIN" run "$WORK/transformer-f16.json" --dump "$WORK/dump"
 
 echo "== the probe's cost per step on $DEV (cnn, f32): steps 20 to 220, with and without it"
 for steps in 20 220; do with_precision cnn f32 "$steps" >/dev/null; cp "$WORK/cnn-f32.json" "$WORK/cnn-$steps.json"; done
-with_precision cnn f32 20 >/dev/null
 t=()
 for args in "" "--no-probe"; do
     for steps in 20 220; do t+=("$(seconds "$BIN" run "$WORK/cnn-$steps.json" $args)"); done

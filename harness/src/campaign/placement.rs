@@ -55,25 +55,46 @@ enum Side {
     Device,
 }
 
-/// What one class measured: ms per step (the latest first out) and the
-/// time each side spent on it.
+impl Side {
+    fn other(self) -> Side {
+        match self {
+            Side::Cpu => Side::Device,
+            Side::Device => Side::Cpu,
+        }
+    }
+}
+
+/// What one side measured for a class: ms per step (the latest, first
+/// out), the cases placed there and the time they took.
+#[derive(Default)]
+struct Measured {
+    kept: VecDeque<f64>,
+    placed: u64,
+    spent: f64,
+}
+
+/// What one class measured on each side.
 #[derive(Default)]
 struct Timings {
-    cpu: VecDeque<f64>,
-    device: VecDeque<f64>,
-    placed_cpu: u64,
-    placed_device: u64,
-    spent_cpu: f64,
-    spent_device: f64,
+    cpu: Measured,
+    device: Measured,
 }
 
 impl Timings {
+    fn on(&mut self, side: Side) -> &mut Measured {
+        match side {
+            Side::Cpu => &mut self.cpu,
+            Side::Device => &mut self.device,
+        }
+    }
+
     /// The faster side, once both sides have [`TRIALS`] timings.
     fn faster(&self) -> Option<Side> {
-        if self.cpu.len() < TRIALS as usize || self.device.len() < TRIALS as usize {
+        let trials = TRIALS as usize;
+        if self.cpu.kept.len() < trials || self.device.kept.len() < trials {
             return None;
         }
-        let (cpu, device) = (median(&self.cpu)?, median(&self.device)?);
+        let (cpu, device) = (median(&self.cpu.kept)?, median(&self.device.kept)?);
         Some(if device < cpu {
             Side::Device
         } else {
@@ -83,15 +104,13 @@ impl Timings {
 
     /// Where the next case goes: the faster side, or the slower one while
     /// it has spent less than its share; without a verdict, `inferred`,
-    /// or else the trials.
-    fn choose(&self, inferred: Option<Side>) -> Side {
+    /// or else the trials (the side with fewer cases until each has had
+    /// [`TRIALS`], then the CPU while a timing is still out).
+    fn choose(&mut self, inferred: Option<Side>) -> Side {
         if let Some(faster) = self.faster() {
-            let (slower, spent) = match faster {
-                Side::Cpu => (Side::Device, self.spent_device),
-                Side::Device => (Side::Cpu, self.spent_cpu),
-            };
-            let total = self.spent_cpu + self.spent_device;
-            return if spent * EXPLORE_SHARE < total {
+            let total = self.cpu.spent + self.device.spent;
+            let slower = faster.other();
+            return if self.on(slower).spent * EXPLORE_SHARE < total {
                 slower
             } else {
                 faster
@@ -100,34 +119,20 @@ impl Timings {
         if let Some(side) = inferred {
             return side;
         }
-        if self.placed_cpu < TRIALS || self.placed_device < TRIALS {
-            if self.placed_device < self.placed_cpu {
-                Side::Device
-            } else {
-                Side::Cpu
-            }
+        if self.device.placed < self.cpu.placed && self.device.placed < TRIALS {
+            Side::Device
         } else {
             Side::Cpu
         }
     }
 
-    fn placed(&mut self, side: Side) {
-        match side {
-            Side::Cpu => self.placed_cpu += 1,
-            Side::Device => self.placed_device += 1,
-        }
-    }
-
     fn observe(&mut self, side: Side, millis: f64, ms_per_step: f64) {
-        let (kept, spent) = match side {
-            Side::Cpu => (&mut self.cpu, &mut self.spent_cpu),
-            Side::Device => (&mut self.device, &mut self.spent_device),
-        };
-        if kept.len() == KEPT {
-            kept.pop_front();
+        let m = self.on(side);
+        if m.kept.len() == KEPT {
+            m.kept.pop_front();
         }
-        kept.push_back(ms_per_step);
-        *spent += millis;
+        m.kept.push_back(ms_per_step);
+        m.spent += millis;
     }
 }
 
@@ -189,7 +194,7 @@ impl Placer {
         let guess = inferred(&classes, &class);
         let timings = classes.entry(class).or_default();
         let side = timings.choose(guess);
-        timings.placed(side);
+        timings.on(side).placed += 1;
         match side {
             Side::Cpu => DeviceSpec::Cpu,
             Side::Device => self.asked,
