@@ -20,6 +20,7 @@
 //! - `one_engine`: the runner and the guard give the same finding for the same bug.
 //! - `op_sight`: bugs named at their op and line, explained, repaired by a rewrite that trains.
 //! - `planted`: one planted fault per phase; the producer must be named.
+//! - `pytorch_findings`: every reproducer's framework mark against the PyTorch run the table recorded.
 //! - `randomness`: replay of a model that draws random numbers says so.
 //! - `readme`: the Rust blocks of the README and the reference pages, compiled, and checked against them.
 //! - `readme_commands`: the shell commands of the README and the reference pages, run as written.
@@ -48,6 +49,7 @@ mod nothing_lost;
 mod one_engine;
 mod op_sight;
 mod planted;
+mod pytorch_findings;
 mod randomness;
 mod readme;
 mod readme_commands;

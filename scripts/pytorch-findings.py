@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""The framework mark of real findings checked against PyTorch.
+
+Dumps the scene of every finding of a fresh campaign (RUNS generated cases,
+no mutations) and of every reproducer in corpora/repro, re-runs each
+failing step in PyTorch from the same parameters, optimizer state and
+batch (scripts/pytorch_step.py says how a PyTorch user's step is
+written), and compares what PyTorch did with the mark nanhunt printed:
+`PyTorch would fail too` agrees when PyTorch's step fails, `candle-specific`
+when it is healthy; `not judged` is counted apart.
+
+Needs a Python with torch and safetensors (not CI):
+
+  python scripts/pytorch-findings.py [--runs 300] [--seed 0] [--work DIR]
+
+writes docs/pytorch-findings.csv and docs/PYTORCH-FINDINGS.md. Before the
+table it checks the PyTorch port: the loss PyTorch computes for each step
+whose loss nanhunt saw finite must match nanhunt's within the dtype's
+tolerance (a port that computes another model would make the table moot).
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pytorch_step  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = {"f64": 1e-9, "f32": 1e-4}
+
+
+def sh(*cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, check=True, **kw)
+
+
+def dump_scenes(args, work):
+    """One scene per failing case: campaign draws, then the reproducers."""
+    sh("cargo", "build", "--release", "-p", "nanhunt", "-p", "nanhunt-bench-tools", "--bin", "nanhunt",
+       "--bin", "campaign_cases")
+    cases = work / "cases"
+    sh(str(ROOT / "target/release/campaign_cases"), str(cases), str(args.runs), str(args.seed))
+    sources = [("campaign", p) for p in sorted(cases.glob("*.json"))]
+    sources += [("repro", p) for p in sorted((ROOT / "corpora/repro").glob("*.json"))]
+    scenes = []
+    for origin, path in sources:
+        out = work / "scenes" / f"{origin}-{path.stem}"
+        if not (out / "scene.json").exists():
+            r = subprocess.run([str(ROOT / "target/release/nanhunt"), "run", str(path), "--dump", str(out)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+            if r.returncode not in (0, 1):
+                print(f"{path}: exit {r.returncode}: {r.stderr.strip()[:200]}", file=sys.stderr)
+        if (out / "scene.json").exists():
+            scenes.append((origin, path, out))
+    return scenes
+
+
+def precision_name(case):
+    p = case["precision"]
+    return "mixed" if p["kind"] == "mixed" else p["kind"]
+
+
+def judge(origin, path, out):
+    case = json.loads((out / "case.json").read_text())
+    scene = json.loads((out / "scene.json").read_text())
+    f = scene["finding"]
+    mark = ((f.get("precision") or {}).get("framework")) or {"verdict": "not_judged", "note": "no mark"}
+    row = {
+        "finding": f"{origin}/{path.stem}",
+        "family": case["model"]["family"],
+        "precision": precision_name(case),
+        "loss": case["loss"]["kind"],
+        "optimizer": case["optimizer"]["kind"],
+        "kind": f["kind"],
+        "phase": f["phase"],
+        "stage": f["stage"],
+        "mark": mark["verdict"],
+        "rule": mark.get("rule", ""),
+    }
+    tensors = load_file(str(out / "scene.safetensors"))
+    try:
+        ran = pytorch_step.step(case, scene, tensors)
+    except NotImplementedError as e:
+        row.update(pytorch="not run", pytorch_at="", agrees="", port_check=f"not run: {e}", notes="")
+        return row
+    failure = ran["failure"]
+    row["notes"] = "; ".join(ran["notes"])
+    row["pytorch"] = "fails" if failure else "healthy"
+    row["pytorch_at"] = f"{failure[2]} in {failure[0]} at {failure[1]}" if failure else ""
+    # The port's check: nanhunt's loss of this step, where it saw one.
+    ours = scene.get("recent_losses") or []
+    loss_seen = f["phase"] not in ("data", "augment", "forward", "loss") or f["kind"] == "divergence"
+    if loss_seen and ours and ran["loss"] is not None:
+        a, b = ours[-1], ran["loss"]
+        # Only f32 and f64 must agree: in a half dtype the two frameworks'
+        # numerics differ by design (what the mark is about).
+        tol = TOLERANCE.get(row["precision"])
+        verdict = "half" if tol is None else "ok" if abs(a - b) <= tol * max(1.0, abs(a)) else "MISMATCH"
+        row["port_check"] = f"{verdict}: nanhunt {a:.6g}, PyTorch {b:.6g}"
+    else:
+        row["port_check"] = "no finite loss to compare"
+    verdict = mark["verdict"]
+    if verdict == "fails_too":
+        row["agrees"] = "yes" if failure else "no"
+    elif verdict == "candle_specific":
+        row["agrees"] = "no" if failure else "yes"
+    else:
+        row["agrees"] = ""
+    return row
+
+
+def tally(rows, column):
+    counts = {}
+    for r in rows:
+        counts[r[column]] = counts.get(r[column], 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
+FIELDS = ["finding", "family", "precision", "loss", "optimizer", "kind", "phase", "stage", "mark", "rule",
+          "pytorch", "pytorch_at", "agrees", "port_check", "notes"]
+
+
+def write(rows, args):
+    csv_path = ROOT / "docs/pytorch-findings.csv"
+    tmp = csv_path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, csv_path)
+    judged = [r for r in rows if r["agrees"]]
+    agree = sum(r["agrees"] == "yes" for r in judged)
+    not_judged = [r for r in rows if r["mark"] == "not_judged"]
+    mismatched = [r for r in rows if r["port_check"].startswith("MISMATCH")]
+    checked = [r for r in rows if r["port_check"].startswith(("ok", "MISMATCH"))]
+    md = [
+        "# The framework mark against PyTorch, finding by finding",
+        "",
+        f"Every finding of a fresh {args.runs}-run campaign (seed {args.seed}, generated cases, no mutations)",
+        "and of every reproducer in `corpora/repro`, its failing step re-run in PyTorch "
+        f"{torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels, one thread, {datetime.date.today()})",
+        "from the scene nanhunt dumped (the same parameters, optimizer state and batch),",
+        "as `scripts/pytorch_step.py` writes a PyTorch user's step. Made by",
+        f"`python scripts/pytorch-findings.py --runs {args.runs} --seed {args.seed}` (a Python with torch; not CI);",
+        "the rows are in `docs/pytorch-findings.csv`.",
+        "",
+        "*PyTorch fails*: its step shows a NaN or an infinity in the batch, a forward stage (an additive mask",
+        "of -inf excepted), the loss, a gradient (under dynamic loss scaling: a NaN still there at the",
+        "floor scale; an overflow is a step GradScaler skips) or the updated parameters and optimizer state;",
+        "raises on the batch (a label out of range); or, for a divergence, its loss crosses the",
+        "scene's divergence line. *Agrees*: `PyTorch would fail too` where PyTorch fails, `candle-specific`",
+        "where its step is healthy; a `not judged` mark makes no claim. *The port's check*: in f32 and f64",
+        "the loss PyTorch computes must be nanhunt's (relative 1e-4, 1e-9), or the port computes another",
+        "model; in a half dtype the two differ by design.",
+        "",
+        f"- findings: {len(rows)}; judged by the mark: {len(judged)}; not judged: {len(not_judged)}",
+        f"- **judged marks that agree with PyTorch: {agree} of {len(judged)}**",
+        f"- the port's check: PyTorch's loss of the step matches nanhunt's in {len(checked) - len(mismatched)} "
+        f"of {len(checked)} steps whose loss nanhunt saw finite",
+        "",
+        "| mark | PyTorch fails | PyTorch healthy | PyTorch not run |",
+        "|---|---|---|---|",
+    ]
+    for verdict in ("fails_too", "candle_specific", "not_judged"):
+        these = [r for r in rows if r["mark"] == verdict]
+        count = [sum(r["pytorch"] == o for r in these) for o in ("fails", "healthy", "not run")]
+        md.append(f"| {verdict} | {count[0]} | {count[1]} | {count[2]} |")
+    md += [
+        "",
+        "By family: " + ", ".join(f"{k} {v}" for k, v in tally(rows, "family")) + "; by precision: "
+        + ", ".join(f"{k} {v}" for k, v in tally(rows, "precision")) + ".",
+        "",
+        "| finding | family | precision | kind | phase | stage | mark | PyTorch | agrees |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = r["mark"] + (f" ({r['rule']})" if r["rule"] else "")
+        seen = r["pytorch"] + (f": {r['pytorch_at']}" if r["pytorch_at"] else "")
+        md.append(f"| `{r['finding']}` | {r['family']} | {r['precision']} | {r['kind']} | {r['phase']} | "
+                  f"`{r['stage']}` | {mark} | {seen} | {r['agrees'] or '—'} |")
+    out = ROOT / "docs/PYTORCH-FINDINGS.md"
+    tmp = out.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(md) + "\n")
+    os.replace(tmp, out)
+    print(f"{agree} of {len(judged)} judged marks agree; {len(not_judged)} not judged; "
+          f"port check {len(checked) - len(mismatched)}/{len(checked)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default="target/pytorch-findings", help="cases and scenes (kept between runs)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    work = ROOT / args.work
+    rows = [judge(*s) for s in dump_scenes(args, work)]
+    write(rows, args)
+
+
+if __name__ == "__main__":
+    main()
