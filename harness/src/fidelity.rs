@@ -90,7 +90,9 @@ fn with_pytorch_rounding(
         .precision
         .loss_scaling()
         .is_some_and(|s| !matches!(s, crate::spec::LossScaling::None));
-    let after_the_loss = matches!(finding.phase, Phase::Backward | Phase::Update)
+    // A divergence is judged on the loss, which scaling leaves alone.
+    let after_the_loss = (matches!(finding.phase, Phase::Backward | Phase::Update)
+        && finding.kind != FindingKind::Divergence)
         || finding.kind == FindingKind::ScaleCollapse;
     if scaled && after_the_loss {
         return Ok(Rerun::not_run(&name, "its loss scaling is not emulated"));

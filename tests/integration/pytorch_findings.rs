@@ -8,7 +8,10 @@
 use crate::support::*;
 use nanhunt::fidelity::FrameworkVerdict;
 use nanhunt::repro::Reproducer;
-use nanhunt::{run, Outcome};
+use nanhunt::rng::Rng;
+use nanhunt::spec::Case;
+use nanhunt::strategy::{generate, StrategyOptions};
+use nanhunt::{run, Limits, Outcome};
 use std::collections::HashMap;
 
 /// The table's rows by finding (`repro/<stem>`, `campaign/run-NNNN`).
@@ -37,6 +40,33 @@ fn verdict_name(v: FrameworkVerdict) -> &'static str {
     }
 }
 
+/// Asserts that `case`'s finding carries the mark the table recorded for
+/// `name`, and that the mark says what PyTorch did there.
+fn assert_mark_as_recorded(name: &str, case: &Case, row: &HashMap<String, String>) {
+    let Outcome::Unstable { finding } = run(case).unwrap() else {
+        panic!("{name} no longer fails");
+    };
+    let mark = finding
+        .precision
+        .as_ref()
+        .and_then(|c| c.framework.as_ref())
+        .unwrap_or_else(|| panic!("{name}: no framework mark"));
+    assert_eq!(
+        verdict_name(mark.verdict),
+        row["mark"],
+        "{name}: the mark changed since the table was made ({}); re-make it with scripts/pytorch-findings.py",
+        mark.summary()
+    );
+    let pytorch = row["pytorch"].as_str();
+    match mark.verdict {
+        FrameworkVerdict::FailsToo => assert_eq!(pytorch, "fails", "{name}: {}", mark.summary()),
+        FrameworkVerdict::CandleSpecific => {
+            assert_eq!(pytorch, "healthy", "{name}: {}", mark.summary())
+        }
+        _ => {}
+    }
+}
+
 #[test]
 fn every_reproducers_mark_is_what_the_table_recorded_and_agrees_with_pytorch() {
     let table = table();
@@ -53,31 +83,47 @@ fn every_reproducers_mark_is_what_the_table_recorded_and_agrees_with_pytorch() {
             .get(&format!("repro/{stem}"))
             .unwrap_or_else(|| panic!("{stem} is not in docs/pytorch-findings.csv: re-make the table (scripts/pytorch-findings.py)"));
         let repro = Reproducer::load(&path).unwrap();
-        let Outcome::Unstable { finding } = run(&repro.case).unwrap() else {
-            panic!("{stem} no longer fails");
-        };
-        let mark = finding
-            .precision
-            .as_ref()
-            .and_then(|c| c.framework.as_ref())
-            .unwrap_or_else(|| panic!("{stem}: no framework mark"));
-        assert_eq!(
-            verdict_name(mark.verdict),
-            row["mark"],
-            "{stem}: the mark changed since the table was made ({}); re-make it with scripts/pytorch-findings.py",
-            mark.summary()
-        );
-        let pytorch = row["pytorch"].as_str();
-        match mark.verdict {
-            FrameworkVerdict::FailsToo => {
-                assert_eq!(pytorch, "fails", "{stem}: {}", mark.summary())
-            }
-            FrameworkVerdict::CandleSpecific => {
-                assert_eq!(pytorch, "healthy", "{stem}: {}", mark.summary())
-            }
-            _ => {}
-        }
+        assert_mark_as_recorded(&stem, &repro.case, row);
     }
+}
+
+/// The campaign's findings in the table, each drawn again as the campaign
+/// drew it (`campaign_cases`: run `index` of seed 0, no mutations) and run:
+/// its mark must still be the one PyTorch's run was compared with.
+#[test]
+fn every_campaign_findings_mark_is_what_the_table_recorded_and_agrees_with_pytorch() {
+    let table = table();
+    let strategy = StrategyOptions::default();
+    let mut checked = 0;
+    for (name, row) in &table {
+        let Some(index) = name.strip_prefix("campaign/run-") else {
+            continue;
+        };
+        let index: u64 = index.parse().unwrap();
+        let mut case = generate(
+            &strategy,
+            Rng::keyed(0, "campaign.generate", index).next_u64(),
+        );
+        if case.validate(&Limits::default()).is_err() {
+            case = generate(
+                &strategy,
+                Rng::keyed(0, "campaign.dispatch", index).next_u64(),
+            );
+        }
+        // The draw is the table's case: its knobs are the row's.
+        assert_eq!(
+            (case.model.family(), case.loss.name(), case.optimizer.name()),
+            (
+                row["family"].as_str(),
+                row["loss"].as_str(),
+                row["optimizer"].as_str()
+            ),
+            "{name}"
+        );
+        assert_mark_as_recorded(name, &case, row);
+        checked += 1;
+    }
+    assert!(checked >= 100, "{checked} campaign findings in the table");
 }
 
 /// The checked-in table holds at least 100 findings over every family and
