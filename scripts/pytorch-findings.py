@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True  # no __pycache__ beside the scripts
 import pytorch_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

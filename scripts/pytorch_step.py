@@ -297,6 +297,9 @@ MODELS = {"cnn": cnn, "transformer": transformer, "decoder": decoder, "encoder":
 
 # ---------------------------------------------------------------- losses
 
+# The losses whose targets are class labels (nanhunt's TargetKind::Labels).
+LABEL_LOSSES = ("cross_entropy", "naive_cross_entropy", "nll")
+
 
 def selected(t, x):
     """t * x where t > 0, else 0 (nanhunt's gather of the target entries)."""
@@ -443,8 +446,9 @@ def run_step(case, scene, tensors, seen):
         inputs = inputs.long()
     classes = tensors["batch/targets"].shape[-1]
     labels = tensors["batch/labels"]
-    if labels.numel() and (labels.min() < 0 or labels.max() >= classes) and scene["finding"]["kind"] == "invalid_label":
-        try:  # what a PyTorch user's targets come from
+    takes_labels = case["loss"]["kind"] in LABEL_LOSSES
+    if takes_labels and labels.numel() and (labels.min() < 0 or labels.max() >= classes):
+        try:  # a PyTorch user's targets come from the labels
             F.one_hot(labels, classes)
         except RuntimeError as e:
             return ("data", "labels", f"error: {str(e).splitlines()[0]}")
