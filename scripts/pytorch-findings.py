@@ -13,10 +13,12 @@ Needs a Python with torch and safetensors (not CI):
 
   python scripts/pytorch-findings.py [--runs 300] [--seed 0] [--work DIR]
 
-writes docs/pytorch-findings.csv and docs/PYTORCH-FINDINGS.md. Before the
-table it checks the PyTorch port: the loss PyTorch computes for each step
-whose loss nanhunt saw finite must match nanhunt's within the dtype's
-tolerance (a port that computes another model would make the table moot).
+writes docs/pytorch-findings.csv and docs/PYTORCH-FINDINGS.md. With the
+table it checks the PyTorch port, since a port that computed another model
+would make the table moot: the loss PyTorch computes for each f32/f64
+finding whose loss nanhunt saw finite must be nanhunt's, and every
+campaign case turned f64 is run for two steps in both (the loss at step 0,
+and at step 1 after each framework's own update, must agree).
 """
 import argparse
 import csv
@@ -124,11 +126,57 @@ def tally(rows, column):
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
+def port_check(args, work):
+    """The port checked end to end in f64, where both frameworks compute
+    exactly the same formulas: every campaign case turned f64 is dumped at
+    steps 0 and 1; PyTorch runs step 0 from the first scene, and its loss
+    there and its loss at step 1 (its own updated parameters on step 1's
+    batch) must be nanhunt's. A forward, loss, backward or optimizer that
+    computed something else would move one of the two."""
+    rows = []
+    for path in sorted((work / "cases").glob("*.json")):
+        case = json.loads(path.read_text())
+        case["precision"] = {"kind": "f64"}
+        case["steps"] = max(case["steps"], 2)
+        d = work / "port" / path.stem
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "case.json").write_text(json.dumps(case))
+        scenes = []
+        for at in (0, 1):
+            out = d / f"step{at}"
+            if not (out / "scene.json").exists():
+                subprocess.run([str(ROOT / "target/release/nanhunt"), "run", str(d / "case.json"), "--dump-at",
+                                str(at), "--dump", str(out)], cwd=ROOT, capture_output=True, timeout=600)
+            scene = out / "scene.json"
+            scenes.append((json.loads(scene.read_text()), load_file(str(out / "scene.safetensors")))
+                          if scene.exists() else None)
+        # Only steps nanhunt ran healthy: a failing one is the table's business.
+        if None in scenes or any(s.get("finding") for s, _ in scenes):
+            continue
+        (s0, t0), (s1, t1) = scenes
+        first = pytorch_step.step(case, s0, t0)
+        if first["failure"]:
+            phase, stage, what = first["failure"]
+            notes = "".join(f"; {n}" for n in first["notes"])
+            rows.append((case["model"]["family"], path.stem, False,
+                         f"PyTorch's step 0 fails: {what} in {phase} at `{stage}`{notes}"))
+            continue
+        moved = dict(t1, **{"param/" + n: v for n, v in first["params"].items()})
+        second = pytorch_step.step(case, s1, moved)
+        ours = (s0["recent_losses"][-1], s1["recent_losses"][-1])
+        theirs = (first["loss"], second["loss"])
+        ok = theirs[1] is not None and abs(ours[0] - theirs[0]) <= 1e-9 * max(1.0, abs(ours[0])) \
+            and abs(ours[1] - theirs[1]) <= 1e-6 * max(1.0, abs(ours[1]))
+        rows.append((case["model"]["family"], path.stem, ok,
+                     f"nanhunt {ours[0]:.12g} then {ours[1]:.12g}; PyTorch {theirs[0]:.12g} then {theirs[1]}"))
+    return rows
+
+
 FIELDS = ["finding", "family", "precision", "loss", "optimizer", "kind", "phase", "stage", "mark", "rule",
           "pytorch", "pytorch_at", "agrees", "port_check", "notes"]
 
 
-def write(rows, args):
+def write(rows, args, port):
     csv_path = ROOT / "docs/pytorch-findings.csv"
     tmp = csv_path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as fh:
@@ -164,7 +212,12 @@ def write(rows, args):
         f"- findings: {len(rows)}; judged by the mark: {len(judged)}; not judged: {len(not_judged)}",
         f"- **judged marks that agree with PyTorch: {agree} of {len(judged)}**",
         f"- the port's check: PyTorch's loss of the step matches nanhunt's in {len(checked) - len(mismatched)} "
-        f"of {len(checked)} steps whose loss nanhunt saw finite",
+        f"of {len(checked)} f32/f64 findings whose loss nanhunt saw finite",
+        f"- the port's check end to end: of the campaign's {args.runs} cases turned f64, {len(port)} ran steps 0 and 1 "
+        f"healthy; in {sum(ok for *_, ok, _ in port)} of them PyTorch's loss at step 0 matches nanhunt's (relative "
+        "1e-9) and so does its loss at step 1 after its own update (relative 1e-6): by family "
+        + ", ".join(f"{fam} {sum(ok for f, _, ok, _ in port if f == fam)}/{sum(f == fam for f, *_ in port)}"
+                    for fam in ("cnn", "transformer", "rnn", "decoder", "encoder")),
         "",
         "| mark | PyTorch fails | PyTorch healthy | PyTorch not run |",
         "|---|---|---|---|",
@@ -186,12 +239,17 @@ def write(rows, args):
         seen = r["pytorch"] + (f": {r['pytorch_at']}" if r["pytorch_at"] else "")
         md.append(f"| `{r['finding']}` | {r['family']} | {r['precision']} | {r['kind']} | {r['phase']} | "
                   f"`{r['stage']}` | {mark} | {seen} | {r['agrees'] or '—'} |")
+    bad = [p for p in port if not p[2]]
+    if bad:
+        md += ["", "Cases whose f64 steps PyTorch computed otherwise:", ""]
+        md += [f"- `{name}` ({fam}): {what}" for fam, name, _, what in bad]
     out = ROOT / "docs/PYTORCH-FINDINGS.md"
     tmp = out.with_suffix(".md.tmp")
     tmp.write_text("\n".join(md) + "\n")
     os.replace(tmp, out)
     print(f"{agree} of {len(judged)} judged marks agree; {len(not_judged)} not judged; "
-          f"port check {len(checked) - len(mismatched)}/{len(checked)}")
+          f"port check {len(checked) - len(mismatched)}/{len(checked)}, "
+          f"end to end in f64 {len(port) - len(bad)}/{len(port)}")
 
 
 def main():
@@ -203,7 +261,7 @@ def main():
     torch.set_num_threads(1)
     work = ROOT / args.work
     rows = [judge(*s) for s in dump_scenes(args, work)]
-    write(rows, args)
+    write(rows, args, port_check(args, work))
 
 
 if __name__ == "__main__":

@@ -112,7 +112,9 @@ def batch_norm(y, w, b, eps, rec):
     try:
         return F.batch_norm(y, None, None, w, b, training=True, eps=eps)
     except ValueError as e:
-        rec.notes.append(f"F.batch_norm refuses ({str(e).split(',')[0]}): BN's formula written out")
+        note = f"F.batch_norm refuses ({str(e).split(',')[0]}): BN's formula written out"
+        if note not in rec.notes:
+            rec.notes.append(note)
     mean = y.mean((0, 2, 3), keepdim=True)
     centered = y - mean
     var = centered.pow(2).mean((0, 2, 3), keepdim=True)
@@ -472,7 +474,7 @@ def run_step(case, scene, tensors, seen):
     bad = non_finite(loss.detach())
     if bad:
         return ("loss", "loss", bad)
-    if scene["finding"]["kind"] == "divergence":
+    if (scene.get("finding") or {}).get("kind") == "divergence":
         if crosses(scene["tracker"], seen["loss"]):
             return ("update", "loss_trend", "divergence")
         return None
@@ -507,10 +509,12 @@ def run_step(case, scene, tensors, seen):
     load_state(opt, ospec["kind"], names, params, tensors, scene["optimizer"].get("steps", 0))
     with torch.no_grad():
         opt.step()
+    seen["params"] = {n: q.detach() for n, q in zip(names, params)}
     for n, q in zip(names, params):
         bad = non_finite(q.detach())
         if bad:
-            return ("update", "param." + n, bad)
+            zeros = int((q.grad == 0).sum())
+            return ("update", "param." + n, f"{bad} ({zeros} of {q.numel()} gradient elements exactly 0.0)")
         for key, t in opt.state.get(q, {}).items():
             if torch.is_tensor(t) and t.dim() and (b := non_finite(t)):
                 return ("update", f"optimizer.{key}.{n}", b)
@@ -520,8 +524,10 @@ def run_step(case, scene, tensors, seen):
 def step(case, scene, tensors):
     """Runs the scene's step in PyTorch: {"failure": (phase, stage, what)
     or None for a healthy step, "loss": the step's loss or None}. An error
-    PyTorch raises (a label out of range) is a failure of the data."""
-    seen = {"loss": None, "recorder": None}
+    PyTorch raises (a label out of range) is a failure of the data.
+    "params": the parameters after the update, by name (None where the
+    step did not reach it)."""
+    seen = {"loss": None, "recorder": None, "params": None}
     failure = run_step(case, scene, tensors, seen)
     notes = seen["recorder"].notes if seen["recorder"] else []
-    return {"failure": failure, "loss": seen["loss"], "notes": notes}
+    return {"failure": failure, "loss": seen["loss"], "notes": notes, "params": seen["params"]}
