@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import subprocess
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -44,6 +45,29 @@ def sh(*cmd, **kw):
     return subprocess.run(cmd, cwd=ROOT, check=True, **kw)
 
 
+def dump(case, out, at=None):
+    """`nanhunt run CASE --dump OUT` (of step `at`, or of the failure), kept
+    between runs; the scene and its tensors, or None where none was written."""
+    if not (out / "scene.json").exists():
+        at_step = ["--dump-at", str(at)] if at is not None else []
+        r = subprocess.run([str(ROOT / "target/release/nanhunt"), "run", str(case), "--dump", str(out), *at_step],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        if r.returncode not in (0, 1):
+            print(f"{case}: exit {r.returncode}: {r.stderr.strip()[:200]}", file=sys.stderr)
+    if not (out / "scene.json").exists():
+        return None
+    return json.loads((out / "scene.json").read_text()), load_file(str(out / "scene.safetensors"))
+
+
+def close(a, b, tol):
+    return abs(a - b) <= tol * max(1.0, abs(a))
+
+
+def described(failure):
+    phase, stage, what = failure
+    return f"{what} in {phase} at {stage}"
+
+
 def dump_scenes(args, work):
     """One scene per failing case: campaign draws, then the reproducers."""
     sh("cargo", "build", "--release", "-p", "nanhunt", "-p", "nanhunt-bench-tools", "--bin", "nanhunt",
@@ -55,13 +79,9 @@ def dump_scenes(args, work):
     scenes = []
     for origin, path in sources:
         out = work / "scenes" / f"{origin}-{path.stem}"
-        if not (out / "scene.json").exists():
-            r = subprocess.run([str(ROOT / "target/release/nanhunt"), "run", str(path), "--dump", str(out)],
-                               cwd=ROOT, capture_output=True, text=True, timeout=600)
-            if r.returncode not in (0, 1):
-                print(f"{path}: exit {r.returncode}: {r.stderr.strip()[:200]}", file=sys.stderr)
-        if (out / "scene.json").exists():
-            scenes.append((origin, path, out))
+        scene = dump(path, out)
+        if scene:
+            scenes.append((origin, path, out, *scene))
     return scenes
 
 
@@ -70,9 +90,8 @@ def precision_name(case):
     return "mixed" if p["kind"] == "mixed" else p["kind"]
 
 
-def judge(origin, path, out):
+def judge(origin, path, out, scene, tensors):
     case = json.loads((out / "case.json").read_text())
-    scene = json.loads((out / "scene.json").read_text())
     f = scene["finding"]
     mark = ((f.get("precision") or {}).get("framework")) or {"verdict": "not_judged", "note": "no mark"}
     row = {
@@ -87,7 +106,6 @@ def judge(origin, path, out):
         "mark": mark["verdict"],
         "rule": mark.get("rule", ""),
     }
-    tensors = load_file(str(out / "scene.safetensors"))
     try:
         ran = pytorch_step.step(case, scene, tensors)
     except NotImplementedError as e:
@@ -96,7 +114,7 @@ def judge(origin, path, out):
     failure = ran["failure"]
     row["notes"] = "; ".join(ran["notes"])
     row["pytorch"] = "fails" if failure else "healthy"
-    row["pytorch_at"] = f"{failure[2]} in {failure[0]} at {failure[1]}" if failure else ""
+    row["pytorch_at"] = described(failure) if failure else ""
     # The port's check: nanhunt's loss of this step, where it saw one.
     ours = scene.get("recent_losses") or []
     loss_seen = f["phase"] not in ("data", "augment", "forward", "loss") or f["kind"] == "divergence"
@@ -105,7 +123,7 @@ def judge(origin, path, out):
         # Only f32 and f64 must agree: in a half dtype the two frameworks'
         # numerics differ by design (what the mark is about).
         tol = TOLERANCE.get(row["precision"])
-        verdict = "half" if tol is None else "ok" if abs(a - b) <= tol * max(1.0, abs(a)) else "MISMATCH"
+        verdict = "half" if tol is None else "ok" if close(a, b, tol) else "MISMATCH"
         row["port_check"] = f"{verdict}: nanhunt {a:.6g}, PyTorch {b:.6g}"
     else:
         row["port_check"] = "no finite loss to compare"
@@ -117,13 +135,6 @@ def judge(origin, path, out):
     else:
         row["agrees"] = ""
     return row
-
-
-def tally(rows, column):
-    counts = {}
-    for r in rows:
-        counts[r[column]] = counts.get(r[column], 0) + 1
-    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def port_check(args, work):
@@ -141,32 +152,22 @@ def port_check(args, work):
         d = work / "port" / path.stem
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case))
-        scenes = []
-        for at in (0, 1):
-            out = d / f"step{at}"
-            if not (out / "scene.json").exists():
-                subprocess.run([str(ROOT / "target/release/nanhunt"), "run", str(d / "case.json"), "--dump-at",
-                                str(at), "--dump", str(out)], cwd=ROOT, capture_output=True, timeout=600)
-            scene = out / "scene.json"
-            scenes.append((json.loads(scene.read_text()), load_file(str(out / "scene.safetensors")))
-                          if scene.exists() else None)
+        scenes = [dump(d / "case.json", d / f"step{at}", at) for at in (0, 1)]
         # Only steps nanhunt ran healthy: a failing one is the table's business.
         if None in scenes or any(s.get("finding") for s, _ in scenes):
             continue
         (s0, t0), (s1, t1) = scenes
         first = pytorch_step.step(case, s0, t0)
         if first["failure"]:
-            phase, stage, what = first["failure"]
             notes = "".join(f"; {n}" for n in first["notes"])
             rows.append((case["model"]["family"], path.stem, False,
-                         f"PyTorch's step 0 fails: {what} in {phase} at `{stage}`{notes}"))
+                         f"PyTorch's step 0 fails: {described(first['failure'])}{notes}"))
             continue
         moved = dict(t1, **{"param/" + n: v for n, v in first["params"].items()})
         second = pytorch_step.step(case, s1, moved)
         ours = (s0["recent_losses"][-1], s1["recent_losses"][-1])
         theirs = (first["loss"], second["loss"])
-        ok = theirs[1] is not None and abs(ours[0] - theirs[0]) <= 1e-9 * max(1.0, abs(ours[0])) \
-            and abs(ours[1] - theirs[1]) <= 1e-6 * max(1.0, abs(ours[1]))
+        ok = theirs[1] is not None and close(ours[0], theirs[0], 1e-9) and close(ours[1], theirs[1], 1e-6)
         rows.append((case["model"]["family"], path.stem, ok,
                      f"nanhunt {ours[0]:.12g} then {ours[1]:.12g}; PyTorch {theirs[0]:.12g} then {theirs[1]}"))
     return rows
@@ -228,8 +229,8 @@ def write(rows, args, port):
         md.append(f"| {verdict} | {count[0]} | {count[1]} | {count[2]} |")
     md += [
         "",
-        "By family: " + ", ".join(f"{k} {v}" for k, v in tally(rows, "family")) + "; by precision: "
-        + ", ".join(f"{k} {v}" for k, v in tally(rows, "precision")) + ".",
+        "By family: " + ", ".join(f"{k} {v}" for k, v in Counter(r["family"] for r in rows).most_common()) + "; by precision: "
+        + ", ".join(f"{k} {v}" for k, v in Counter(r["precision"] for r in rows).most_common()) + ".",
         "",
         "| finding | family | precision | kind | phase | stage | mark | PyTorch | agrees |",
         "|---|---|---|---|---|---|---|---|---|",

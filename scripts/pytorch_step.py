@@ -426,7 +426,8 @@ def crosses(tracker, loss):
 
 def run_step(case, scene, tensors, seen):
     """The scene's step; returns (phase, stage, what) of its first failure,
-    or None when it is healthy, and puts the loss in `seen`."""
+    or None when it is healthy, and puts the loss, the recorder and the
+    updated parameters in `seen` as far as the step got."""
     precision = case["precision"]
     mixed = precision["kind"] == "mixed"
     half = DTYPES[precision["compute"]] if mixed else None

@@ -80,6 +80,15 @@ fn case_for(index: u64, opts: &CampaignOptions, found: &BTreeMap<String, Case>) 
     case
 }
 
+/// The case a campaign with `opts` draws for run `index` while it has
+/// found nothing: for running one run again on its own. With
+/// `--mutation-rate 0` it is every run's draw but a rare one after the
+/// first finding whose first draw is not a valid case (the fallback draw
+/// then comes later in the dispatch stream).
+pub fn drawn_case(opts: &CampaignOptions, index: u64) -> Case {
+    case_for(index, opts, &BTreeMap::new())
+}
+
 /// Minimizes a finding until it has a reproducer or a settled reason for
 /// none, journaling each attempt; a worker that dies is replaced and the
 /// minimization tried again, up to [`MINIMIZE_ATTEMPTS`] in all.

@@ -4,9 +4,7 @@
 //! `scripts/pytorch-findings.py` dumps the scenes of those that fail and
 //! re-runs each failing step in PyTorch.
 
-use nanhunt::rng::Rng;
-use nanhunt::strategy::{generate, StrategyOptions};
-use nanhunt::Limits;
+use nanhunt::campaign::{drawn_case, CampaignOptions};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -15,18 +13,10 @@ fn main() -> anyhow::Result<()> {
     let runs: u64 = args.get(1).ok_or_else(|| anyhow::anyhow!(usage))?.parse()?;
     let seed: u64 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(0);
     std::fs::create_dir_all(&out)?;
-    let strategy = StrategyOptions::default();
+    let mut opts = CampaignOptions::default();
+    opts.seed = seed;
     for index in 1..=runs {
-        // The campaign's own draw of run `index` (campaign::case_for without mutation).
-        let case_seed = Rng::keyed(seed, "campaign.generate", index).next_u64();
-        let mut case = generate(&strategy, case_seed);
-        if case.validate(&Limits::default()).is_err() {
-            // The campaign's fallback: a fresh draw from its dispatch stream.
-            case = generate(
-                &strategy,
-                Rng::keyed(seed, "campaign.dispatch", index).next_u64(),
-            );
-        }
+        let case = drawn_case(&opts, index);
         let path = out.join(format!("run-{index:04}.json"));
         std::fs::write(&path, serde_json::to_string_pretty(&case)?)?;
     }
